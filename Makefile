@@ -1,0 +1,36 @@
+# Two commands do all the set-up: `make demo` (main job) and `make test` (tests).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test lint bench tinygpt clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev,llm,ray,report]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The main job: an end-to-end study on the bundled CPU kernel example (no API key needed).
+demo: $(STAMP)
+	bash scripts/demo.sh
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench examples
+
+bench: $(STAMP)
+	$(BIN)/python bench/fanout.py
+
+# The tinygpt example needs PyTorch (CPU build, pinned so pip takes the local wheel).
+tinygpt: $(STAMP)
+	$(BIN)/pip install -q torch==2.13.0
+	bash scripts/tinygpt.sh
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

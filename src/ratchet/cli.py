@@ -1,0 +1,398 @@
+"""The `ratchet` command line (typer + rich). Exit 0 on success, one clear line otherwise."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from ratchet import gitrepo
+from ratchet.config import ConfigError, load_config
+from ratchet.ledger import Candidate
+from ratchet.study import Progress, Study, StudyError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    help="Autoresearch that only moves forward: propose, verify, keep or revert.",
+)
+console = Console()
+err = Console(stderr=True)
+
+RepoOption = Annotated[Path, typer.Option("--repo", "-C", help="research repository")]
+
+
+def fail(message: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def open_study(repo: Path, **kwargs) -> Study:
+    repo = repo.resolve()
+    if not repo.is_dir():
+        fail(f"{repo}: no such directory")
+    try:
+        if not gitrepo.is_repo(repo):
+            fail(f"{repo}: not a git repository (run `git init` and commit your files first)")
+        top = gitrepo.toplevel(repo)
+        config = load_config(top)
+        return Study(top, config, log=lambda m: err.print(m, highlight=False), **kwargs)
+    except (ConfigError, StudyError, gitrepo.GitError) as exc:
+        fail(str(exc))
+    raise AssertionError
+
+
+def _guard(fn):
+    """Turn the errors a user can fix into one line and a non-zero exit."""
+    from ratchet.prep import PrepError
+    from ratchet.proposers import ProposerError
+
+    try:
+        return fn()
+    except (ConfigError, StudyError, gitrepo.GitError, ProposerError, PrepError) as exc:
+        fail(str(exc))
+
+
+# ---------------------------------------------------------------------------------------
+
+
+@app.command()
+def init(
+    template: Annotated[str, typer.Option(help="kernel | train | blank")] = "blank",
+    repo: RepoOption = Path("."),
+    force: Annotated[bool, typer.Option(help="overwrite existing files")] = False,
+) -> None:
+    """Write ratchet.toml, program.md and a starter task into REPO."""
+    from ratchet.templates import write_template
+
+    try:
+        written = write_template(template, repo.resolve(), force=force)
+    except (ValueError, FileExistsError) as exc:
+        fail(str(exc))
+    for path in written:
+        console.print(f"wrote {path}")
+    console.print("next: git add -A && git commit -m 'ratchet task' && ratchet run")
+
+
+@app.command()
+def prep(
+    repo: RepoOption = Path("."),
+    force: Annotated[bool, typer.Option(help="prepare again even if cached")] = False,
+) -> None:
+    """Run [prep] once into the shared read-only cache."""
+    study = open_study(repo)
+    if study.config.prep is None:
+        fail("ratchet.toml has no [prep] section (add `[prep] run = \"python prepare.py\"`)")
+    data = _guard(lambda: study.prepare(force=force))
+    console.print(f"data ready at {data} (exposed to jobs as $RATCHET_DATA)")
+    study.close()
+
+
+def _progress_table(p: Progress) -> Table:
+    table = Table(title=f"round {min(p.round, p.rounds)}/{p.rounds}", title_justify="left",
+                  show_edge=False)
+    table.add_column("candidate")
+    table.add_column("state")
+    table.add_column("elapsed", justify="right")
+    table.add_column("description", overflow="fold")
+    for cand_id, description, elapsed, state in p.running:
+        table.add_row(cand_id, state, f"{elapsed:.1f}s", description[:70])
+    best = "—" if p.best is None else f"{p.best:.6g}"
+    counts = p.counts
+    table.caption = (
+        f"best so far {best}   kept {counts.get('keep', 0)}  discarded {counts.get('discard', 0)}"
+        f"  crashed {counts.get('crash', 0)}  rejected {counts.get('rejected', 0)}"
+    )
+    return table
+
+
+@app.command()
+def run(
+    repo: RepoOption = Path("."),
+    rounds: Annotated[int | None, typer.Option(help="total rounds for the study")] = None,
+    parallel: Annotated[int | None, typer.Option(help="K: candidates per round")] = None,
+    proposer: Annotated[str | None, typer.Option(help="tune | llm | agent | patches")] = None,
+    backend: Annotated[str | None, typer.Option(help="local | ray | shell")] = None,
+) -> None:
+    """Run (or resume) the study: rounds of K candidates, keep the best, revert the rest."""
+    live: Live | None = None
+    last_line = [""]
+
+    def show(p: Progress) -> None:
+        if live is not None:
+            live.update(_progress_table(p))
+            return
+        running = ", ".join(f"{c}({s})" for c, _, _, s in p.running)
+        line = (f"round {min(p.round, p.rounds)}/{p.rounds} running [{running}] best "
+                f"{'—' if p.best is None else f'{p.best:.6g}'}")
+        if line != last_line[0]:
+            last_line[0] = line
+            err.print(line, highlight=False, markup=False)
+
+    study = open_study(repo, backend=backend, proposer=proposer, parallel=parallel,
+                       progress=show)
+
+    def on_sigint(signum, frame) -> None:  # noqa: ARG001
+        study.stop.request()
+        if study.stop.hard:
+            err.print("stopping: cancelling running jobs…")
+        else:
+            err.print("stopping after the running jobs are judged (Ctrl-C again to cancel them)")
+
+    signal.signal(signal.SIGINT, on_sigint)
+    signal.signal(signal.SIGTERM, on_sigint)
+    try:
+        if console.is_terminal:
+            with Live(console=console, refresh_per_second=4, transient=True) as live_view:
+                live = live_view
+                _guard(lambda: study.run(rounds=rounds))
+        else:
+            _guard(lambda: study.run(rounds=rounds))
+    finally:
+        study.close()
+    _print_summary(study)
+    if study.stop.soft:
+        err.print("stopped; run `ratchet run` again to resume")
+
+
+def _print_summary(study: Study) -> None:
+    from ratchet.ledger import Ledger
+
+    ledger = Ledger(study.state_dir / "ledger.db")
+    cands = ledger.candidates()
+    counts: dict[str, int] = {}
+    for cand in cands:
+        counts[cand.status] = counts.get(cand.status, 0) + 1
+    metric = study.config.metric.name
+    baseline = next((c for c in cands if c.kind == "baseline" and c.metric is not None), None)
+    best = ledger.get("incumbent_metric")
+    console.print(
+        f"study {study.name}: {len(cands)} candidates "
+        + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    )
+    if baseline and best is not None:
+        console.print(f"{metric}: baseline {baseline.metric:.6g} -> incumbent {best:.6g} "
+                      f"(branch ratchet/{study.name} at {str(ledger.get('incumbent'))[:7]})")
+    ledger.close()
+
+
+@app.command()
+def submit(
+    rev: Annotated[str, typer.Argument(help="commit to evaluate")] = "HEAD",
+    message: Annotated[str | None, typer.Option("-m", help="description")] = None,
+    repo: RepoOption = Path("."),
+) -> None:
+    """Evaluate REV as a candidate; print its id and return at once."""
+    study = open_study(repo)
+    made = _guard(lambda: study.submit_rev(rev, message))
+    for cand in made:
+        if cand.kind == "candidate":
+            if cand.status == "rejected":
+                err.print(f"{cand.id} rejected: {cand.reasons}", highlight=False)
+            console.print(cand.id)
+        else:
+            err.print(f"{cand.id}: {cand.description} submitted too", highlight=False)
+    study.close()
+
+
+def _as_json(cand: Candidate, metric: str) -> dict:
+    return {
+        "id": cand.id,
+        "commit": cand.commit_sha,
+        "status": cand.status,
+        "metric": cand.metric,
+        "metric_name": metric,
+        "description": cand.description,
+        "reasons": cand.reasons,
+        "gain": cand.gain,
+        "margin": cand.margin,
+    }
+
+
+@app.command()
+def wait(
+    ids: Annotated[list[str], typer.Argument(help="candidate ids from `ratchet submit`")],
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object per line")] = False,
+    repo: RepoOption = Path("."),
+) -> None:
+    """Wait for candidates, judge them like the loop does, promote the best improving one."""
+    study = open_study(repo)
+    study.lock.acquire = lambda: None  # waiting shares the study with a running loop
+    results = _guard(lambda: study.wait_ids(ids))
+    metric = study.config.metric.name
+    for cand in results:
+        if as_json:
+            print(json.dumps(_as_json(cand, metric)))
+        else:
+            value = "—" if cand.metric is None else f"{cand.metric:.6g}"
+            console.print(f"{cand.id} {cand.short} {cand.status:8} {metric}={value} "
+                          f"{cand.description}  {cand.reasons or ''}", highlight=False)
+    incumbent = study.ledger.get("incumbent")
+    if not as_json:
+        console.print(f"incumbent: {str(incumbent)[:7]} (branch ratchet/{study.name})")
+    study.close()
+
+
+@app.command()
+def status(
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    repo: RepoOption = Path("."),
+) -> None:
+    """The study at a glance: incumbent, counts, running jobs, costs, sandbox."""
+    study = open_study(repo)
+    ledger = study.ledger
+    cands = ledger.candidates()
+    metric = study.config.metric.name
+    counts: dict[str, int] = {}
+    for cand in cands:
+        counts[cand.status] = counts.get(cand.status, 0) + 1
+    run_s = sum(c.run_s or 0 for c in cands)
+    created = ledger.get("created")
+    wall = (max((c.finished_at or 0) for c in cands) - created) if cands and created else 0.0
+    hypotheses = sum(1 for c in cands if c.kind == "candidate" and c.is_judged)
+    summary = {
+        "study": study.name,
+        "started": study.started,
+        "round": ledger.get("round"),
+        "incumbent": ledger.get("incumbent"),
+        "incumbent_id": ledger.get("incumbent_id"),
+        "metric": metric,
+        "goal": study.config.metric.goal,
+        "incumbent_metric": ledger.get("incumbent_metric"),
+        "counts": counts,
+        "running": [c.id for c in cands if c.status == "submitted"],
+        "job_hours": round(run_s / 3600, 4),
+        "cost_usd": round(sum(c.cost_usd or 0 for c in cands), 4),
+        "wall_hours": round(max(wall, 0) / 3600, 4),
+        "hypotheses_per_hour": round(hypotheses / (wall / 3600), 2) if wall > 0 else None,
+        "sandbox": study.sandbox_status(),
+        "backend": study.backend_kind,
+    }
+    if as_json:
+        print(json.dumps(summary))
+        study.close()
+        return
+    if not study.started:
+        console.print(f"study {study.name}: not started (run `ratchet run`)")
+        study.close()
+        return
+    table = Table(show_edge=False)
+    for col in ("id", "round", "commit", "status", metric, "description"):
+        table.add_column(col)
+    for cand in cands[-30:]:
+        value = "" if cand.metric is None else f"{cand.metric:.6g}"
+        table.add_row(cand.id, str(cand.round), cand.short, cand.status, value,
+                      (cand.description or "")[:60])
+    console.print(table)
+    best = summary["incumbent_metric"]
+    console.print(
+        f"study {study.name} round {summary['round']}: incumbent "
+        f"{str(summary['incumbent'])[:7]} {metric}={'—' if best is None else f'{best:.6g}'}; "
+        + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+        highlight=False,
+    )
+    console.print(f"job time {summary['job_hours']:.3f} h, cost ${summary['cost_usd']:.2f}, "
+                  f"wall {summary['wall_hours']:.3f} h; sandbox: {summary['sandbox']}",
+                  highlight=False)
+    study.close()
+
+
+@app.command()
+def logs(
+    candidate: Annotated[str, typer.Argument(help="candidate id, job id or commit")],
+    repo: RepoOption = Path("."),
+) -> None:
+    """Print a candidate's job logs (each phase, capped)."""
+    study = open_study(repo)
+    cand = study.ledger.find(candidate)
+    if cand is None:
+        fail(f"no candidate {candidate!r} in this study")
+    if not cand.job_id:
+        fail(f"{cand.id} never ran ({cand.status}: {cand.reasons or 'no job'})")
+    text = study.backend.logs(cand.job_id)
+    sys.stdout.write(text + ("\n" if text and not text.endswith("\n") else ""))
+    study.close()
+
+
+@app.command()
+def cancel(
+    candidate: Annotated[str, typer.Argument(help="candidate id, job id or commit")],
+    repo: RepoOption = Path("."),
+) -> None:
+    """Cancel a candidate's job; it is recorded as cancelled."""
+    study = open_study(repo)
+    cand = _guard(lambda: study.cancel(candidate))
+    console.print(f"{cand.id} cancelled")
+    study.close()
+
+
+@app.command()
+def show(
+    candidate: Annotated[str, typer.Argument(help="candidate id, job id or commit")],
+    repo: RepoOption = Path("."),
+) -> None:
+    """The audit trail of one candidate: diff, phases, verdict and its reasons."""
+    study = open_study(repo)
+    cand = study.ledger.find(candidate)
+    if cand is None:
+        fail(f"no candidate {candidate!r} in this study")
+    metric = study.config.metric.name
+    console.print(f"[bold]{cand.id}[/] {cand.kind} round {cand.round}: {cand.description}")
+    console.print(f"commit {cand.commit_sha}  parent {cand.parent}", highlight=False)
+    console.print(f"status {cand.status}" + (f": {cand.reasons}" if cand.reasons else ""),
+                  highlight=False)
+    if cand.metric is not None:
+        console.print(f"{metric} {cand.metric:.6g}  samples {cand.samples}  holdout "
+                      f"{cand.holdout}  gain {cand.gain}  margin {cand.margin}  noise "
+                      f"{cand.noise}", highlight=False)
+    for phase in cand.phases or []:
+        console.print(f"  phase {phase['name']:10} exit {phase['exit_code']}  "
+                      f"{phase['seconds']:.2f}s" + ("  TIMED OUT" if phase["timed_out"] else ""),
+                      highlight=False)
+    if cand.context_path:
+        console.print(f"context the proposer saw: {cand.context_path}")
+    if cand.commit_sha and cand.parent and cand.commit_sha != cand.parent:
+        diff = gitrepo.diff_text(study.repo, cand.parent, cand.commit_sha)
+        console.print(diff, highlight=False, markup=False)
+    study.close()
+
+
+@app.command()
+def idea(
+    text: Annotated[str, typer.Argument(help="an idea for the next candidates")],
+    repo: RepoOption = Path("."),
+) -> None:
+    """Queue an idea: the next candidates take pending ideas first, one each."""
+    study = open_study(repo)
+    added = study.ledger.add_idea(text)
+    console.print("queued" if added else "already queued")
+    study.close()
+
+
+@app.command()
+def report(repo: RepoOption = Path(".")) -> None:
+    """Write the HTML report under .ratchet/report/."""
+    from ratchet.report import write_report
+
+    study = open_study(repo)
+    path = write_report(study)
+    console.print(f"wrote {path}")
+    study.close()
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    started = time.time()
+    app()

@@ -1,0 +1,339 @@
+"""`ratchet.toml`: parsed once, validated strictly, then read-only for the whole study.
+
+Every error names the key and what was expected, in one line, because a typo in an
+overnight study's config should cost seconds, not a night.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+CONFIG_FILE = "ratchet.toml"
+
+
+class ConfigError(Exception):
+    """A problem with ratchet.toml, phrased for the user (one line, names the key)."""
+
+
+# ---------------------------------------------------------------------------------------
+# value types
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(value: Any) -> float:
+    """'90s', '10m', '1.5h', '250ms' or a bare number of seconds -> seconds."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as '90s' or '10m'")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ValueError(f"expected a duration such as '90s' or '10m', got {value!r}")
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds <= 0:
+        raise ValueError("a duration must be positive")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class Improvement(BaseModel):
+    """A margin: absolute (0.001) or relative to the incumbent ("0.5%")."""
+
+    model_config = ConfigDict(frozen=True)
+    value: float = 0.0
+    relative: bool = False
+
+    def margin(self, incumbent: float) -> float:
+        return abs(incumbent) * self.value if self.relative else self.value
+
+    def __str__(self) -> str:
+        return f"{self.value * 100:g}%" if self.relative else f"{self.value:g}"
+
+
+def parse_improvement(value: Any) -> Improvement:
+    if isinstance(value, Improvement):
+        return value
+    if isinstance(value, bool):
+        raise ValueError("expected a number (0.001) or a percentage ('0.5%')")
+    if isinstance(value, int | float):
+        amount, relative = float(value), False
+    else:
+        text = str(value).strip()
+        relative = text.endswith("%")
+        try:
+            amount = float(text.rstrip("%")) / (100.0 if relative else 1.0)
+        except ValueError:
+            raise ValueError(
+                f"expected a number (0.001) or a percentage ('0.5%'), got {value!r}"
+            ) from None
+    if amount < 0:
+        raise ValueError("must not be negative")
+    return Improvement(value=amount, relative=relative)
+
+
+ImprovementField = Annotated[Improvement, BeforeValidator(parse_improvement)]
+
+
+# ---------------------------------------------------------------------------------------
+# sections
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Metric(Strict):
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+    goal: Literal["minimize", "maximize"] = "minimize"
+
+    def better(self, a: float, b: float) -> bool:
+        """Is a strictly better than b?"""
+        return a < b if self.goal == "minimize" else a > b
+
+    def gain(self, candidate: float, incumbent: float) -> float:
+        """How much better candidate is than incumbent (positive = better)."""
+        return incumbent - candidate if self.goal == "minimize" else candidate - incumbent
+
+
+class Task(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    editable: list[str] = Field(min_length=1)
+    protected: list[str] = []
+    build: str | None = None
+    smoke: str | None = None
+    run: str | None = None
+    evaluate: str
+    holdout: str | None = None
+    timeout: Duration = 600.0
+    metric: Metric
+    env: list[str] = []  # extra environment variables candidates may see
+    forbid: list[str] = []  # regexes over the lines a candidate's diff adds
+    constraints: list[str] = []  # e.g. "memory_gb <= 60", over the evaluator's extra metrics
+    holdout_tolerance: ImprovementField = Improvement()  # allowed hold-out regression
+
+    @field_validator("editable", "protected")
+    @classmethod
+    def _globs_are_relative(cls, globs: list[str]) -> list[str]:
+        for glob in globs:
+            if not glob or glob.startswith("/") or ".." in Path(glob).parts:
+                raise ValueError(f"{glob!r} must be a path relative to the repository root")
+            if glob.count("[") != glob.count("]"):
+                raise ValueError(f"{glob!r} is not a valid glob (unbalanced brackets)")
+            if Path(glob).parts[:1] == (".git",):
+                raise ValueError(f"{glob!r} points into .git")
+        return globs
+
+    @field_validator("forbid")
+    @classmethod
+    def _regexes_compile(cls, rules: list[str]) -> list[str]:
+        for rule in rules:
+            try:
+                re.compile(rule)
+            except re.error as exc:
+                raise ValueError(f"{rule!r} is not a valid regex: {exc}") from None
+        return rules
+
+    @field_validator("constraints")
+    @classmethod
+    def _constraints_parse(cls, rules: list[str]) -> list[str]:
+        for rule in rules:
+            if not re.match(r"^\s*[A-Za-z_][\w.\-]*\s*(<=|>=|<|>|==|!=)\s*-?[\d.eE+\-]+\s*$", rule):
+                raise ValueError(f"{rule!r} must look like 'memory_gb <= 60'")
+        return rules
+
+    @field_validator("evaluate", "build", "smoke", "run", "holdout")
+    @classmethod
+    def _command_not_blank(cls, command: str | None) -> str | None:
+        if command is not None and not command.strip():
+            raise ValueError("must be a shell command, not blank")
+        return command
+
+
+class Acceptance(Strict):
+    min_improvement: ImprovementField = Improvement()
+    repeats: int = Field(default=1, ge=1, le=100)
+    co_run_incumbent: bool = False
+
+
+class Prep(Strict):
+    run: str
+
+
+class Search(Strict):
+    proposer: Literal["tune", "llm", "agent", "patches"] = "tune"
+    parallel: int = Field(default=2, ge=1, le=1024)
+    rounds: int = Field(default=4, ge=1)
+    mode: Literal["rounds", "rolling"] = "rounds"
+    seed: int = 0
+
+
+KnobValue = int | float | str | bool | None
+
+
+class Knob(Strict):
+    """One tunable: a module-level `NAME = literal` in an editable file."""
+
+    choices: list[KnobValue] | None = None
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    int_: bool = Field(default=False, alias="int")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Knob:
+        if self.choices is not None:
+            if self.low is not None or self.high is not None:
+                raise ValueError("give either choices or low/high, not both")
+            if not self.choices:
+                raise ValueError("choices must not be empty")
+        else:
+            if self.low is None or self.high is None:
+                raise ValueError("needs choices = [...] or both low and high")
+            if self.low >= self.high:
+                raise ValueError(f"low ({self.low:g}) must be below high ({self.high:g})")
+            if self.log and self.low <= 0:
+                raise ValueError("log = true needs low > 0")
+        return self
+
+    @property
+    def is_int(self) -> bool:
+        return self.int_ or (
+            self.choices is None
+            and float(self.low or 0).is_integer()
+            and float(self.high or 0).is_integer()
+            and (self.step is None or float(self.step).is_integer())
+            and not self.log
+        )
+
+
+class Tune(Strict):
+    knobs: dict[str, Knob] = {}
+    sampler: Literal["tpe", "random"] = "tpe"
+
+    @field_validator("knobs")
+    @classmethod
+    def _knob_keys(cls, knobs: dict[str, Knob]) -> dict[str, Knob]:
+        for key in knobs:
+            file, sep, name = key.rpartition(":")
+            if not sep or not file or not name.isidentifier():
+                raise ValueError(f"knob {key!r} must look like 'file.py:NAME'")
+        return knobs
+
+
+class Backend(Strict):
+    kind: Literal["local", "ray", "shell"] = "local"
+    slots: int | None = Field(default=None, ge=1)
+    gpus: list[str] | None = None  # GPU ids to lease, default: all visible
+    memory_limit_gb: float | None = Field(default=None, gt=0)
+    log_limit_mb: float = Field(default=16.0, gt=0)
+    gpu_hourly_usd: float = Field(default=0.0, ge=0)
+    cpu_hourly_usd: float = Field(default=0.0, ge=0)
+    # engine-specific sections are validated by the backend that reads them
+    ray: dict[str, Any] = {}
+    shell: dict[str, Any] = {}
+
+
+class Config(Strict):
+    task: Task
+    acceptance: Acceptance = Acceptance()
+    prep: Prep | None = None
+    search: Search = Search()
+    tune: Tune = Tune()
+    backend: Backend = Backend()
+    llm: dict[str, Any] = {}
+    agent: dict[str, Any] = {}
+    patches: dict[str, Any] = {}
+    context: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _knobs_in_editable_files(self) -> Config:
+        for key in self.tune.knobs:
+            file = key.rpartition(":")[0]
+            if not matches_any(file, self.task.editable):
+                raise ValueError(
+                    f"tune.knobs: {key!r} is in {file!r}, which is not in task.editable"
+                )
+        if self.search.proposer == "tune" and not self.tune.knobs:
+            raise ValueError("search.proposer = 'tune' needs at least one [tune.knobs] entry")
+        return self
+
+    @property
+    def metric(self) -> Metric:
+        return self.task.metric
+
+
+def matches_any(path: str, globs: list[str]) -> bool:
+    """Glob match where '**' spans directories and a bare directory covers its files."""
+    for glob in globs:
+        if fnmatch.fnmatchcase(path, glob):
+            return True
+        if glob.endswith("/**") and path.startswith(glob[:-2]):
+            return True
+        if glob.endswith("/") and path.startswith(glob):
+            return True
+        if "**/" in glob and fnmatch.fnmatchcase(path, glob.replace("**/", "")):
+            return True
+    return False
+
+
+# ---------------------------------------------------------------------------------------
+# loading
+
+
+def _describe(error: dict[str, Any]) -> str:
+    location = ".".join(str(part) for part in error["loc"] if part != "__root__")
+    message = error["msg"]
+    message = message.removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        message = "unknown key (check the spelling; see the README for the keys)"
+    elif error["type"] == "missing":
+        message = "required key is missing"
+    elif error["type"].endswith("_type") or error["type"].endswith("_parsing"):
+        message = f"{message} (got {error.get('input')!r})"
+    return f"{location}: {message}" if location else message
+
+
+def parse_config(data: dict[str, Any], source: str = CONFIG_FILE) -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        more = len(exc.errors()) - 1
+        suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+        raise ConfigError(f"{source}: {_describe(first)}{suffix}") from None
+
+
+def load_config(repo: Path) -> Config:
+    path = Path(repo) / CONFIG_FILE
+    if not path.is_file():
+        raise ConfigError(f"{path}: not found (run `ratchet init` to create one)")
+    return loads_config(path.read_bytes(), str(path))
+
+
+def loads_config(raw: bytes, source: str = CONFIG_FILE) -> Config:
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    return parse_config(data, source)

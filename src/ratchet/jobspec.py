@@ -1,0 +1,215 @@
+"""The contract between the driver and the worker: what to run, and what came back.
+
+Plain dataclasses and JSON, stdlib only, so the worker starts fast on any machine
+(no pydantic, no optuna) and every backend ships the same spec.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+RESULT_MARKER = "RATCHET-WORKER-RESULT: "
+
+# Environment variables a candidate may always see. Everything else is dropped unless
+# the config names it (task.env), and secrets are dropped even then.
+ENV_ALLOW = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LANGUAGE",
+    "TERM",
+    "TZ",
+    "TMPDIR",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "PYTHONHASHSEED",
+    "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "LD_LIBRARY_PATH",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "OPENBLAS_CORETYPE",
+    "OPENBLAS_L2_SIZE",
+    "TRITON_CACHE_DIR",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "HF_HOME",
+    "HF_HUB_OFFLINE",
+)
+ENV_ALLOW_PREFIXES = ("LC_", "RATCHET_")
+SECRET_SUFFIXES = ("_API_KEY", "_TOKEN", "_SECRET", "_PASSWORD", "_ACCESS_KEY", "_KEY_ID")
+SECRET_NAMES = ("RATCHET_DRIVER_TOKEN",)
+
+
+def is_secret(name: str) -> bool:
+    upper = name.upper()
+    return upper in SECRET_NAMES or any(upper.endswith(s) for s in SECRET_SUFFIXES) or (
+        "PASSWORD" in upper or "SECRET" in upper
+    )
+
+
+def scrub_env(env: dict[str, str], extra_allowed: list[str]) -> dict[str, str]:
+    """Allow-list the environment a candidate sees; secrets never pass."""
+    allowed = set(ENV_ALLOW) | set(extra_allowed)
+    return {
+        key: value
+        for key, value in env.items()
+        if (key in allowed or key.startswith(ENV_ALLOW_PREFIXES)) and not is_secret(key)
+    }
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class PinnedFile:
+    """A protected file as pinned at study start: the worker restores exactly this."""
+
+    sha256: str
+    content_b64: str | None  # None: the path did not exist at pin time (must stay absent)
+    mode: int = 0o644
+
+    @classmethod
+    def of(cls, content: bytes | None, mode: int = 0o644) -> PinnedFile:
+        if content is None:
+            return cls(sha256="absent", content_b64=None, mode=mode)
+        return cls(sha256(content), base64.b64encode(content).decode("ascii"), mode)
+
+    def content(self) -> bytes | None:
+        return None if self.content_b64 is None else base64.b64decode(self.content_b64)
+
+
+@dataclass
+class Slot:
+    name: str
+    env: dict[str, str] = field(default_factory=dict)
+    cpus: list[int] = field(default_factory=list)
+
+
+@dataclass
+class JobSpec:
+    job_id: str
+    study: str
+    candidate: str
+    commit: str
+    metric: str
+    timeout_s: float
+    # where the snapshot comes from: a local repo (git archive of commit), or already
+    # unpacked in the worker's directory (ray / shell backends ship it).
+    repo: str | None = None
+    build: str | None = None
+    smoke: str | None = None
+    run: str | None = None
+    evaluate: str = ""
+    holdout: str | None = None
+    run_holdout: bool = False
+    repeats: int = 1
+    env_allow: list[str] = field(default_factory=list)
+    env_set: dict[str, str] = field(default_factory=dict)
+    protected: dict[str, PinnedFile] = field(default_factory=dict)
+    data_dir: str | None = None
+    data_digest: str | None = None
+    holdout_dir: str | None = None
+    log_limit_bytes: int = 16 << 20
+    memory_limit_bytes: int | None = None
+    slot_lock_dir: str | None = None
+    slots: list[Slot] = field(default_factory=list)
+    sandbox: str = "auto"  # auto | bwrap | none
+    readonly_paths: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        data = json.loads(text)
+        data["protected"] = {k: PinnedFile(**v) for k, v in data.get("protected", {}).items()}
+        data["slots"] = [Slot(**s) for s in data.get("slots", [])]
+        return cls(**data)
+
+    def write(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(self.to_json())
+        tmp.replace(path)
+
+
+@dataclass
+class PhaseResult:
+    name: str
+    command: str
+    exit_code: int | None
+    seconds: float
+    timed_out: bool = False
+    log: str = ""
+    log_truncated_bytes: int = 0
+    signal: int | None = None
+
+
+@dataclass
+class JobResult:
+    """What the worker reports. `outcome` is the worker's view; the judge decides status."""
+
+    job_id: str
+    outcome: str  # ok | failed | timeout | cancelled | violation | error
+    reason: str = ""
+    failed_stage: str | None = None
+    metric: float | None = None
+    samples: list[float] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    holdout: float | None = None
+    holdout_extra: dict[str, Any] = field(default_factory=dict)
+    correct: bool | None = None
+    phases: list[PhaseResult] = field(default_factory=list)
+    slot: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    queue_seconds: float = 0.0
+    sandbox: str = "none"
+    violations: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobResult:
+        data = json.loads(text)
+        data["phases"] = [PhaseResult(**p) for p in data.get("phases", [])]
+        return cls(**data)
+
+    @classmethod
+    def from_output(cls, text: str) -> JobResult | None:
+        """Recover the worker's result from its stdout (the last marker line wins)."""
+        for line in reversed(text.splitlines()):
+            if line.startswith(RESULT_MARKER):
+                return cls.from_json(line[len(RESULT_MARKER) :])
+        return None
+
+
+def parse_metrics(text: str) -> dict[str, Any]:
+    """`name: value` lines -> {name: float|bool|str}; the last occurrence wins."""
+    values: dict[str, Any] = {}
+    for line in text.splitlines():
+        name, sep, raw = line.partition(":")
+        name, raw = name.strip(), raw.strip()
+        if not sep or not name or " " in name or not raw or len(name) > 64:
+            continue
+        lowered = raw.lower()
+        if lowered in ("true", "false"):
+            values[name] = lowered == "true"
+            continue
+        try:
+            values[name] = float(raw.split()[0])
+        except ValueError:
+            continue
+    return values

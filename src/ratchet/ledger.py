@@ -1,0 +1,289 @@
+"""The ledger: SQLite (WAL) under .ratchet/, the single source of truth of a study.
+
+Every state change is committed before ratchet acts on it (write-ahead), so a driver
+killed at any moment resumes without losing or repeating work. `results.tsv` and the
+report are views rebuilt from it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS candidates (
+    id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL UNIQUE,
+    round INTEGER NOT NULL,
+    kind TEXT NOT NULL DEFAULT 'candidate',   -- baseline | candidate | incumbent | submitted
+    parent TEXT,
+    commit_sha TEXT,
+    description TEXT NOT NULL DEFAULT '',
+    proposer TEXT,
+    params TEXT,
+    idea TEXT,
+    context_path TEXT,
+    status TEXT NOT NULL,
+    job_id TEXT,
+    attempt INTEGER NOT NULL DEFAULT 0,
+    metric REAL,
+    samples TEXT,
+    extra TEXT,
+    holdout REAL,
+    phases TEXT,
+    reasons TEXT,
+    failed_stage TEXT,
+    slot TEXT,
+    gain REAL,
+    margin REAL,
+    noise REAL,
+    queue_s REAL,
+    run_s REAL,
+    cost_usd REAL,
+    created_at REAL NOT NULL,
+    submitted_at REAL,
+    finished_at REAL,
+    judged_at REAL,
+    result TEXT
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    t REAL NOT NULL,
+    candidate TEXT,
+    kind TEXT NOT NULL,
+    data TEXT
+);
+CREATE TABLE IF NOT EXISTS ideas (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    text TEXT NOT NULL UNIQUE,
+    source TEXT NOT NULL DEFAULT 'cli',
+    status TEXT NOT NULL DEFAULT 'pending',   -- pending | tried
+    candidate TEXT,
+    outcome TEXT,
+    created_at REAL NOT NULL
+);
+"""
+
+# statuses a candidate moves through; the last four (+ cancelled) are verdicts
+OPEN = ("proposed", "committed", "submitted", "interrupted", "finished")
+VERDICTS = ("keep", "discard", "crash", "rejected", "cancelled", "reference")
+JSON_COLUMNS = ("params", "samples", "extra", "phases", "result")
+
+
+@dataclass
+class Candidate:
+    id: str
+    seq: int
+    round: int
+    status: str
+    kind: str = "candidate"
+    parent: str | None = None
+    commit_sha: str | None = None
+    description: str = ""
+    proposer: str | None = None
+    params: dict[str, Any] | None = None
+    idea: str | None = None
+    context_path: str | None = None
+    job_id: str | None = None
+    attempt: int = 0
+    metric: float | None = None
+    samples: list[float] | None = None
+    extra: dict[str, Any] | None = None
+    holdout: float | None = None
+    phases: list[dict[str, Any]] | None = None
+    reasons: str | None = None
+    failed_stage: str | None = None
+    slot: str | None = None
+    gain: float | None = None
+    margin: float | None = None
+    noise: float | None = None
+    queue_s: float | None = None
+    run_s: float | None = None
+    cost_usd: float | None = None
+    created_at: float = field(default_factory=time.time)
+    submitted_at: float | None = None
+    finished_at: float | None = None
+    judged_at: float | None = None
+    result: dict[str, Any] | None = None
+
+    @property
+    def short(self) -> str:
+        return (self.commit_sha or "")[:7]
+
+    @property
+    def is_judged(self) -> bool:
+        return self.status in VERDICTS
+
+
+class Ledger:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.db = sqlite3.connect(str(path), timeout=30, isolation_level=None)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")  # durable before we act on it
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- meta ---------------------------------------------------------------------------
+
+    def get(self, key: str, default: Any = None) -> Any:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return json.loads(row["value"]) if row else default
+
+    def set(self, **values: Any) -> None:
+        with self.transaction():
+            for key, value in values.items():
+                self.db.execute(
+                    "INSERT INTO meta (key, value) VALUES (?, ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    (key, json.dumps(value)),
+                )
+
+    # -- candidates -----------------------------------------------------------------------
+
+    def transaction(self):
+        return _Transaction(self.db)
+
+    def new_candidate(
+        self, round: int, kind: str = "candidate", status: str = "proposed", **fields: Any
+    ) -> Candidate:
+        with self.transaction():
+            row = self.db.execute("SELECT COALESCE(MAX(seq), -1) + 1 AS n FROM candidates")
+            seq = row.fetchone()["n"]
+            cand = Candidate(id=f"c{seq:04d}", seq=seq, round=round, kind=kind,
+                             status=status, **fields)
+            data = _to_row(cand)
+            cols = ", ".join(data)
+            marks = ", ".join("?" for _ in data)
+            self.db.execute(f"INSERT INTO candidates ({cols}) VALUES ({marks})",
+                            tuple(data.values()))
+            self._event(cand.id, status, {"description": cand.description})
+        return cand
+
+    def update(self, cand_id: str, event: str | None = None, **fields: Any) -> None:
+        data = _to_row_partial(fields)
+        with self.transaction():
+            sets = ", ".join(f"{k} = ?" for k in data)
+            self.db.execute(f"UPDATE candidates SET {sets} WHERE id = ?",
+                            (*data.values(), cand_id))
+            if event:
+                self._event(cand_id, event, {k: v for k, v in fields.items()
+                                             if k in ("status", "job_id", "reasons", "metric")})
+
+    def candidate(self, cand_id: str) -> Candidate | None:
+        row = self.db.execute("SELECT * FROM candidates WHERE id = ?", (cand_id,)).fetchone()
+        return _from_row(row) if row else None
+
+    def candidates(self, round: int | None = None, status: str | None = None) -> list[Candidate]:
+        query, args = "SELECT * FROM candidates WHERE 1=1", []
+        if round is not None:
+            query += " AND round = ?"
+            args.append(round)
+        if status is not None:
+            query += " AND status = ?"
+            args.append(status)
+        return [_from_row(r) for r in self.db.execute(query + " ORDER BY seq", args)]
+
+    def find(self, ref: str) -> Candidate | None:
+        """By id (c0003), job id, or commit prefix (>= 4 hex digits)."""
+        cand = self.candidate(ref)
+        if cand:
+            return cand
+        row = self.db.execute("SELECT * FROM candidates WHERE job_id = ?", (ref,)).fetchone()
+        if row:
+            return _from_row(row)
+        if len(ref) >= 4:
+            rows = self.db.execute(
+                "SELECT * FROM candidates WHERE commit_sha LIKE ? ORDER BY seq DESC", (ref + "%",)
+            ).fetchall()
+            if rows:
+                return _from_row(rows[0])
+        return None
+
+    def events(self, cand_id: str | None = None) -> Iterator[sqlite3.Row]:
+        if cand_id:
+            yield from self.db.execute("SELECT * FROM events WHERE candidate = ? ORDER BY id",
+                                       (cand_id,))
+        else:
+            yield from self.db.execute("SELECT * FROM events ORDER BY id")
+
+    def event(self, kind: str, cand_id: str | None = None, **data: Any) -> None:
+        with self.transaction():
+            self._event(cand_id, kind, data)
+
+    def _event(self, cand_id: str | None, kind: str, data: dict[str, Any]) -> None:
+        self.db.execute("INSERT INTO events (t, candidate, kind, data) VALUES (?, ?, ?, ?)",
+                        (time.time(), cand_id, kind, json.dumps(data, default=str)))
+
+    # -- ideas ----------------------------------------------------------------------------
+
+    def add_idea(self, text: str, source: str = "cli") -> bool:
+        text = text.strip()
+        if not text:
+            return False
+        with self.transaction():
+            cur = self.db.execute(
+                "INSERT OR IGNORE INTO ideas (text, source, created_at) VALUES (?, ?, ?)",
+                (text, source, time.time()),
+            )
+        return cur.rowcount > 0
+
+    def pending_ideas(self) -> list[sqlite3.Row]:
+        return list(self.db.execute("SELECT * FROM ideas WHERE status = 'pending' ORDER BY id"))
+
+    def mark_idea(self, text: str, candidate: str, outcome: str | None = None) -> None:
+        with self.transaction():
+            self.db.execute(
+                "UPDATE ideas SET status = 'tried', candidate = ?, outcome = COALESCE(?, outcome)"
+                " WHERE text = ?",
+                (candidate, outcome, text),
+            )
+
+    def ideas(self) -> list[sqlite3.Row]:
+        return list(self.db.execute("SELECT * FROM ideas ORDER BY id"))
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self.outer = False
+
+    def __enter__(self):
+        self.outer = not self.db.in_transaction
+        if self.outer:
+            self.db.execute("BEGIN IMMEDIATE")
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self.outer:
+            return
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def _to_row(cand: Candidate) -> dict[str, Any]:
+    return _to_row_partial(dict(cand.__dict__))
+
+
+def _to_row_partial(fields: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: (json.dumps(v, default=str) if k in JSON_COLUMNS and v is not None else v)
+        for k, v in fields.items()
+    }
+
+
+def _from_row(row: sqlite3.Row) -> Candidate:
+    data = dict(row)
+    for key in JSON_COLUMNS:
+        if data.get(key) is not None:
+            data[key] = json.loads(data[key])
+    return Candidate(**data)

@@ -1,0 +1,60 @@
+"""Proposers turn context into candidates. One small protocol, several plain kinds.
+
+A proposer is told about every judged candidate (`observe`) and asked for up to k new
+proposals from the incumbent (`propose`). It never runs anything it proposes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from ratchet.candidate import Proposal
+from ratchet.config import Config
+from ratchet.ledger import Candidate
+
+
+@dataclass
+class ProposalContext:
+    repo: Path
+    state_dir: Path
+    config: Config
+    study: str
+    round: int
+    incumbent: str  # commit sha
+    incumbent_metric: float | None
+    history: list[Candidate] = field(default_factory=list)
+    ideas: list[str] = field(default_factory=list)
+
+
+class Proposer(Protocol):
+    name: str
+
+    def propose(self, k: int, ctx: ProposalContext) -> list[Proposal]: ...
+
+    def observe(self, candidate: Candidate) -> None: ...
+
+
+class ProposerError(Exception):
+    """The proposer cannot produce candidates (bad config, service down after retries)."""
+
+
+def make_proposer(kind: str, config: Config, history: list[Candidate]) -> Proposer:
+    if kind == "tune":
+        from ratchet.proposers.tune import TuneProposer
+
+        return TuneProposer(config, history)
+    if kind == "llm":
+        from ratchet.proposers.llm import LLMProposer
+
+        return LLMProposer(config, history)
+    if kind == "agent":
+        from ratchet.proposers.agent import AgentProposer
+
+        return AgentProposer(config, history)
+    if kind == "patches":
+        from ratchet.proposers.patches import PatchesProposer
+
+        return PatchesProposer(config, history)
+    raise ProposerError(f"search.proposer: unknown proposer {kind!r}")

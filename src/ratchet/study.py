@@ -1,0 +1,672 @@
+"""The study owns the loop: propose K from the incumbent, run them, judge, promote, repeat.
+
+Write-ahead everywhere: a candidate is in the ledger before its job exists, a job id is
+recorded before it is submitted (ids are deterministic, so submitting again after a
+crash is a no-op), and a round's verdicts and the new incumbent are committed in one
+transaction before the study branch moves. A killed driver therefore resumes by
+reading the ledger: it reattaches to running jobs, resubmits lost ones once, and never
+counts anything twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shlex
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ratchet import gitrepo, judge, sandbox
+from ratchet.backends import Backend, make_backend
+from ratchet.candidate import (
+    Proposal,
+    make_commit,
+    scope_violations,
+    study_branch,
+    study_ref,
+)
+from ratchet.config import CONFIG_FILE, Config, load_config, matches_any
+from ratchet.jobspec import JobResult, JobSpec, PinnedFile
+from ratchet.ledger import Candidate, Ledger
+from ratchet.proposers import ProposalContext, Proposer, make_proposer
+from ratchet.views import write_results_tsv
+
+STATE_DIR = ".ratchet"
+POLL_S = 0.05
+MAX_ATTEMPTS = 2  # a job lost to infrastructure is rerun once, never one that failed
+
+
+class StudyError(Exception):
+    """A problem the user must fix; phrased as one line naming the cause."""
+
+
+@dataclass
+class StopFlag:
+    """Ctrl-C once: finish judging what runs, start nothing new. Twice: cancel jobs."""
+
+    count: int = 0
+
+    def request(self) -> None:
+        self.count += 1
+
+    @property
+    def soft(self) -> bool:
+        return self.count >= 1
+
+    @property
+    def hard(self) -> bool:
+        return self.count >= 2
+
+
+@dataclass
+class Progress:
+    round: int
+    rounds: int
+    running: list[tuple[str, str, float, str]] = field(default_factory=list)  # id, desc, s, state
+    best: float | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+    message: str = ""
+
+
+def _noop(_: Progress) -> None:
+    pass
+
+
+class StudyLock:
+    """One driver per study. The lock is an flock, so a dead holder never blocks us."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fh = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(self.path, "a+")  # noqa: SIM115
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            fh.close()
+            raise StudyError(
+                f"study is locked by {holder}; wait for it to finish or stop it (Ctrl-C)"
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} on {os.uname().nodename} since {time.ctime()}\n")
+        fh.flush()
+        self.fh = fh
+
+    def release(self) -> None:
+        if self.fh:
+            self.fh.close()
+            self.fh = None
+
+
+class Study:
+    def __init__(
+        self,
+        repo: Path,
+        config: Config | None = None,
+        *,
+        backend: str | None = None,
+        proposer: str | None = None,
+        parallel: int | None = None,
+        progress: Callable[[Progress], None] = _noop,
+        log: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        if not gitrepo.is_repo(repo):
+            raise StudyError(f"{repo}: not a git repository (run `git init` and commit first)")
+        self.repo = gitrepo.toplevel(repo)
+        self.config = config or load_config(self.repo)
+        self.name = self.config.task.name
+        self.state_dir = self.repo / STATE_DIR
+        self.state_dir.mkdir(exist_ok=True)
+        self.ledger = Ledger(self.state_dir / "ledger.db")
+        self.backend_kind = backend or self.config.backend.kind
+        self.proposer_kind = proposer or self.config.search.proposer
+        self.parallel = parallel or self.config.search.parallel
+        self.branch = study_branch(self.name)
+        self.progress = progress
+        self.log = log
+        self.stop = StopFlag()
+        self._backend: Backend | None = None
+        self._proposer: Proposer | None = None
+        self.lock = StudyLock(self.state_dir / "lock")
+
+    # -- parts made on first use ----------------------------------------------------------
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            self._backend = make_backend(self.backend_kind, self.state_dir, self.config)
+        return self._backend
+
+    @property
+    def proposer(self) -> Proposer:
+        if self._proposer is None:
+            self._proposer = make_proposer(
+                self.proposer_kind, self.config, self.ledger.candidates()
+            )
+        return self._proposer
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+        self.ledger.close()
+        self.lock.release()
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    @property
+    def started(self) -> bool:
+        return self.ledger.get("pinned") is not None
+
+    def ensure_started(self) -> None:
+        """Pin the study's starting point (once): commit, protected files, branch."""
+        if self.started:
+            self._repair_branch()
+            return
+        head = gitrepo.try_rev_parse(self.repo, "HEAD")
+        if head is None:
+            raise StudyError(f"{self.repo}: the repository has no commits; commit your files first")
+        committed = self._committed_config(head)
+        if gitrepo.is_dirty(self.repo):
+            self.log("warning: uncommitted changes are ignored; the study starts from HEAD "
+                     f"{head[:7]}")
+        if gitrepo.try_rev_parse(self.repo, self.branch) not in (None, head):
+            raise StudyError(
+                f"branch ratchet/{self.name} already exists but .ratchet/ledger.db has no study; "
+                f"delete the branch (git branch -D ratchet/{self.name}) or rename task.name"
+            )
+        pins = self._pin_protected(head)
+        gitrepo.exclude_locally(self.repo, [f"/{STATE_DIR}/", "/results.tsv"])
+        gitrepo.update_ref(self.repo, self.branch, head, reason="ratchet: study start")
+        self.ledger.set(
+            study=self.name,
+            pinned=head,
+            pins=pins,
+            incumbent=head,
+            incumbent_id=None,
+            incumbent_metric=None,
+            incumbent_samples=[],
+            incumbent_holdout=None,
+            round=1,
+            config=committed,
+            created=time.time(),
+        )
+        self.ledger.event("study-started", None, commit=head)
+
+    def _committed_config(self, head: str) -> str:
+        try:
+            return gitrepo.show(self.repo, head, CONFIG_FILE).decode()
+        except gitrepo.GitError:
+            raise StudyError(
+                f"{CONFIG_FILE} is not committed; `git add {CONFIG_FILE} && git commit` first "
+                "(it is pinned with the protected files)"
+            ) from None
+
+    def _pin_protected(self, commit: str) -> dict[str, dict]:
+        tracked = gitrepo.git(self.repo, "ls-tree", "-r", "--name-only", "-z", commit).split("\0")
+        globs = [*self.config.task.protected, CONFIG_FILE]
+        pins: dict[str, dict] = {}
+        for path in tracked:
+            if path and matches_any(path, globs):
+                entry = gitrepo.git(self.repo, "ls-tree", commit, "--", path).split()
+                mode = 0o755 if entry and entry[0] == "100755" else 0o644
+                pins[path] = PinnedFile.of(gitrepo.show(self.repo, commit, path), mode).__dict__
+        for glob in self.config.task.protected:
+            if not any(ch in glob for ch in "*?[") and glob not in pins:
+                pins[glob] = PinnedFile.of(None).__dict__  # must stay absent
+        return pins
+
+    def _repair_branch(self) -> None:
+        """After a crash between the verdict commit and the ref update, finish the move."""
+        incumbent = self.ledger.get("incumbent")
+        current = gitrepo.try_rev_parse(self.repo, self.branch)
+        if current != incumbent:
+            gitrepo.update_ref(self.repo, self.branch, incumbent, reason="ratchet: repair")
+            self.ledger.event("branch-repaired", None, commit=incumbent, was=current)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run(self, rounds: int | None = None) -> None:
+        self.lock.acquire()
+        target = rounds or self.config.search.rounds
+        self.ensure_started()
+        if self.config.prep:
+            self.prepare()
+        while not self.stop.soft:
+            round_no = self.ledger.get("round")
+            if round_no > target and not self._open(round_no):
+                break
+            cands = self.ledger.candidates(round=round_no)
+            if not cands:
+                if round_no > target:
+                    break
+                cands = self._propose_round(round_no)
+                if not cands:
+                    self.log(f"round {round_no}: the proposer has nothing new to try; stopping")
+                    break
+            self._run_group(cands, round_no, target)
+            if self.stop.hard:
+                break
+            if all(self.ledger.candidate(c.id).status not in ("submitted", "committed",
+                   "interrupted", "finished") for c in cands):
+                self.ledger.set(round=round_no + 1)
+
+    def _open(self, round_no: int) -> bool:
+        return any(not c.is_judged for c in self.ledger.candidates(round=round_no))
+
+    def _propose_round(self, round_no: int) -> list[Candidate]:
+        incumbent = self.ledger.get("incumbent")
+        k = self.parallel
+        baseline_needed = not any(c.kind == "baseline" for c in self.ledger.candidates())
+        rows: list[tuple[str, dict]] = []
+        if baseline_needed:
+            rows.append(("baseline", dict(kind="baseline", parent=incumbent, commit_sha=incumbent,
+                                          description="baseline", status="committed")))
+            k = max(k - 1, 0)
+        elif self.config.acceptance.co_run_incumbent:
+            rows.append(("incumbent", dict(kind="incumbent", parent=incumbent,
+                                           commit_sha=incumbent, status="committed",
+                                           description="incumbent re-measured (reference)")))
+        proposals: list[Proposal] = []
+        if k:
+            ctx = ProposalContext(
+                repo=self.repo,
+                state_dir=self.state_dir,
+                config=self.config,
+                study=self.name,
+                round=round_no,
+                incumbent=incumbent,
+                incumbent_metric=self.ledger.get("incumbent_metric"),
+                history=self.ledger.candidates(),
+                ideas=[row["text"] for row in self.ledger.pending_ideas()],
+            )
+            proposals = self.proposer.propose(k, ctx)
+        # Build every commit first, then record the whole round in one transaction: a
+        # crash in between leaves no half-proposed round behind.
+        base_seq = self._next_seq()
+        for proposal in proposals:
+            cand_id = f"c{base_seq + len(rows):04d}"
+            rows.append(("candidate", self._materialise(proposal, incumbent, cand_id)))
+        created = []
+        with self.ledger.transaction():
+            for _, fields in rows:
+                kind = fields.pop("kind", "candidate")
+                created.append(self.ledger.new_candidate(round_no, kind=kind, **fields))
+        for cand, (_, fields) in zip(created, rows, strict=True):
+            if cand.commit_sha and cand.kind == "candidate":
+                gitrepo.update_ref(self.repo, study_ref(self.name, cand.id), cand.commit_sha)
+            if cand.idea:
+                self.ledger.mark_idea(cand.idea, cand.id)
+            if cand.status == "rejected":
+                self.ledger.event("rejected", cand.id, reasons=fields.get("reasons"))
+        self._write_views()
+        return self.ledger.candidates(round=round_no)
+
+    def _next_seq(self) -> int:
+        row = self.ledger.db.execute("SELECT COALESCE(MAX(seq), -1) + 1 AS n FROM candidates")
+        return row.fetchone()["n"]
+
+    def _materialise(self, proposal: Proposal, incumbent: str, cand_id: str) -> dict:
+        fields = dict(parent=incumbent, description=proposal.description[:200],
+                      proposer=self.proposer_kind, params=proposal.params, idea=proposal.idea)
+        if proposal.context is not None:
+            ctx_dir = self.state_dir / "contexts"
+            ctx_dir.mkdir(exist_ok=True)
+            path = ctx_dir / f"{cand_id}.md"
+            path.write_text(proposal.context)
+            fields["context_path"] = str(path)
+        if proposal.error:
+            return {**fields, "status": "rejected", "reasons": proposal.error}
+        try:
+            commit = make_commit(self.repo, incumbent, proposal, cand_id)
+        except gitrepo.GitError as exc:
+            return {**fields, "status": "rejected", "reasons": f"could not commit: {exc}"}
+        problems = scope_violations(self.repo, self.config, incumbent, commit)
+        if problems:
+            return {**fields, "commit_sha": commit, "status": "rejected",
+                    "reasons": "; ".join(problems)}
+        return {**fields, "commit_sha": commit, "status": "committed"}
+
+    # -- running a group of candidates (a round, or `ratchet wait`) -------------------------
+
+    def job_spec(self, cand: Candidate) -> JobSpec:
+        task = self.config.task
+        pins = {k: PinnedFile(**v) for k, v in self.ledger.get("pins", {}).items()}
+        data_dir, data_digest = self.ledger.get("data_dir"), self.ledger.get("data_digest")
+        holdout_dir = self.state_dir / "holdout"
+        spec = JobSpec(
+            job_id=f"{self.name}-{cand.id}-{cand.attempt}",
+            study=self.name,
+            candidate=cand.id,
+            commit=cand.commit_sha,
+            metric=self.config.metric.name,
+            timeout_s=task.timeout,
+            repo=str(self.repo),
+            build=task.build,
+            smoke=task.smoke,
+            run=task.run,
+            evaluate=task.evaluate,
+            holdout=task.holdout,
+            run_holdout=bool(task.holdout),
+            repeats=self.config.acceptance.repeats,
+            env_allow=list(task.env),
+            protected=pins,
+            data_dir=data_dir,
+            data_digest=data_digest,
+            holdout_dir=str(holdout_dir) if holdout_dir.is_dir() else None,
+            log_limit_bytes=int(self.config.backend.log_limit_mb * (1 << 20)),
+            memory_limit_bytes=(int(self.config.backend.memory_limit_gb * (1 << 30))
+                                if self.config.backend.memory_limit_gb else None),
+            readonly_paths=[str(self.repo / ".git"), str(self.state_dir / "ledger.db")],
+        )
+        return spec
+
+    def submit(self, cand: Candidate) -> str:
+        """Record the job id, then place the job (idempotent under the same id)."""
+        spec = self.job_spec(cand)
+        self.ledger.update(cand.id, "submitted", status="submitted", job_id=spec.job_id,
+                           submitted_at=time.time())
+        return self.backend.submit(spec)
+
+    def _run_group(self, cands: list[Candidate], round_no: int, target: int) -> None:
+        pending = {c.id for c in cands if c.status in ("committed", "interrupted")}
+        for cand in self.ledger.candidates(round=round_no):
+            if cand.id in pending and cand.status == "interrupted":
+                self.ledger.update(cand.id, attempt=cand.attempt + 1)
+        for cand_id in sorted(pending):
+            if self.stop.soft:
+                break
+            self.submit(self.ledger.candidate(cand_id))
+        self.wait_for([c.id for c in cands], round_no, target)
+        if not self.stop.hard:
+            self.judge_group([c.id for c in cands])
+
+    def wait_for(self, ids: list[str], round_no: int = 0, target: int = 0) -> None:
+        cancelled_on_stop = False
+        while True:
+            running = []
+            for cand in (self.ledger.candidate(i) for i in ids):
+                if cand.status != "submitted":
+                    continue
+                state = self.backend.status(cand.job_id)
+                if state == "done":
+                    self._record_result(cand, self.backend.result(cand.job_id))
+                elif state == "lost":
+                    self._handle_lost(cand)
+                else:
+                    elapsed = time.time() - (cand.submitted_at or time.time())
+                    running.append((cand.id, cand.description, elapsed, state))
+            self._report(round_no, target, running)
+            if not running:
+                return
+            if self.stop.hard and not cancelled_on_stop:
+                cancelled_on_stop = True
+                for cand_id, *_ in running:
+                    self._interrupt(self.ledger.candidate(cand_id))
+                continue
+            time.sleep(POLL_S)
+
+    def _interrupt(self, cand: Candidate) -> None:
+        self.backend.cancel(cand.job_id)
+        self.ledger.update(cand.id, "interrupted", status="interrupted",
+                           reasons="interrupted (Ctrl-C); rerun on resume")
+
+    def _handle_lost(self, cand: Candidate) -> None:
+        if cand.attempt + 1 >= MAX_ATTEMPTS:
+            lost = JobResult(job_id=cand.job_id, outcome="error", failed_stage="infrastructure",
+                             reason=f"job lost {MAX_ATTEMPTS} times (worker vanished)")
+            self.ledger.update(cand.id, "lost", status="finished", reasons=lost.reason,
+                               result=json.loads(lost.to_json()))
+            return
+        self.ledger.update(cand.id, "lost-resubmitted", attempt=cand.attempt + 1)
+        self.submit(self.ledger.candidate(cand.id))
+
+    def _record_result(self, cand: Candidate, result: JobResult | None) -> None:
+        if result is None:
+            self._handle_lost(cand)
+            return
+        run_s = sum(p.seconds for p in result.phases)
+        self.ledger.update(
+            cand.id,
+            "finished",
+            status="finished",
+            metric=result.metric,
+            samples=result.samples,
+            extra=result.extra,
+            holdout=result.holdout,
+            phases=[p.__dict__ for p in result.phases],
+            failed_stage=result.failed_stage,
+            slot=result.slot,
+            queue_s=result.queue_seconds,
+            run_s=run_s,
+            cost_usd=self._cost(run_s),
+            finished_at=time.time(),
+            reasons=result.reason or None,
+            result=json.loads(result.to_json()),
+        )
+
+    def _cost(self, run_s: float) -> float:
+        backend = self.config.backend
+        rate = backend.gpu_hourly_usd or backend.cpu_hourly_usd
+        return round(rate * run_s / 3600.0, 6)
+
+    # -- judging --------------------------------------------------------------------------
+
+    def judge_group(self, ids: list[str]) -> Candidate | None:
+        """Judge finished candidates together; promote the best improving one."""
+        cands = [self.ledger.candidate(i) for i in ids]
+        finished = [c for c in cands if c.status == "finished"]
+        if not finished:
+            return None
+        verdicts: dict[str, judge.Verdict] = {}
+        incumbent_metric = self.ledger.get("incumbent_metric")
+        incumbent_samples = self.ledger.get("incumbent_samples") or []
+        incumbent_holdout = self.ledger.get("incumbent_holdout")
+        meta_updates: dict = {}
+        for cand in finished:
+            if cand.kind not in ("baseline", "incumbent"):
+                continue
+            result = JobResult.from_json(json.dumps(cand.result))
+            forced = judge.outcome_status(result)
+            if forced is not None:
+                verdicts[cand.id] = judge.Verdict(
+                    "crash", [f"{cand.kind} failed: {'; '.join(forced.reasons)}"]
+                )
+                continue
+            verdicts[cand.id] = judge.Verdict(
+                "keep" if cand.kind == "baseline" else "reference",
+                [f"{cand.kind}: {self.config.metric.name} {result.metric:.6g}"],
+            )
+            incumbent_metric = result.metric
+            incumbent_samples = result.samples
+            if result.holdout is not None:
+                incumbent_holdout = result.holdout
+            meta_updates.update(incumbent_metric=incumbent_metric,
+                                incumbent_samples=incumbent_samples,
+                                incumbent_holdout=incumbent_holdout)
+            if cand.kind == "baseline":
+                meta_updates["incumbent_id"] = cand.id
+        paired = any(c.kind == "incumbent" for c in finished)
+        contenders: list[tuple[float, Candidate, JobResult]] = []
+        for cand in finished:
+            if cand.id in verdicts:
+                continue
+            result = JobResult.from_json(json.dumps(cand.result))
+            forced = judge.outcome_status(result)
+            if forced is not None:
+                verdicts[cand.id] = forced
+                continue
+            if incumbent_metric is None:
+                verdicts[cand.id] = judge.Verdict(
+                    "discard", ["no incumbent measurement to compare with (baseline failed)"])
+                continue
+            verdict = judge.compare(self.config, result, incumbent_metric, incumbent_samples,
+                                    paired=paired)
+            verdicts[cand.id] = verdict
+            if verdict.status == "keep":
+                contenders.append((verdict.gain, cand, result))
+        winner = None
+        for _, cand, result in sorted(contenders, key=lambda t: (-t[0], t[1].seq)):
+            if winner is not None:
+                verdicts[cand.id].status = "discard"
+                verdicts[cand.id].reasons.append(f"beaten by {winner.id} this round")
+                continue
+            overfit = judge.check_holdout(self.config, result, incumbent_holdout)
+            if overfit:
+                verdicts[cand.id].status = "rejected"
+                verdicts[cand.id].reasons.append(overfit)
+                continue
+            if not self._descends(cand.commit_sha, self.ledger.get("incumbent")):
+                verdicts[cand.id].status = "discard"
+                verdicts[cand.id].reasons.append("not based on the current incumbent")
+                continue
+            winner = cand
+            meta_updates.update(incumbent=cand.commit_sha, incumbent_id=cand.id,
+                                incumbent_metric=result.metric,
+                                incumbent_samples=result.samples,
+                                incumbent_holdout=result.holdout)
+        now = time.time()
+        with self.ledger.transaction():
+            for cand_id, verdict in verdicts.items():
+                self.ledger.update(cand_id, f"judged:{verdict.status}", status=verdict.status,
+                                   reasons="; ".join(r for r in verdict.reasons if r) or None,
+                                   gain=verdict.gain, margin=verdict.margin,
+                                   noise=verdict.noise, judged_at=now)
+            if meta_updates:
+                self.ledger.set(**meta_updates)
+        for cand in finished:
+            if cand.idea:
+                self.ledger.mark_idea(cand.idea, cand.id, verdicts[cand.id].status)
+            with contextlib.suppress(Exception):
+                self.proposer_observe(self.ledger.candidate(cand.id))
+        if winner is not None:
+            self._repair_branch()  # moves the branch to the new incumbent
+            self.log(f"keep {winner.id} {winner.short}: {winner.description}")
+        self._write_views()
+        return winner
+
+    def proposer_observe(self, cand: Candidate) -> None:
+        if self._proposer is not None:
+            self._proposer.observe(cand)
+
+    def _descends(self, commit: str, ancestor: str) -> bool:
+        proc = subprocess.run(
+            ["git", "-C", str(self.repo), "merge-base", "--is-ancestor", ancestor, commit],
+            capture_output=True,
+        )
+        return proc.returncode == 0
+
+    # -- agent-driven mode ------------------------------------------------------------------
+
+    def submit_rev(self, rev: str, message: str | None = None) -> list[Candidate]:
+        """`ratchet submit REV`: record REV as a candidate and start its job at once."""
+        self.ensure_started()
+        if self.config.prep:
+            self.prepare()
+        commit = gitrepo.try_rev_parse(self.repo, rev)
+        if commit is None:
+            raise StudyError(f"{rev!r} is not a commit in {self.repo}")
+        incumbent = self.ledger.get("incumbent")
+        round_no = self.ledger.get("round")
+        made = []
+        if not any(c.kind == "baseline" for c in self.ledger.candidates()):
+            made.append(self.ledger.new_candidate(
+                round_no, kind="baseline", parent=incumbent, commit_sha=incumbent,
+                description="baseline", status="committed"))
+        subject = gitrepo.git(self.repo, "log", "-1", "--format=%s", commit)
+        proposal = Proposal(description=message or subject, commit=commit)
+        fields = self._materialise(proposal, incumbent, f"c{self._next_seq():04d}")
+        fields["proposer"] = "submit"
+        cand = self.ledger.new_candidate(round_no, kind="candidate", **fields)
+        if cand.commit_sha:
+            gitrepo.update_ref(self.repo, study_ref(self.name, cand.id), cand.commit_sha)
+        made.append(cand)
+        for item in made:
+            if item.status == "committed":
+                self.submit(item)
+        self._write_views()
+        return [self.ledger.candidate(c.id) for c in made]
+
+    def wait_ids(self, ids: list[str]) -> list[Candidate]:
+        """`ratchet wait ID...`: wait, judge as a group (baseline first), promote the best."""
+        self.ensure_started()
+        cands = []
+        for ref in ids:
+            cand = self.ledger.find(ref)
+            if cand is None:
+                raise StudyError(f"no candidate {ref!r} in this study (see `ratchet status`)")
+            cands.append(cand)
+        # the baseline must be judged before anything is compared with it
+        baseline = [c for c in self.ledger.candidates() if c.kind == "baseline"
+                    and not c.is_judged and c.id not in ids]
+        group = [c.id for c in baseline + cands]
+        self.wait_for(group, self.ledger.get("round"), self.ledger.get("round"))
+        unjudged = [i for i in group if self.ledger.candidate(i).status == "finished"]
+        if unjudged:
+            self.judge_group(unjudged)
+            self.ledger.set(round=self.ledger.get("round") + 1)
+        return [self.ledger.candidate(c.id) for c in cands]
+
+    def cancel(self, ref: str) -> Candidate:
+        cand = self.ledger.find(ref)
+        if cand is None:
+            raise StudyError(f"no candidate {ref!r} in this study")
+        if cand.is_judged:
+            raise StudyError(f"{cand.id} is already judged ({cand.status})")
+        if cand.job_id:
+            self.backend.cancel(cand.job_id)
+        self.ledger.update(cand.id, "cancelled", status="cancelled",
+                           reasons="cancelled by the user", judged_at=time.time())
+        self._write_views()
+        return self.ledger.candidate(cand.id)
+
+    # -- prep -----------------------------------------------------------------------------
+
+    def prepare(self, force: bool = False) -> Path:
+        from ratchet.prep import PrepError, prepare
+
+        self.ensure_started()
+        try:
+            data, digest = prepare(
+                self.repo,
+                self.state_dir,
+                self.config.prep.run,
+                self.ledger.get("pinned"),
+                self.ledger.get("pins", {}),
+                list(self.config.task.env),
+                self.config.task.timeout,
+                force=force,
+            )
+        except PrepError as exc:
+            raise StudyError(str(exc)) from None
+        if self.ledger.get("data_digest") != digest or self.ledger.get("data_dir") != str(data):
+            self.ledger.set(data_dir=str(data), data_digest=digest)
+        return data
+
+    # -- views ----------------------------------------------------------------------------
+
+    def _write_views(self) -> None:
+        write_results_tsv(self.repo / "results.tsv", self.ledger, self.config.metric.name)
+
+    def _report(self, round_no: int, target: int, running: list) -> None:
+        counts: dict[str, int] = {}
+        for cand in self.ledger.candidates():
+            counts[cand.status] = counts.get(cand.status, 0) + 1
+        self.progress(Progress(round=round_no, rounds=target, running=running,
+                               best=self.ledger.get("incumbent_metric"), counts=counts))
+
+    def sandbox_status(self) -> str:
+        return sandbox.describe()
+
+
+def shell_quote(args: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in args)

@@ -1,0 +1,50 @@
+"""`ratchet init --template kernel|train|blank`: starter research repositories.
+
+The kernel and train templates are the bundled examples (examples/kernel-cpu and
+examples/tinygpt); a test keeps the copies here byte-identical to them.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+TEMPLATES = ("kernel", "train", "blank")
+
+
+def template_files(name: str) -> dict[str, bytes]:
+    if name not in TEMPLATES:
+        raise ValueError(f"--template: unknown template {name!r} (expected kernel, train or blank)")
+    root = resources.files(__package__) / name
+    files: dict[str, bytes] = {}
+
+    def walk(node, prefix: str) -> None:
+        for child in node.iterdir():
+            if child.name in ("__pycache__", "data") or child.name.endswith(".pyc"):
+                continue
+            if child.is_dir():
+                walk(child, f"{prefix}{child.name}/")
+            else:
+                files[f"{prefix}{child.name}"] = child.read_bytes()
+
+    walk(root, "")
+    shared = resources.files(__package__) / "program.md"
+    files.setdefault("program.md", shared.read_bytes())
+    return files
+
+
+def write_template(name: str, dest: Path, force: bool = False) -> list[Path]:
+    files = template_files(name)
+    dest.mkdir(parents=True, exist_ok=True)
+    clashes = [p for p in files if (dest / p).exists()]
+    if clashes and not force:
+        raise FileExistsError(
+            f"{dest / clashes[0]} exists; use --force to overwrite or init another directory"
+        )
+    written = []
+    for rel, content in sorted(files.items()):
+        path = dest / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+        written.append(path)
+    return written

@@ -1,0 +1,380 @@
+"""`python -m ratchet.worker JOBDIR`: the one trusted program on the job's machine.
+
+Same for every backend. It leases a slot, materialises the candidate's snapshot,
+restores the pinned protected files, runs build / smoke / run / evaluate (/ holdout) as
+separate phases in fresh process groups with a scrubbed environment and one deadline,
+checks that nothing protected changed, and writes the result. The candidate's own output
+goes to capped log files only; the result channel is written by this process alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+from ratchet import sandbox
+from ratchet.jobspec import (
+    RESULT_MARKER,
+    JobResult,
+    JobSpec,
+    PhaseResult,
+    parse_metrics,
+    scrub_env,
+    sha256,
+)
+from ratchet.procs import become_subreaper, kill_descendants, run_capped
+
+_stop_requested = False
+
+
+def _on_term(signum, frame) -> None:  # noqa: ARG001
+    global _stop_requested
+    _stop_requested = True
+
+
+# ---------------------------------------------------------------------------------------
+# slot leasing: one flock per slot, held for the job's life, released by the kernel even
+# if this process is SIGKILLed, so a crashed worker never leaks a slot.
+
+
+def lease_slot(spec: JobSpec, state_path: Path):
+    if not spec.slots or not spec.slot_lock_dir:
+        return None, None
+    lock_dir = Path(spec.slot_lock_dir)
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    _write_state(state_path, "pending")
+    while not _stop_requested:
+        for slot in spec.slots:
+            fh = open(lock_dir / f"{slot.name}.lock", "a+")  # noqa: SIM115
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                fh.close()
+                continue
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"{spec.job_id} {os.getpid()}\n")
+            fh.flush()
+            return slot, fh
+        time.sleep(0.02)
+    return None, None
+
+
+def _write_state(path: Path, state: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"state": state, "pid": os.getpid(), "t": time.time()}))
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------------------------------
+# protected files
+
+
+def restore_protected(spec: JobSpec, work: Path) -> None:
+    for rel, pinned in spec.protected.items():
+        target = work / rel
+        if target.is_symlink() or (target.exists() and target.is_dir()):
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            else:
+                target.unlink()
+        content = pinned.content()
+        if content is None:
+            if target.exists():
+                target.unlink()
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+        target.chmod(pinned.mode)
+
+
+def protected_violations(spec: JobSpec, work: Path) -> list[str]:
+    problems = []
+    for rel, pinned in spec.protected.items():
+        target = work / rel
+        if target.is_symlink():
+            problems.append(f"protected file {rel} was replaced by a symlink")
+        elif pinned.content_b64 is None:
+            if target.exists():
+                problems.append(f"protected path {rel} was created")
+        elif not target.is_file():
+            problems.append(f"protected file {rel} was removed")
+        elif sha256(target.read_bytes()) != pinned.sha256:
+            problems.append(f"protected file {rel} was modified")
+    return problems
+
+
+def data_digest(root: Path) -> str:
+    """A digest of a prepared-data tree (names, modes, contents)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            digest.update(f"L {rel} {os.readlink(path)}\n".encode())
+        elif path.is_file():
+            digest.update(f"F {rel}\n".encode())
+            with path.open("rb") as fh:
+                for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                    digest.update(block)
+        elif path.is_dir():
+            digest.update(f"D {rel}\n".encode())
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------
+# the job
+
+
+class Job:
+    def __init__(self, spec: JobSpec, job_dir: Path, work: Path) -> None:
+        self.spec = spec
+        self.job_dir = job_dir
+        self.work = work
+        self.logs = job_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.result = JobResult(job_id=spec.job_id, outcome="error")
+        self.deadline = 0.0
+        self.env: dict[str, str] = {}
+        self.sandbox_kind = "none"
+
+    def phase(self, name: str, command: str, *, trusted: bool = False) -> PhaseResult:
+        env = dict(self.env)
+        result_file = self.job_dir / "eval" / f"{name}.json"
+        if trusted:
+            result_file.parent.mkdir(exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                result_file.unlink()
+            env["RATCHET_RESULT"] = str(result_file)
+            if self.spec.holdout_dir and name.startswith("holdout"):
+                env["RATCHET_HOLDOUT"] = self.spec.holdout_dir
+        argv = ["/bin/sh", "-c", command]
+        writable = [self.work, self.job_dir / "tmp"] + ([result_file.parent] if trusted else [])
+        argv = sandbox.wrap(
+            self.sandbox_kind,
+            argv,
+            writable=writable,
+            hidden=[] if trusted or not self.spec.holdout_dir else [self.spec.holdout_dir],
+            readonly=self.spec.readonly_paths,
+        )
+        code, timed_out, log, seconds = run_capped(
+            argv,
+            cwd=self.work,
+            env=env,
+            log_path=self.logs / f"{name}.log",
+            deadline=self.deadline,
+            log_limit=self.spec.log_limit_bytes,
+            memory_limit_bytes=self.spec.memory_limit_bytes,
+            should_stop=lambda: _stop_requested,
+        )
+        phase = PhaseResult(
+            name=name,
+            command=command,
+            exit_code=code,
+            seconds=round(seconds, 4),
+            timed_out=timed_out,
+            log=str(self.logs / f"{name}.log"),
+            log_truncated_bytes=log.dropped,
+            signal=-code if code is not None and code < 0 else None,
+        )
+        self.result.phases.append(phase)
+        return phase
+
+    def fail(self, outcome: str, stage: str, reason: str) -> JobResult:
+        self.result.outcome = outcome
+        self.result.failed_stage = stage
+        self.result.reason = reason
+        return self.result
+
+    def check_phase(self, phase: PhaseResult) -> JobResult | None:
+        if _stop_requested:
+            return self.fail("cancelled", phase.name, "cancelled")
+        if phase.timed_out:
+            return self.fail(
+                "timeout",
+                phase.name,
+                f"{phase.name} timed out (job timeout {self.spec.timeout_s:g}s); process tree killed",
+            )
+        if phase.exit_code != 0:
+            why = f"exit code {phase.exit_code}"
+            if phase.signal == signal.SIGKILL:
+                why += " (killed: out of memory?)"
+            tail = _tail(Path(phase.log))
+            return self.fail("failed", phase.name, f"{phase.name} failed: {why}{tail}")
+        return None
+
+    def check_integrity(self, after: str) -> JobResult | None:
+        problems = protected_violations(self.spec, self.work)
+        data = self.spec.data_dir
+        if data and self.spec.data_digest and data_digest(Path(data)) != self.spec.data_digest:
+            problems.append("prepared data ($RATCHET_DATA) was modified")
+        if problems:
+            self.result.violations.extend(problems)
+            return self.fail("violation", after, f"after {after}: " + "; ".join(problems))
+        return None
+
+    def evaluate(self, name: str, command: str) -> tuple[dict, JobResult | None]:
+        restore_protected(self.spec, self.work)
+        phase = self.phase(name, command, trusted=True)
+        failure = self.check_phase(phase) or self.check_integrity(after=name)
+        if failure:
+            return {}, failure
+        metrics = parse_metrics(Path(phase.log).read_text(errors="replace"))
+        json_file = self.job_dir / "eval" / f"{name}.json"
+        if json_file.is_file():
+            with contextlib.suppress(ValueError, OSError):
+                data = json.loads(json_file.read_text())
+                if isinstance(data, dict):
+                    metrics.update(
+                        {k: v for k, v in data.items() if isinstance(v, int | float | bool)}
+                    )
+        if metrics.get("correct") is False:
+            return metrics, self.fail("failed", name, f"{name}: evaluator reported correct: false")
+        value = metrics.get(self.spec.metric)
+        if not isinstance(value, int | float) or isinstance(value, bool) or value != value:
+            return metrics, self.fail(
+                "failed",
+                name,
+                f"{name} printed no '{self.spec.metric}: <number>' line",
+            )
+        return metrics, None
+
+    def run(self) -> JobResult:
+        spec = self.spec
+        self.result.started_at = time.time()
+        self.deadline = time.monotonic() + spec.timeout_s
+        restore_protected(spec, self.work)
+        (self.job_dir / "tmp").mkdir(exist_ok=True)
+        failure = self.check_integrity(after="checkout")
+        if failure:
+            return failure
+        for name in ("build", "smoke", "run"):
+            command = getattr(spec, name)
+            if not command:
+                continue
+            failure = self.check_phase(self.phase(name, command))
+            if failure:
+                return failure
+            failure = self.check_integrity(after=name)
+            if failure:
+                return failure
+        samples, extra = [], {}
+        for i in range(spec.repeats):
+            name = "evaluate" if spec.repeats == 1 else f"evaluate.{i + 1}"
+            metrics, failure = self.evaluate(name, spec.evaluate)
+            if failure:
+                return failure
+            samples.append(float(metrics[spec.metric]))
+            extra = {k: v for k, v in metrics.items() if k != spec.metric}
+        self.result.samples = samples
+        self.result.metric = sorted(samples)[len(samples) // 2] if samples else None
+        self.result.extra = extra
+        self.result.correct = extra.get("correct") if isinstance(extra.get("correct"), bool) else None
+        if spec.run_holdout and spec.holdout:
+            metrics, failure = self.evaluate("holdout", spec.holdout)
+            if failure:
+                failure.reason = f"hold-out: {failure.reason}"
+                return failure
+            self.result.holdout = float(metrics[spec.metric])
+            self.result.holdout_extra = {k: v for k, v in metrics.items() if k != spec.metric}
+        self.result.outcome = "ok"
+        return self.result
+
+
+def _tail(log: Path, lines: int = 3) -> str:
+    try:
+        text = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    tail = " | ".join(line.strip()[:200] for line in text[-lines:] if line.strip())
+    return f": {tail}" if tail else ""
+
+
+def build_env(spec: JobSpec, job_dir: Path, work: Path, slot) -> dict[str, str]:
+    env = scrub_env(dict(os.environ), spec.env_allow)
+    # `python` in a command means the interpreter ratchet runs under (its venv), even if
+    # that venv is not activated.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.setdefault("HOME", str(job_dir / "tmp"))
+    env["TMPDIR"] = str(job_dir / "tmp")
+    env.update(spec.env_set)
+    env["RATCHET_JOB_ID"] = spec.job_id
+    env["RATCHET_CANDIDATE"] = spec.candidate
+    env["RATCHET_COMMIT"] = spec.commit
+    env["RATCHET_WORKDIR"] = str(work)
+    if spec.data_dir:
+        env["RATCHET_DATA"] = spec.data_dir
+    env.pop("RATCHET_HOLDOUT", None)
+    if slot is not None:
+        env.update(slot.env)
+        if slot.cpus:
+            env.setdefault("OMP_NUM_THREADS", str(len(slot.cpus)))
+        env["RATCHET_SLOT"] = slot.name
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ratchet.worker", description=__doc__)
+    parser.add_argument("job_dir", type=Path)
+    parser.add_argument("--workdir", type=Path, help="snapshot already unpacked here")
+    args = parser.parse_args(argv)
+
+    job_dir = args.job_dir.resolve()
+    spec = JobSpec.from_json((job_dir / "spec.json").read_text())
+    signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGINT, _on_term)
+    become_subreaper()
+    state_path = job_dir / "state.json"
+    queued_at = time.time()
+    slot, lock = lease_slot(spec, state_path)
+    if slot is not None and slot.cpus:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, slot.cpus)
+    _write_state(state_path, "running")
+
+    work = args.workdir.resolve() if args.workdir else job_dir / "work"
+    job = Job(spec, job_dir, work)
+    job.result.queue_seconds = round(time.time() - queued_at, 4)
+    job.result.slot = slot.name if slot else None
+    try:
+        if _stop_requested:
+            result = job.fail("cancelled", "queue", "cancelled before it started")
+        else:
+            if not args.workdir:
+                if work.exists():
+                    shutil.rmtree(work)
+                from ratchet.gitrepo import archive_to
+
+                archive_to(Path(spec.repo or "."), spec.commit, work)
+            job.env = build_env(spec, job_dir, work, slot)
+            job.sandbox_kind = sandbox.choose(spec.sandbox)
+            job.result.sandbox = job.sandbox_kind
+            result = job.run()
+    except Exception as exc:  # the worker must always report, never vanish
+        result = job.fail("error", "worker", f"worker error: {type(exc).__name__}: {exc}")
+    finally:
+        kill_descendants()
+    result.finished_at = time.time()
+    text = result.to_json()
+    tmp = job_dir / "result.tmp"
+    tmp.write_text(text)
+    tmp.replace(job_dir / "result.json")
+    _write_state(state_path, "done")
+    sys.stdout.write(RESULT_MARKER + text + "\n")
+    sys.stdout.flush()
+    if lock is not None:
+        lock.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
