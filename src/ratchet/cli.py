@@ -189,11 +189,14 @@ def _print_summary(study: Study) -> None:
 def submit(
     rev: Annotated[str, typer.Argument(help="commit to evaluate")] = "HEAD",
     message: Annotated[str | None, typer.Option("-m", help="description")] = None,
+    base: Annotated[
+        str | None, typer.Option(help="where a new study starts (default: HEAD, or REV^ when REV is HEAD)")
+    ] = None,
     repo: RepoOption = Path("."),
 ) -> None:
     """Evaluate REV as a candidate; print its id and return at once."""
     study = open_study(repo)
-    made = _guard(lambda: study.submit_rev(rev, message))
+    made = _guard(lambda: study.submit_rev(rev, message, base))
     for cand in made:
         if cand.kind == "candidate":
             if cand.status == "rejected":

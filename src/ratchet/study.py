@@ -167,13 +167,15 @@ class Study:
     def started(self) -> bool:
         return self.ledger.get("pinned") is not None
 
-    def ensure_started(self) -> None:
+    def ensure_started(self, start: str = "HEAD") -> None:
         """Pin the study's starting point (once): commit, protected files, branch."""
         if self.started:
             self._repair_branch()
             return
-        head = gitrepo.try_rev_parse(self.repo, "HEAD")
+        head = gitrepo.try_rev_parse(self.repo, start)
         if head is None:
+            if start != "HEAD":
+                raise StudyError(f"cannot start the study from {start!r}: not a commit")
             raise StudyError(f"{self.repo}: the repository has no commits; commit your files first")
         committed = self._committed_config(head)
         if gitrepo.is_dirty(self.repo):
@@ -256,9 +258,20 @@ class Study:
             self._run_group(cands, round_no, target)
             if self.stop.hard:
                 break
+            self._check_baseline(cands)
             if all(self.ledger.candidate(c.id).status not in ("submitted", "committed",
                    "interrupted", "finished") for c in cands):
                 self.ledger.set(round=round_no + 1)
+
+    def _check_baseline(self, cands: list[Candidate]) -> None:
+        for cand in cands:
+            cand = self.ledger.candidate(cand.id)
+            if cand.kind == "baseline" and cand.status in ("crash", "rejected"):
+                raise StudyError(
+                    f"the baseline (unmodified {cand.short}) failed, so nothing can be compared: "
+                    f"{cand.reasons} (see `ratchet logs {cand.id}`; fix the task, commit, and "
+                    f"start afresh: rm -rf .ratchet && git branch -D ratchet/{self.name})"
+                )
 
     def _open(self, round_no: int) -> bool:
         return any(not c.is_judged for c in self.ledger.candidates(round=round_no))
@@ -278,6 +291,7 @@ class Study:
                                            description="incumbent re-measured (reference)")))
         proposals: list[Proposal] = []
         if k:
+            self._import_ideas()
             ctx = ProposalContext(
                 repo=self.repo,
                 state_dir=self.state_dir,
@@ -304,12 +318,22 @@ class Study:
         for cand, (_, fields) in zip(created, rows, strict=True):
             if cand.commit_sha and cand.kind == "candidate":
                 gitrepo.update_ref(self.repo, study_ref(self.name, cand.id), cand.commit_sha)
-            if cand.idea:
-                self.ledger.mark_idea(cand.idea, cand.id)
+            if cand.idea:  # a proposal that failed outright is that idea's outcome
+                self.ledger.mark_idea(cand.idea, cand.id,
+                                      "rejected" if cand.status == "rejected" else None)
             if cand.status == "rejected":
                 self.ledger.event("rejected", cand.id, reasons=fields.get("reasons"))
         self._write_views()
         return self.ledger.candidates(round=round_no)
+
+    def _import_ideas(self) -> None:
+        """People's ideas.md joins the ideas table each round (new bullets only)."""
+        from ratchet.ideas import IdeasError, import_ideas
+
+        try:
+            import_ideas(self.repo, self.ledger)
+        except IdeasError as exc:
+            raise StudyError(str(exc)) from None
 
     def _next_seq(self) -> int:
         row = self.ledger.db.execute("SELECT COALESCE(MAX(seq), -1) + 1 AS n FROM candidates")
@@ -382,8 +406,10 @@ class Study:
         for cand in self.ledger.candidates(round=round_no):
             if cand.id in pending and cand.status == "interrupted":
                 self.ledger.update(cand.id, attempt=cand.attempt + 1)
+        # A proposed round is submitted whole even after one Ctrl-C: that stops *new*
+        # rounds; a second Ctrl-C cancels what runs.
         for cand_id in sorted(pending):
-            if self.stop.soft:
+            if self.stop.hard:
                 break
             self.submit(self.ledger.candidate(cand_id))
         self.wait_for([c.id for c in cands], round_no, target)
@@ -417,13 +443,20 @@ class Study:
 
     def _interrupt(self, cand: Candidate) -> None:
         self.backend.cancel(cand.job_id)
+        if self.backend.status(cand.job_id) == "done":
+            result = self.backend.result(cand.job_id)
+            if result is not None and result.outcome != "cancelled":
+                self._record_result(cand, result)  # it finished before the cancel landed
+                return
         self.ledger.update(cand.id, "interrupted", status="interrupted",
                            reasons="interrupted (Ctrl-C); rerun on resume")
 
     def _handle_lost(self, cand: Candidate) -> None:
-        if cand.attempt + 1 >= MAX_ATTEMPTS:
+        # engines may allow more reruns ([backend.ray] retries); never for a job that failed
+        max_attempts = getattr(self.backend, "max_attempts", MAX_ATTEMPTS)
+        if cand.attempt + 1 >= max_attempts:
             lost = JobResult(job_id=cand.job_id, outcome="error", failed_stage="infrastructure",
-                             reason=f"job lost {MAX_ATTEMPTS} times (worker vanished)")
+                             reason=f"job lost {max_attempts} times (worker vanished)")
             self.ledger.update(cand.id, "lost", status="finished", reasons=lost.reason,
                                result=json.loads(lost.to_json()))
             return
@@ -567,14 +600,23 @@ class Study:
 
     # -- agent-driven mode ------------------------------------------------------------------
 
-    def submit_rev(self, rev: str, message: str | None = None) -> list[Candidate]:
-        """`ratchet submit REV`: record REV as a candidate and start its job at once."""
-        self.ensure_started()
-        if self.config.prep:
-            self.prepare()
+    def submit_rev(
+        self, rev: str, message: str | None = None, base: str | None = None
+    ) -> list[Candidate]:
+        """`ratchet submit REV`: record REV as a candidate and start its job at once.
+
+        The first submission starts the study from `base`; by default the checked-out
+        commit, or REV's parent when REV is what is checked out (the agent committed on
+        the current branch).
+        """
         commit = gitrepo.try_rev_parse(self.repo, rev)
         if commit is None:
             raise StudyError(f"{rev!r} is not a commit in {self.repo}")
+        if base is None:
+            base = f"{commit}^" if gitrepo.try_rev_parse(self.repo, "HEAD") == commit else "HEAD"
+        self.ensure_started(base)
+        if self.config.prep:
+            self.prepare()
         incumbent = self.ledger.get("incumbent")
         round_no = self.ledger.get("round")
         made = []
@@ -632,9 +674,28 @@ class Study:
     # -- prep -----------------------------------------------------------------------------
 
     def prepare(self, force: bool = False) -> Path:
-        from ratchet.prep import PrepError, prepare
+        from ratchet.prep import PrepError, prep_key, prepare
 
         self.ensure_started()
+        # Ray / shell: prepare once into a location every node sees (a prep job on the
+        # engine, or here when it is a shared filesystem); None = the local cache below.
+        backend_prepare = getattr(self.backend, "prepare", None)
+        if backend_prepare is not None:
+            try:
+                shared = backend_prepare(
+                    study=self.name, repo=self.repo, command=self.config.prep.run,
+                    pinned_commit=self.ledger.get("pinned"),
+                    key=prep_key(self.config.prep.run, self.ledger.get("pins", {})),
+                    env_allow=list(self.config.task.env), timeout_s=self.config.task.timeout,
+                )
+            except PrepError as exc:
+                raise StudyError(str(exc)) from None
+            if shared is not None:
+                data_dir, digest = shared
+                if (self.ledger.get("data_digest") != digest
+                        or self.ledger.get("data_dir") != data_dir):
+                    self.ledger.set(data_dir=data_dir, data_digest=digest)
+                return Path(data_dir)
         try:
             data, digest = prepare(
                 self.repo,

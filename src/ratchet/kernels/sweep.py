@@ -32,10 +32,15 @@ HOLDOUT_ENV = "RATCHET_HOLDOUT"
 
 
 def holdout_requested(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> bool:
-    """True under `--holdout` on the command line or RATCHET_HOLDOUT=1 in the environment."""
+    """True under `--holdout` on the command line, or when RATCHET_HOLDOUT is set.
+
+    ratchet's worker sets RATCHET_HOLDOUT to the hidden hold-out data directory for the
+    hold-out phase only; "1"/"true" also count, "0"/"false"/"" do not.
+    """
     argv = sys.argv[1:] if argv is None else argv
     env = os.environ if env is None else env
-    return "--holdout" in argv or env.get(HOLDOUT_ENV, "").lower() in ("1", "true", "yes")
+    value = env.get(HOLDOUT_ENV, "").strip()
+    return "--holdout" in argv or value.lower() not in ("", "0", "false", "no")
 
 
 def load_holdout(
@@ -45,16 +50,23 @@ def load_holdout(
 ) -> list[dict[str, Any]]:
     """Hold-out shapes, or [] unless the hold-out run was requested.
 
-    `source` is a JSON file (a list of shape dicts, or {"shapes": [...]}) kept among the
-    protected files, a list, or a callable; it is only read when requested, so the
-    regular evaluation (whose output a proposer may see) never touches it.
+    `source` is a JSON file (a list of shape dicts, or {"shapes": [...]}), a list, or a
+    callable. It is only read when requested, so the regular evaluation (whose output a
+    proposer may see) never touches it. A file of the same name inside the directory
+    RATCHET_HOLDOUT names (ratchet's hidden hold-out data, e.g. .ratchet/holdout/) wins
+    over `source`: keep the shapes there and no proposer can read them.
     """
     if not holdout_requested(argv, env):
         return []
+    env = os.environ if env is None else env
     if callable(source):
         return [dict(s) for s in source()]
     if isinstance(source, str | os.PathLike):
-        data = json.loads(Path(source).read_text())
+        path = Path(source)
+        hidden_dir = env.get(HOLDOUT_ENV, "")
+        if hidden_dir and Path(hidden_dir).is_dir() and (Path(hidden_dir) / path.name).is_file():
+            path = Path(hidden_dir) / path.name
+        data = json.loads(path.read_text())
         return [dict(s) for s in (data["shapes"] if isinstance(data, dict) else data)]
     return [dict(s) for s in source]
 
@@ -185,6 +197,7 @@ def sweep(
     check_options: Mapping[str, Any] | None = None,
     bench_options: Mapping[str, Any] | None = None,
     floor_fraction: float = 0.5,
+    overhead_factor: float = 4.0,
     max_plausible_speedup: float = 10.0,
     names: tuple[str, str] = ("baseline", "candidate"),
     seed: int = 0,
@@ -206,7 +219,7 @@ def sweep(
             for dtype in dtypes:
                 case = check_case(candidate, reference, make_inputs, shape, dtype, seed=seed, holdout=is_holdout, case_index=index, **check_opts)
                 index += 1
-                report.results.append(_time_shape(case, candidate, baseline, make_inputs, shape, dtype, is_holdout, check_opts, bench_opts, flops, bytes, peaks, floor_fraction, max_plausible_speedup, names, seed + index))
+                report.results.append(_time_shape(case, candidate, baseline, make_inputs, shape, dtype, is_holdout, check_opts, bench_opts, flops, bytes, peaks, (floor_fraction, overhead_factor), max_plausible_speedup, names, seed + index))
     return report
 
 
@@ -223,7 +236,7 @@ def _time_shape(
     flops: Any,
     nbytes: Any,
     peaks: Peaks | None,
-    floor_fraction: float,
+    roof_options: tuple[float, float],
     max_plausible: float,
     names: tuple[str, str],
     seed: int,
@@ -259,7 +272,8 @@ def _time_shape(
             evaluate(nbytes, shape, dtype) if nbytes is not None else 0.0,
             peaks,
             dtype,
-            floor_fraction=floor_fraction,
+            floor_fraction=roof_options[0],
+            overhead_factor=roof_options[1],
         )
         result.roofline = point.to_dict()
         if point.impossible:

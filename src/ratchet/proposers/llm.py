@@ -1,0 +1,419 @@
+"""`proposer = "llm"`: API models write SEARCH/REPLACE edits to the editable files.
+
+Each of the K requests of a round picks a model from the (weighted) ensemble, sees the
+shared context (context.py) plus its own hypothesis (a pending idea from a person first,
+else a distinct direction), and answers with a DESCRIPTION line and edit blocks. Edits
+that do not apply are shown to the model once, with the reason, for a repair; a second
+failure becomes a rejected candidate with that reason, and the round goes on.
+
+Providers go through their official SDKs: `openai` for any OpenAI-compatible endpoint
+(`base_url`: OpenAI, vLLM, Ollama, llama.cpp server, OpenRouter...), `anthropic` for
+Claude. The SDK retries quickly (`max_retries`); on top of that, rate limits, 5xx,
+timeouts and dropped connections are retried with our own bounded exponential backoff
+(`retries`, `backoff`, `backoff_max`), and only then is a `ProposerError` raised: a
+candidate is never silently dropped.
+
+    [llm]
+    models = [
+      { provider = "anthropic", model = "claude-sonnet-4-5", weight = 2,
+        price_per_mtok_in = 3.0, price_per_mtok_out = 15.0 },
+      { provider = "openai", model = "qwen2.5-coder", base_url = "http://localhost:8000/v1",
+        api_key_env = "VLLM_KEY" },
+    ]
+    timeout = "120s"
+    max_cost_usd = 20.0
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ratchet.candidate import Proposal
+from ratchet.config import Config, Duration
+from ratchet.ledger import Candidate
+from ratchet.proposers import ProposalContext, ProposerError
+from ratchet.proposers.context import (
+    build_context,
+    context_settings,
+    editable_files,
+    hypotheses,
+    hypothesis_text,
+    validate_section,
+)
+from ratchet.proposers.edits import EditParseError, apply_edits, parse_reply
+
+DEFAULT_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 529}
+
+SYSTEM_PROMPT = """\
+You are an expert research engineer improving code in a git repository. An automatic \
+judge runs a trusted evaluator on your change, keeps it only if the metric really \
+improves, and reverts it otherwise. Propose ONE focused change per answer.
+
+Answer in exactly this format:
+
+DESCRIPTION: <one line saying what this change tries and why it should help>
+
+then one or more edit blocks. An edit block names the file on its own line, then:
+
+path/to/file.py
+<<<<<<< SEARCH
+exact lines copied from the current file (enough to match exactly one place)
+=======
+the lines that replace them
+>>>>>>> REPLACE
+
+Rules: SEARCH must match the current file character for character, including \
+indentation; use several small blocks rather than one huge one; to create a new \
+editable file, leave SEARCH empty. A small file (under {whole_lines} lines) may instead \
+be rewritten whole with:
+
+path/to/file.py
+<<<<<<< FILE
+the complete new content
+>>>>>>> FILE
+
+Only edit the editable files listed in the task. Write nothing after the last block."""
+
+
+class ModelSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    provider: Literal["openai", "anthropic"]
+    model: str = Field(min_length=1)
+    base_url: str | None = None
+    api_key_env: str | None = None
+    weight: float = Field(default=1.0, gt=0)
+    temperature: float = Field(default=0.7, ge=0, le=2)
+    max_tokens: int = Field(default=4096, ge=1)
+    token_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"  # openai only
+    price_per_mtok_in: float = Field(default=0.0, ge=0)
+    price_per_mtok_out: float = Field(default=0.0, ge=0)
+
+    @property
+    def label(self) -> str:
+        where = f" at {self.base_url}" if self.base_url else ""
+        return f"{self.provider}:{self.model}{where}"
+
+
+class LLMSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    models: list[ModelSpec] = Field(min_length=1)
+    timeout: Duration = 120.0  # one request, seconds
+    max_retries: int = Field(default=2, ge=0)  # the SDK's own quick retries
+    retries: int = Field(default=5, ge=0)  # ours, with backoff, after the SDK gives up
+    backoff: Duration = 2.0
+    backoff_max: Duration = 60.0
+    concurrency: int | None = Field(default=None, ge=1)  # requests at once (default: K)
+    history: int | None = Field(default=None, ge=0)
+    token_budget: int | None = Field(default=None, ge=500)
+    whole_file_max_lines: int = Field(default=400, ge=0)
+    max_cost_usd: float | None = Field(default=None, gt=0)
+    repair: bool = True
+
+
+@dataclass
+class Reply:
+    text: str
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclass
+class Attempt:
+    """One of the K requests: which model, which hypothesis."""
+
+    index: int
+    spec_index: int
+    idea: str | None
+    angle: str
+
+
+def load_settings(config: Config) -> LLMSettings:
+    if not config.llm:
+        raise ProposerError("search.proposer = 'llm' needs an [llm] section with "
+                            "models = [{provider = ..., model = ...}]")
+    return validate_section(LLMSettings, config.llm, "llm")
+
+
+class LLMProposer:
+    name = "llm"
+
+    def __init__(self, config: Config, history: list[Candidate]) -> None:
+        self.config = config
+        self.settings = load_settings(config)
+        self.context = context_settings(config, history=self.settings.history,
+                                        token_budget=self.settings.token_budget)
+        self.keys = [self._api_key(i, spec) for i, spec in enumerate(self.settings.models)]
+        self._clients: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    # -- set-up -----------------------------------------------------------------------------
+
+    def _api_key(self, i: int, spec: ModelSpec) -> str:
+        """Checked before anything runs: a missing key is a config error, not a crash."""
+        name = spec.api_key_env or DEFAULT_KEY_ENV[spec.provider]
+        value = os.environ.get(name, "")
+        if value:
+            return value
+        if spec.api_key_env is None and spec.base_url:
+            return "not-needed"  # local OpenAI-compatible servers usually take any key
+        raise ProposerError(
+            f"llm.models[{i}].api_key_env: environment variable {name} is not set "
+            f"(needed for {spec.label})"
+        )
+
+    def _client(self, i: int) -> Any:
+        with self._lock:
+            if i in self._clients:
+                return self._clients[i]
+            spec, key = self.settings.models[i], self.keys[i]
+            kwargs: dict[str, Any] = dict(api_key=key, timeout=self.settings.timeout,
+                                          max_retries=self.settings.max_retries)
+            if spec.base_url:
+                kwargs["base_url"] = spec.base_url
+            if spec.provider == "openai":
+                import openai
+
+                client = openai.OpenAI(**kwargs)
+            else:
+                import anthropic
+
+                client = anthropic.Anthropic(**kwargs)
+            self._clients[i] = client
+            return client
+
+    # -- the protocol ------------------------------------------------------------------------
+
+    def observe(self, candidate: Candidate) -> None:
+        pass  # the history in the next context is all the memory a model needs
+
+    def propose(self, k: int, ctx: ProposalContext) -> list[Proposal]:
+        limit = self.settings.max_cost_usd
+        spent = sum(_cost_of(c) for c in ctx.history)
+        if limit is not None and spent >= limit:
+            return []  # llm.max_cost_usd reached: no new proposals
+        files = editable_files(ctx.repo, ctx.incumbent, ctx.config)
+        shared = build_context(ctx, self.context, files)
+        attempts = self.plan(k, ctx)
+        workers = min(k, self.settings.concurrency or k)
+        with ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
+            futures = [pool.submit(self._attempt, a, k, ctx, shared, files) for a in attempts]
+            proposals = [f.result() for f in futures]  # re-raises a ProposerError
+        return dedupe(proposals)
+
+    def plan(self, k: int, ctx: ProposalContext) -> list[Attempt]:
+        """Which model and which hypothesis each request gets (deterministic per round)."""
+        rng = random.Random(ctx.config.search.seed * 1_000_003 + ctx.round)
+        weights = [m.weight for m in self.settings.models]
+        picks = rng.choices(range(len(weights)), weights=weights, k=k)
+        attempts = []
+        for i, (idea, angle) in enumerate(hypotheses(k, ctx)):
+            attempts.append(Attempt(i, picks[i], idea, angle))
+        return attempts
+
+    # -- one request (and at most one repair) ------------------------------------------------
+
+    def _attempt(self, attempt: Attempt, k: int, ctx: ProposalContext, shared: str,
+                 files: dict[str, str]) -> Proposal:
+        spec = self.settings.models[attempt.spec_index]
+        system = SYSTEM_PROMPT.format(whole_lines=self.settings.whole_file_max_lines)
+        messages = [{"role": "user", "content": shared + "\n" + _instruction(attempt, k)}]
+        usage = {"input_tokens": 0, "output_tokens": 0, "calls": 0}
+
+        def ask() -> str:
+            reply = self.complete(attempt.spec_index, system, messages)
+            usage["input_tokens"] += reply.input_tokens
+            usage["output_tokens"] += reply.output_tokens
+            usage["calls"] += 1
+            messages.append({"role": "assistant", "content": reply.text})
+            return reply.text
+
+        text = ask()
+        outcome = self._edits(text, files, ctx)
+        repaired = False
+        if isinstance(outcome, str) and self.settings.repair:
+            first_failure = outcome
+            messages.append({"role": "user", "content": _repair_message(outcome)})
+            text = ask()
+            outcome = self._edits(text, files, ctx)
+            repaired = True
+            if isinstance(outcome, str):
+                outcome = (f"edits did not apply, even after one repair: {outcome} "
+                           f"(first attempt: {first_failure})")
+        cost = (usage["input_tokens"] * spec.price_per_mtok_in
+                + usage["output_tokens"] * spec.price_per_mtok_out) / 1e6
+        params = {"llm": {
+            "provider": spec.provider, "model": spec.model, "temperature": spec.temperature,
+            **usage, "cost_usd": round(cost, 6), "repaired": repaired,
+            "hypothesis": attempt.idea or attempt.angle,
+        }}
+        context = _transcript(system, messages)
+        if isinstance(outcome, str):
+            return Proposal(description=_fallback_description(attempt, spec),
+                            params=params, idea=attempt.idea, context=context,
+                            error=_one_line(outcome))
+        description, changed = outcome
+        return Proposal(
+            description=description or _fallback_description(attempt, spec),
+            files={p: c.encode() for p, c in changed.items()},
+            params=params, idea=attempt.idea, context=context,
+        )
+
+    def _edits(self, text: str, files: dict[str, str],
+               ctx: ProposalContext) -> tuple[str | None, dict[str, str]] | str:
+        """(description, changed files), or why the reply cannot be used."""
+        if not text.strip():
+            return "the reply was empty"
+        try:
+            parsed = parse_reply(text)
+        except EditParseError as exc:
+            return f"malformed reply: {exc}"
+        protected = [*ctx.config.task.protected, "ratchet.toml"]
+        result = apply_edits(parsed.edits, files, ctx.config.task.editable, protected,
+                             self.settings.whole_file_max_lines)
+        if result.failures:
+            return "; ".join(str(f) for f in result.failures)
+        if not result.files:
+            return "the edits change nothing"
+        return parsed.description, result.files
+
+    # -- the API call, with bounded retries ---------------------------------------------------
+
+    def complete(self, spec_index: int, system: str, messages: list[dict]) -> Reply:
+        spec = self.settings.models[spec_index]
+        delay = self.settings.backoff
+        tries = self.settings.retries + 1
+        started = time.monotonic()
+        last = ""
+        for attempt in range(tries):
+            try:
+                return self._call(spec_index, system, messages)
+            except Exception as exc:  # classified below; unknown errors are not retried
+                retryable, why, wait = _classify(exc)
+                if not retryable:
+                    raise ProposerError(f"llm: {spec.label}: {why}") from None
+                last = why
+            if attempt + 1 < tries:
+                time.sleep(min(max(delay, wait or 0.0), self.settings.backoff_max))
+                delay = min(delay * 2, self.settings.backoff_max)
+        raise ProposerError(
+            f"llm: {spec.label} still failing after {tries} attempts over "
+            f"{time.monotonic() - started:.0f}s (each with {self.settings.max_retries} SDK "
+            f"retries): {last}"
+        )
+
+    def _call(self, spec_index: int, system: str, messages: list[dict]) -> Reply:
+        spec = self.settings.models[spec_index]
+        client = self._client(spec_index)
+        if spec.provider == "openai":
+            response = client.chat.completions.create(
+                model=spec.model,
+                messages=[{"role": "system", "content": system}, *messages],
+                temperature=spec.temperature,
+                **{spec.token_param: spec.max_tokens},
+            )
+            text = (response.choices[0].message.content or "") if response.choices else ""
+            usage = response.usage
+            return Reply(text, getattr(usage, "prompt_tokens", 0) or 0,
+                         getattr(usage, "completion_tokens", 0) or 0)
+        response = client.messages.create(
+            model=spec.model,
+            system=system,
+            messages=messages,
+            temperature=min(spec.temperature, 1.0),
+            max_tokens=spec.max_tokens,
+        )
+        text = "".join(getattr(block, "text", "") for block in response.content
+                       if getattr(block, "type", "") == "text")
+        usage = response.usage
+        return Reply(text, getattr(usage, "input_tokens", 0) or 0,
+                     getattr(usage, "output_tokens", 0) or 0)
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def _classify(exc: Exception) -> tuple[bool, str, float | None]:
+    """(retry?, a one-line reason, the server's retry-after in seconds if it gave one)."""
+    status = getattr(exc, "status_code", None)
+    name = type(exc).__name__
+    if status is not None:
+        message = _one_line(str(getattr(exc, "message", "") or exc))[:300]
+        wait = None
+        response = getattr(exc, "response", None)
+        if response is not None:
+            try:
+                wait = float(response.headers.get("retry-after", ""))
+            except (TypeError, ValueError):
+                wait = None
+        return status in RETRYABLE_STATUS, f"HTTP {status} ({name}): {message}", wait
+    if "Timeout" in name or "Connection" in name:
+        return True, f"{name}: {_one_line(str(exc))[:300]}", None
+    return False, f"{name}: {_one_line(str(exc))[:300]}", None
+
+
+def _cost_of(cand: Candidate) -> float:
+    llm = (cand.params or {}).get("llm") if isinstance(cand.params, dict) else None
+    return float(llm.get("cost_usd") or 0.0) if isinstance(llm, dict) else 0.0
+
+
+def _instruction(attempt: Attempt, k: int) -> str:
+    return (
+        "## Your job now\n\n"
+        + hypothesis_text(attempt.idea, attempt.angle, attempt.index, k) + "\n"
+        "Propose one change to the editable files that should improve the metric. Start "
+        "with the DESCRIPTION line, then the edit blocks.\n"
+    )
+
+
+def _repair_message(failure: str) -> str:
+    return (
+        "Your edits could not be applied:\n\n"
+        f"{failure}\n\n"
+        "Reply again with the DESCRIPTION line and the complete, corrected set of edit "
+        "blocks, written against the ORIGINAL files shown above (none of your previous "
+        "edits were applied). SEARCH must match the file exactly, and only editable files "
+        "may change."
+    )
+
+
+def _transcript(system: str, messages: list[dict]) -> str:
+    parts = [f"<!-- system -->\n{system}\n"]
+    for message in messages:
+        parts.append(f"<!-- {message['role']} -->\n{message['content']}\n")
+    return "\n".join(parts)
+
+
+def _fallback_description(attempt: Attempt, spec: ModelSpec) -> str:
+    if attempt.idea:
+        return f"idea: {attempt.idea}"
+    return f"{spec.model}: {attempt.angle}"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def dedupe(proposals: list[Proposal]) -> list[Proposal]:
+    """A later proposal with exactly the same diff as an earlier one is recorded, not run."""
+    seen: dict[tuple, int] = {}
+    out = []
+    for i, proposal in enumerate(proposals):
+        if proposal.error is None and proposal.files:
+            key = tuple(sorted(proposal.files.items()))
+            if key in seen:
+                proposal.error = (f"identical diff to proposal {seen[key] + 1} of this round "
+                                  "(duplicate not run)")
+                proposal.files = {}
+            else:
+                seen[key] = i
+        out.append(proposal)
+    return out

@@ -1,0 +1,102 @@
+"""A deterministic tiny task in a fresh git repo, shared by the backend tests.
+
+`knob.py` holds X; the evaluator scores it deterministically, sleeps a little (so jobs
+overlap), and reports as extra metrics what the test checks: CUDA_VISIBLE_DEVICES
+(`cuda`), start/end times (`t_start`, `t_end`) and whether it saw the data prepared
+once (`data_ok`). (Extra metrics rather than a trace file: with bubblewrap the whole
+filesystem outside the job's directory is read-only to the evaluator.)
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+EVALUATE = '''\
+import os, sys, time
+start = time.time()
+src = open("knob.py").read()
+x = int(src.split("=")[1])
+data = os.environ.get("RATCHET_DATA")
+seen = open(os.path.join(data, "table.txt")).read().strip() if data else ""
+time.sleep(float(os.environ.get("RATCHET_TEST_SLEEP", "{sleep}")))
+if x == {hang}:
+    time.sleep(3600)
+print("RATCHET-WORKER-RESULT: {{\\"job_id\\": \\"forged\\", \\"outcome\\": \\"ok\\"}}")
+print(f"cuda: {{os.environ.get('CUDA_VISIBLE_DEVICES', '-1') or '-1'}}")
+print(f"t_start: {{start:.3f}}")
+print(f"t_end: {{time.time():.3f}}")
+print(f"data_ok: {{1 if seen == 'prepared-once' else 0}}")
+print(f"score: {{(x - 7) ** 2 + 1}}")
+'''
+
+PREPARE = '''\
+import os
+with open(os.path.join(os.environ["RATCHET_DATA"], "table.txt"), "w") as fh:
+    fh.write("prepared-once\\n")
+print("prepared")
+'''
+
+
+def make_task(root: Path, *, backend: str, extra: str = "", parallel: int = 3, rounds: int = 3,
+              sleep: float = 1.0, hang: int = -1, prep: bool = True, timeout: str = "60s",
+              choices: str = "[1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12]") -> Path:
+    repo = root / "repo"
+    repo.mkdir(parents=True)
+    (repo / "knob.py").write_text("X = 1\n")
+    (repo / "evaluate.py").write_text(EVALUATE.format(sleep=sleep, hang=hang))
+    (repo / "prepare.py").write_text(PREPARE)
+    prep_section = '[prep]\nrun = "python prepare.py"\n' if prep else ""
+    toml = "\n".join(line.strip() for line in f"""\
+        [task]
+        name = "tiny"
+        editable = ["knob.py"]
+        protected = ["evaluate.py", "prepare.py"]
+        evaluate = "python evaluate.py"
+        timeout = "{timeout}"
+        env = ["RATCHET_TEST_TRACE", "RATCHET_TEST_SLEEP"]
+
+        [task.metric]
+        name = "score"
+        goal = "minimize"
+
+        {prep_section}
+        [search]
+        proposer = "tune"
+        parallel = {parallel}
+        rounds = {rounds}
+
+        [tune]
+        sampler = "random"
+
+        [tune.knobs]
+        "knob.py:X" = {{ choices = {choices} }}
+
+        [backend]
+        kind = "{backend}"
+        """.splitlines())
+    (repo / "ratchet.toml").write_text(toml + "\n" + extra)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "task"], check=True)
+    return repo
+
+
+def summary(repo: Path) -> list[tuple]:
+    """(candidate, status, metric, knob.py content) for every candidate, from the ledger."""
+    from ratchet.ledger import Ledger
+
+    ledger = Ledger(repo / ".ratchet" / "ledger.db")
+    try:
+        rows = []
+        for cand in ledger.candidates():
+            content = None
+            if cand.commit_sha:
+                content = subprocess.run(
+                    ["git", "-C", str(repo), "show", f"{cand.commit_sha}:knob.py"],
+                    capture_output=True, text=True).stdout
+            rows.append((cand.id, cand.status, cand.metric, content))
+        return rows
+    finally:
+        ledger.close()

@@ -1,0 +1,145 @@
+"""The keep-or-revert loop end to end, on real git repos and real worker processes."""
+
+import json
+
+from helpers import git, make_repo, ratchet, results_tsv, score_repo
+
+from ratchet.ledger import Ledger
+
+
+def ledger(repo):
+    return Ledger(repo / ".ratchet" / "ledger.db")
+
+
+def test_study_keeps_only_improvements_and_refs_every_candidate(tmp_path):
+    repo = score_repo(tmp_path / "r")
+    user_head = git(repo, "rev-parse", "HEAD")
+    proc = ratchet(repo, "run")
+    assert proc.returncode == 0, proc.stderr
+
+    db = ledger(repo)
+    cands = db.candidates()
+    baseline = cands[0]
+    assert baseline.kind == "baseline" and baseline.status == "keep"
+    assert baseline.metric == (3.0 - 1.25) ** 2
+    # 3 rounds x K=2, the first slot of round 1 being the baseline
+    assert len(cands) == 6
+    assert [c.round for c in cands] == [1, 1, 2, 2, 3, 3]
+
+    # every proposed candidate has a ref pointing at its commit, kept or not
+    for cand in cands[1:]:
+        assert git(repo, "rev-parse", f"refs/ratchet/demo/{cand.id}") == cand.commit_sha
+        assert git(repo, "rev-parse", f"{cand.commit_sha}^") == cand.parent
+
+    # a keep is strictly better than the incumbent it replaced; the branch ends on the best
+    incumbent = baseline.metric
+    for cand in cands[1:]:
+        if cand.status == "keep":
+            assert cand.metric < incumbent
+            incumbent = cand.metric
+        else:
+            assert cand.status == "discard"
+            assert cand.metric >= incumbent or "beaten by" in (cand.reasons or "")
+    branch_head = git(repo, "rev-parse", "ratchet/demo")
+    kept = [c for c in cands if c.status == "keep"]
+    assert branch_head == kept[-1].commit_sha
+    assert db.get("incumbent_metric") == min(c.metric for c in cands)
+
+    # the user's own checkout is untouched and `git status` stays clean
+    assert git(repo, "rev-parse", "HEAD") == user_head
+    assert git(repo, "status", "--porcelain") == ""
+
+    rows = results_tsv(repo)
+    assert [r["status"] for r in rows] == [c.status for c in cands]
+    assert rows[0]["commit"] == baseline.commit_sha[:7]
+    assert list(rows[0]) == ["commit", "score", "memory_gb", "status", "description"]
+
+
+def test_crashing_candidate_is_recorded_as_crash(tmp_path):
+    knobs = '[tune.knobs]\n"solution.py:X" = { choices = ["boom", 2.0] }\n'
+    repo = score_repo(tmp_path / "r", knobs=knobs,
+                      search='[search]\nparallel = 3\nrounds = 1\n')
+    proc = ratchet(repo, "run")
+    assert proc.returncode == 0, proc.stderr
+    by_desc = {c.description: c for c in ledger(repo).candidates()}
+    crashed = by_desc["tune: X='boom'"]
+    assert crashed.status == "crash"
+    assert crashed.failed_stage == "evaluate"
+    assert "exit code 1" in crashed.reasons and "TypeError" in crashed.reasons
+    assert by_desc["tune: X=2.0"].status == "keep"
+    logs = ratchet(repo, "logs", crashed.id)
+    assert "TypeError" in logs.stdout
+
+
+def test_min_improvement_blocks_small_gains(tmp_path):
+    knobs = '[tune.knobs]\n"solution.py:X" = { choices = [2.95] }\n'
+    repo = score_repo(tmp_path / "r", knobs=knobs,
+                      search='[search]\nparallel = 2\nrounds = 1\n'
+                      '[acceptance]\nmin_improvement = "10%"\n')
+    proc = ratchet(repo, "run")
+    assert proc.returncode == 0, proc.stderr
+    cand = ledger(repo).candidates()[1]
+    assert cand.metric < ledger(repo).candidates()[0].metric  # it is better...
+    assert cand.status == "discard"  # ...but not by 10%
+    assert "min_improvement" in cand.reasons
+    assert git(repo, "rev-parse", "ratchet/demo") == git(repo, "rev-parse", "main")
+
+
+def test_out_of_scope_edit_is_rejected_before_it_runs(tmp_path):
+    repo = score_repo(tmp_path / "r")
+    git(repo, "checkout", "-q", "-b", "cheat")
+    (repo / "evaluate.py").write_text('print("score: 0")\n')
+    (repo / "notes.txt").write_text("hi\n")
+    git(repo, "commit", "-qam", "edit evaluator")
+    git(repo, "add", "notes.txt")
+    git(repo, "commit", "-qm", "add notes")
+    git(repo, "checkout", "-q", "main")
+    proc = ratchet(repo, "submit", "cheat")
+    assert proc.returncode == 0, proc.stderr
+    cand_id = proc.stdout.strip().splitlines()[-1]
+    cand = ledger(repo).candidate(cand_id)
+    assert cand.status == "rejected"
+    assert "touches protected path evaluate.py" in cand.reasons
+    assert "notes.txt, which is not in task.editable" in cand.reasons
+    assert cand.job_id is None  # never ran
+    assert git(repo, "rev-parse", f"refs/ratchet/demo/{cand_id}") == git(repo, "rev-parse", "cheat")
+
+
+def test_submit_and_wait_promote_the_best(tmp_path):
+    repo = score_repo(tmp_path / "r")
+    ids = []
+    for x in ("2.0", "1.0", "9.0"):
+        git(repo, "checkout", "-q", "-B", f"try-{x}", "main")
+        text = (repo / "solution.py").read_text().replace("X = 3.0", f"X = {x}")
+        (repo / "solution.py").write_text(text)
+        git(repo, "commit", "-qam", f"X={x}")
+        proc = ratchet(repo, "submit", f"try-{x}")
+        assert proc.returncode == 0, proc.stderr
+        ids.append(proc.stdout.strip().splitlines()[-1])
+    git(repo, "checkout", "-q", "main")
+    proc = ratchet(repo, "wait", *ids, "--json")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.strip().splitlines()]
+    assert [line["id"] for line in lines] == ids
+    status = {line["commit"]: line["status"] for line in lines}
+    winner = git(repo, "rev-parse", "try-1.0")
+    assert status[winner] == "keep"
+    assert status[git(repo, "rev-parse", "try-2.0")] == "discard"
+    assert status[git(repo, "rev-parse", "try-9.0")] == "discard"
+    assert all({"id", "commit", "status", "metric"} <= set(line) for line in lines)
+    assert git(repo, "rev-parse", "ratchet/demo") == winner
+
+
+def test_init_templates_run(tmp_path):
+    repo = tmp_path / "blank"
+    repo.mkdir()
+    proc = ratchet(repo, "init", "--template", "blank")
+    assert proc.returncode == 0, proc.stderr
+    make_repo(repo, {})
+    proc = ratchet(repo, "run", "--rounds", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert (repo / "program.md").exists()
+    rows = results_tsv(repo)
+    assert rows[0]["status"] == "keep" and len(rows) == 4
+    again = ratchet(repo, "init", "--template", "blank")
+    assert again.returncode == 2 and "exists" in again.stderr

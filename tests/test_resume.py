@@ -1,0 +1,104 @@
+"""Ctrl-C and resume: stop cleanly, record what was cancelled, finish on the next run."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+from helpers import ROOT, config_text, make_repo, results_tsv
+
+from ratchet.ledger import Ledger
+
+SLOW_SOLUTION = '''
+"""Editable."""
+import time
+
+X = 3.0
+
+
+def score():
+    time.sleep(1.5)
+    return (X - 1.25) ** 2
+'''
+
+
+def slow_repo(path):
+    return make_repo(path, {
+        "ratchet.toml": config_text(),
+        "solution.py": SLOW_SOLUTION,
+        "evaluate.py": "import solution\nprint(f'score: {solution.score():.6f}')\n",
+    })
+
+
+def start_run(repo):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.Popen([sys.executable, "-m", "ratchet.cli", "run", "--repo", str(repo)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def wait_for_status(repo, status, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        db = repo / ".ratchet" / "ledger.db"
+        if db.exists():
+            ledger = Ledger(db)
+            try:
+                if any(c.status == status for c in ledger.candidates()):
+                    return
+            finally:
+                ledger.close()
+        time.sleep(0.1)
+    raise AssertionError(f"no candidate reached {status!r}")
+
+
+def test_double_ctrl_c_cancels_running_jobs_and_resume_finishes(tmp_path):
+    repo = slow_repo(tmp_path / "r")
+    proc = start_run(repo)
+    wait_for_status(repo, "submitted")
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "resume" in err
+
+    ledger = Ledger(repo / ".ratchet" / "ledger.db")
+    interrupted = [c for c in ledger.candidates() if c.status == "interrupted"]
+    assert interrupted, [c.status for c in ledger.candidates()]
+    events = [e["kind"] for e in ledger.events(interrupted[0].id)]
+    assert "interrupted" in events
+    ledger.close()
+    # the interrupted jobs were cancelled, and no worker is left behind
+    for cand in interrupted:
+        result = (repo / ".ratchet" / "jobs" / cand.job_id / "result.json").read_text()
+        assert '"outcome": "cancelled"' in result
+    for p in psutil.process_iter(["cmdline"]):
+        assert str(repo) not in " ".join(p.info["cmdline"] or []), p.info["cmdline"]
+
+    proc = start_run(repo)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    ledger = Ledger(repo / ".ratchet" / "ledger.db")
+    cands = ledger.candidates()
+    assert len(cands) == 6
+    assert all(c.is_judged for c in cands)
+    # the interrupted candidates ran again under a new attempt id
+    again = ledger.candidate(interrupted[0].id)
+    assert again.attempt == 1 and again.job_id.endswith("-1")
+    assert len(results_tsv(repo)) == 6
+
+
+def test_single_ctrl_c_finishes_the_round_then_stops(tmp_path):
+    repo = slow_repo(tmp_path / "r")
+    proc = start_run(repo)
+    wait_for_status(repo, "submitted")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    ledger = Ledger(repo / ".ratchet" / "ledger.db")
+    cands = ledger.candidates()
+    assert len(cands) == 2 and all(c.is_judged for c in cands)  # round 1 judged, no round 2
+    assert ledger.get("round") == 2

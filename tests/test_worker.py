@@ -1,0 +1,137 @@
+"""The worker contains what a candidate does: timeouts kill trees, secrets never leak."""
+
+import os
+import time
+import uuid
+
+import psutil
+from helpers import config_text, make_repo, ratchet
+
+from ratchet.ledger import Ledger
+
+
+def processes_with(token: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(token in part for part in proc.info["cmdline"] or []):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def single_candidate_repo(path, solution: str, evaluate: str, **config):
+    """A repo whose one tune candidate flips MODE from 'base' to 'cand'."""
+    overrides = {
+        "knobs": '[tune.knobs]\n"solution.py:MODE" = { choices = ["cand"] }\n',
+        "search": "[search]\nparallel = 2\nrounds = 1\n",
+        **config,
+    }
+    return make_repo(path, {
+        "ratchet.toml": config_text(**overrides),
+        "solution.py": "MODE = 'base'\n" + solution,
+        "evaluate.py": evaluate,
+    })
+
+
+def test_timeout_kills_the_whole_process_tree(tmp_path):
+    token = f"ratchet-test-{uuid.uuid4().hex}"
+    solution = f'''
+import os, subprocess, sys, time
+def run():
+    if MODE == "base":
+        return 1.0
+    # a child, a grandchild in its own session (escapes the process group), then hang
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "{token}"])
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "{token}"],
+                     start_new_session=True)
+    time.sleep(600)
+'''
+    evaluate = "import solution\nprint(f'score: {solution.run()}')\n"
+    repo = single_candidate_repo(tmp_path / "r", solution, evaluate,
+                                 task=config_text().split("[task.metric]")[0].replace(
+                                     'timeout = "60s"', 'timeout = "3s"'))
+    started = time.monotonic()
+    proc = ratchet(repo, "run", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - started < 60
+    cand = Ledger(repo / ".ratchet" / "ledger.db").candidates()[1]
+    assert cand.status == "crash"
+    assert "timed out" in cand.reasons and "process tree killed" in cand.reasons
+    time.sleep(0.5)
+    assert processes_with(token) == []
+
+
+def test_secrets_never_reach_candidate_processes(tmp_path):
+    solution = '''
+import os
+def run():
+    with open("env.txt", "a") as fh:  # the job's own directory: the only writable one
+        for key in sorted(os.environ):
+            fh.write(key + "=" + os.environ[key] + "\\n")
+    return 2.0 if MODE == "base" else 1.0
+'''
+    evaluate = "import solution\nprint(f'score: {solution.run()}')\n"
+    task = config_text().split("[task.metric]")[0] + 'env = ["ALLOWED_SETTING"]\n'
+    repo = single_candidate_repo(tmp_path / "r", solution, evaluate, task=task)
+    secrets = {
+        "OPENAI_API_KEY": "sk-should-not-leak",
+        "ANTHROPIC_API_KEY": "sk-ant-should-not-leak",
+        "GITHUB_TOKEN": "ghp-should-not-leak",
+        "AWS_SECRET_ACCESS_KEY": "aws-should-not-leak",
+        "SOME_RANDOM_VARIABLE": "not-allow-listed",
+        "ALLOWED_SETTING": "visible",
+    }
+    proc = ratchet(repo, "run", env=secrets)
+    assert proc.returncode == 0, proc.stderr
+    jobs = repo / ".ratchet" / "jobs"
+    seen = "".join(p.read_text() for p in jobs.glob("*/work/env.txt"))
+    assert seen.count("RATCHET_CANDIDATE=") == 2
+    for key, value in secrets.items():
+        if key == "ALLOWED_SETTING":
+            assert f"{key}=visible" in seen
+        else:
+            assert value not in seen, key
+    assert "RATCHET_CANDIDATE=" in seen and "PATH=" in seen
+
+
+def test_huge_output_is_capped_and_the_job_finishes(tmp_path):
+    solution = '''
+import sys
+def run():
+    if MODE == "cand":
+        chunk = "x" * 65536 + "\\n"
+        for _ in range(2000):  # ~128 MiB of output
+            sys.stdout.write(chunk)
+    return 2.0 if MODE == "base" else 1.0
+'''
+    evaluate = "import solution\nv = solution.run()\nprint(f'score: {v}')\n"
+    repo = single_candidate_repo(tmp_path / "r", solution, evaluate,
+                                 backend='[backend]\nkind = "local"\nslots = 2\nlog_limit_mb = 1\n')
+    proc = ratchet(repo, "run", timeout=200)
+    assert proc.returncode == 0, proc.stderr
+    cand = Ledger(repo / ".ratchet" / "ledger.db").candidates()[1]
+    assert cand.status == "keep", cand.reasons  # the metric line survives in the tail
+    log = cand.phases[-1]["log"]
+    assert os.path.getsize(log) < 1.1 * (1 << 20)
+    assert "bytes of output dropped" in open(log).read()
+
+
+def test_memory_limit_turns_a_hog_into_a_crash(tmp_path):
+    solution = '''
+def run():
+    if MODE == "cand":
+        hog = bytearray(3 << 30)  # 3 GiB
+        return len(hog)
+    return 1.0
+'''
+    evaluate = "import solution\nprint(f'score: {solution.run()}')\n"
+    repo = single_candidate_repo(
+        tmp_path / "r", solution, evaluate,
+        backend='[backend]\nkind = "local"\nslots = 2\nmemory_limit_gb = 1\n')
+    proc = ratchet(repo, "run")
+    assert proc.returncode == 0, proc.stderr
+    cand = Ledger(repo / ".ratchet" / "ledger.db").candidates()[1]
+    assert cand.status == "crash"
+    assert "MemoryError" in cand.reasons
