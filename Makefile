@@ -10,6 +10,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,llm,ray,report]'
+	# torch only for the tinygpt example and its test (pinned: the CPU build on disk)
+	$(BIN)/pip install -q torch==2.13.0 || echo "torch unavailable: the tinygpt test will skip"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -29,7 +31,6 @@ bench: $(STAMP)
 
 # The tinygpt example needs PyTorch (CPU build, pinned so pip takes the local wheel).
 tinygpt: $(STAMP)
-	$(BIN)/pip install -q torch==2.13.0
 	bash scripts/tinygpt.sh
 
 clean:

@@ -143,3 +143,17 @@ def test_init_templates_run(tmp_path):
     assert rows[0]["status"] == "keep" and len(rows) == 4
     again = ratchet(repo, "init", "--template", "blank")
     assert again.returncode == 2 and "exists" in again.stderr
+
+
+def test_templates_match_the_examples():
+    """`ratchet init --template kernel|train` writes exactly the bundled examples."""
+    from helpers import ROOT
+
+    from ratchet.templates import template_files
+
+    for template, example in (("kernel", "kernel-cpu"), ("train", "tinygpt")):
+        files = template_files(template)
+        for rel, content in files.items():
+            if rel in ("program.md",) and template == "kernel":
+                continue
+            assert (ROOT / "examples" / example / rel).read_bytes() == content, (template, rel)

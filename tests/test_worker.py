@@ -3,6 +3,7 @@
 import os
 import time
 import uuid
+from pathlib import Path
 
 import psutil
 from helpers import config_text, make_repo, ratchet
@@ -115,7 +116,7 @@ def run():
     assert cand.status == "keep", cand.reasons  # the metric line survives in the tail
     log = cand.phases[-1]["log"]
     assert os.path.getsize(log) < 1.1 * (1 << 20)
-    assert "bytes of output dropped" in open(log).read()
+    assert "bytes of output dropped" in Path(log).read_text()
 
 
 def test_memory_limit_turns_a_hog_into_a_crash(tmp_path):

@@ -13,7 +13,10 @@ time) is the study metric, `correct: false` rejects the candidate. Steps:
 
 `--holdout` (or RATCHET_HOLDOUT=1) adds the shapes in holdout.json.
 `--quick` runs a reduced sweep (smoke tests); `--dispatch PATH` writes a dispatch table.
-Exit 77 when there is no CUDA GPU, torch or triton: the evaluation cannot run here.
+`--interpret` (with TRITON_INTERPRET=1) runs tiny shapes on the CPU through Triton's
+interpreter: it tests this evaluator and the kernel's logic without a GPU, and its
+numbers mean nothing. Exit 77 when there is no CUDA GPU (or, for --interpret, no
+interpreter), torch or triton: the evaluation cannot run here.
 """
 
 from __future__ import annotations
@@ -40,16 +43,20 @@ QUICK = [{"rows": 4096, "cols": 1000}, {"rows": 256, "cols": 32768}]
 DTYPES = ["bfloat16", "float16", "float32"]
 BYTES = "2 * rows * cols * itemsize"  # read x once, write y once (the fused floor)
 FLOPS = "5 * rows * cols"  # max, sub, exp, sum, div per element
+INTERPRET = [{"rows": 3, "cols": 100}, {"rows": 2, "cols": 9000}]  # fused and streaming paths
+INTERPRET_HOLDOUT = [{"rows": 5, "cols": 333}]
 GRAPH_SHAPES = [{"rows": 32, "cols": 1024}, {"rows": 1, "cols": 32768}]  # launch-bound decode-like
 
 
-def unavailable() -> str | None:
+def unavailable(interpret: bool) -> str | None:
     """Why this machine cannot run the evaluation, or None."""
+    if interpret and os.environ.get("TRITON_INTERPRET") != "1":
+        return "--interpret needs TRITON_INTERPRET=1 in the environment"
     try:
         import torch
     except ImportError:
         return "torch is not installed"
-    if not torch.cuda.is_available():
+    if not interpret and not torch.cuda.is_available():
         return "no CUDA GPU visible to torch"
     try:
         import triton  # noqa: F401
@@ -64,9 +71,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="reduced sweep for smoke tests")
     parser.add_argument("--dispatch", metavar="PATH", help="write a dispatch table (kernel vs torch) here")
     parser.add_argument("--json", metavar="PATH", help="also write the full report as JSON here")
+    parser.add_argument("--interpret", action="store_true", help="CPU + Triton interpreter, tiny shapes (tests only)")
     args = parser.parse_args()
 
-    why = unavailable()
+    why = unavailable(args.interpret)
     if why:
         print(f"SKIP: triton-softmax evaluation needs a CUDA GPU with torch and triton: {why}", file=sys.stderr)
         return SKIP
@@ -80,7 +88,7 @@ def main() -> int:
     sys.path.insert(0, str(HERE))
     import kernel  # noqa: E402 - the candidate, imported only after the timers are captured
 
-    device = torch.device("cuda")
+    device = torch.device("cpu" if args.interpret else "cuda")
 
     def make_inputs(shape, dtype, rng):
         g = torch.Generator(device=device).manual_seed(int(rng.integers(2**62)))
@@ -92,11 +100,18 @@ def main() -> int:
     def baseline(x):
         return torch.softmax(x, dim=-1)
 
-    shapes = QUICK if args.quick else PUBLIC
+    shapes = INTERPRET if args.interpret else QUICK if args.quick else PUBLIC
+    dtypes = ["float32", "bfloat16"] if args.interpret else ["bfloat16"] if args.quick else DTYPES
     # --holdout, or RATCHET_HOLDOUT set by ratchet's worker for the hold-out phase; a copy
     # of holdout.json in that hidden directory (.ratchet/holdout/) wins over this one.
-    holdout = rk.load_holdout(HERE / "holdout.json", argv=["--holdout"] if args.holdout else [])
-    peaks = rk.measure_peaks("cuda", dtypes=("float32", "float16", "bfloat16"))
+    argv = ["--holdout"] if args.holdout else []
+    holdout = rk.load_holdout(INTERPRET_HOLDOUT if args.interpret else HERE / "holdout.json", argv=argv)
+    if args.interpret:
+        peaks = rk.measure_peaks("cpu")
+        timing = {"cache": "warm", "max_time_s": 0.2, "min_reps": 3, "warmup": 1}
+    else:
+        peaks = rk.measure_peaks("cuda", dtypes=("float32", "float16", "bfloat16"))
+        timing = {"cache": "rotate", "max_time_s": 1.0}
     report = rk.sweep(
         kernel.softmax,
         baseline,
@@ -104,25 +119,23 @@ def main() -> int:
         make_inputs,
         shapes,
         holdout=holdout,
-        dtypes=DTYPES if not args.quick else ["bfloat16"],
+        dtypes=dtypes,
         flops=FLOPS,
         bytes=BYTES,
         peaks=peaks,
         check_options={"trials": 3},
-        bench_options={"cache": "rotate", "max_time_s": 1.0},
+        bench_options=timing,
         names=("torch", "triton"),
     )
     print(report.table(), file=sys.stderr)
 
-    graph = graph_check(torch, rk, kernel.softmax, baseline, make_inputs, reference)
+    extra = {"peak_bandwidth_gbs": peaks.bandwidth_Bps / 1e9}
+    graph = {"correct": True, "speedup": None, "log": ["graph check skipped: no CUDA in --interpret mode"]}
+    if not args.interpret:
+        graph = graph_check(torch, rk, kernel.softmax, baseline, make_inputs, reference)
+        extra.update(graph_correct=graph["correct"], graph_speedup=graph["speedup"])
     for line in graph["log"]:
         print(line, file=sys.stderr)
-
-    extra = {
-        "graph_correct": graph["correct"],
-        "graph_speedup": graph["speedup"],
-        "peak_bandwidth_gbs": peaks.bandwidth_Bps / 1e9,
-    }
     metrics = report.metrics()
     if not graph["correct"]:
         metrics["correct"] = False
@@ -136,7 +149,7 @@ def main() -> int:
             baseline="torch",
             dims=["cols"],
             margin=0.02,
-            device=rk.device_name("cuda"),
+            device=rk.device_name(device.type),
         )
         rk.write_dispatch(table, args.dispatch)
         print(rk.dispatch_markdown(table), file=sys.stderr)

@@ -18,8 +18,6 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
-
 PR_SET_CHILD_SUBREAPER = 36
 KILL_GRACE_S = 2.0
 
@@ -37,6 +35,8 @@ def become_subreaper() -> bool:
 
 def kill_descendants(grace_s: float = KILL_GRACE_S) -> int:
     """SIGTERM then SIGKILL every descendant of this process; returns how many there were."""
+    import psutil  # imported here: the worker's start-up time is every candidate's overhead
+
     try:
         me = psutil.Process()
         children = me.children(recursive=True)
@@ -75,6 +75,8 @@ def kill_group(pgid: int, grace_s: float = KILL_GRACE_S) -> None:
 
 def kill_tree(pid: int, grace_s: float = KILL_GRACE_S) -> None:
     """Kill a process and all its descendants (used when the process is not our child)."""
+    import psutil
+
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -179,7 +181,7 @@ def run_capped(
     timed_out = stopped = False
     while True:
         try:
-            proc.wait(timeout=0.02)
+            proc.wait(timeout=0.01)
             break
         except subprocess.TimeoutExpired:
             pass

@@ -37,7 +37,7 @@ from ratchet.proposers import ProposalContext, Proposer, make_proposer
 from ratchet.views import write_results_tsv
 
 STATE_DIR = ".ratchet"
-POLL_S = 0.05
+POLL_S = 0.02
 MAX_ATTEMPTS = 2  # a job lost to infrastructure is rerun once, never one that failed
 
 
@@ -391,6 +391,8 @@ class Study:
             memory_limit_bytes=(int(self.config.backend.memory_limit_gb * (1 << 30))
                                 if self.config.backend.memory_limit_gb else None),
             readonly_paths=[str(self.repo / ".git"), str(self.state_dir / "ledger.db")],
+            # decided once here rather than probed by every worker
+            sandbox=sandbox.choose("auto") if self.backend_kind == "local" else "auto",
         )
         return spec
 

@@ -64,7 +64,7 @@ def lease_slot(spec: JobSpec, state_path: Path):
             fh.write(f"{spec.job_id} {os.getpid()}\n")
             fh.flush()
             return slot, fh
-        time.sleep(0.02)
+        time.sleep(0.01)
     return None, None
 
 

@@ -58,6 +58,7 @@ slots = 2
 
 [context]
 hardware = false
+{context}
 """
 
 
@@ -67,7 +68,7 @@ def git(repo: Path, *args: str) -> str:
 
 
 def make_repo(path: Path, proposer: str, extra_toml: str = "", parallel: int = 3,
-              files: dict[str, str] | None = None) -> Path:
+              files: dict[str, str] | None = None, context: str = "") -> Path:
     path.mkdir(parents=True, exist_ok=True)
     git(path, "init", "-q", "-b", "main")
     git(path, "config", "user.email", "t@example.com")
@@ -76,7 +77,7 @@ def make_repo(path: Path, proposer: str, extra_toml: str = "", parallel: int = 3
         "solution.py": SOLUTION,
         "evaluate.py": EVALUATE,
         "program.md": PROGRAM,
-        "ratchet.toml": BASE_TOML.format(proposer=proposer, parallel=parallel)
+        "ratchet.toml": BASE_TOML.format(proposer=proposer, parallel=parallel, context=context)
         + textwrap.dedent(extra_toml),
         **(files or {}),
     }

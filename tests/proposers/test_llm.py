@@ -18,13 +18,10 @@ from ratchet.study import Study, StudyError
 
 def llm_toml(server, provider: str = "openai", **settings) -> str:
     url = server.openai_url if provider == "openai" else server.anthropic_url
-    extra = "".join(f"{k} = {v}\n" for k, v in settings.items())
+    values = {"timeout": 5, "max_retries": 0, "retries": 2, "backoff": 0.05, **settings}
+    extra = "".join(f"{k} = {v}\n" for k, v in values.items())
     return f"""
 [llm]
-timeout = 5
-max_retries = 0
-retries = 2
-backoff = 0.05
 {extra}
 [[llm.models]]
 provider = "{provider}"
@@ -106,7 +103,7 @@ def test_anthropic_repair_and_protected_file(tmp_path, server):
     assert [m["role"] for m in repair["messages"]] == ["user", "assistant", "user"]
     assert repair["messages"][1]["content"] == malformed
     assert "has no '======='" in repair["messages"][2]["content"]
-    assert "SEARCH/REPLACE" in repair["system"]
+    assert "<<<<<<< SEARCH" in repair["system"]
     # the saved context of a failed proposal shows the whole exchange too
     assert "is a protected file" in Path(cheat.context_path).read_text()
 
@@ -178,7 +175,8 @@ models = [{ provider = "openai", model = "gpt" }]
 
 def test_ideas_first_one_each_and_duplicates(tmp_path, server):
     repo = make_repo(tmp_path / "r", "llm", llm_toml(server), parallel=4,
-                     files={"ideas.md": "# Ideas\n- try VALUE 2\n- try VALUE 7\n  (it is odd)\n"})
+                     files={"ideas.md": "# Ideas\n- try VALUE 2\n- make VALUE two\n"
+                                            "- try VALUE 7\n  (it is odd)\n"})
     study = Study(repo, backend="local")
     study.ledger.add_idea("try VALUE 6")
 
@@ -200,8 +198,10 @@ def test_ideas_first_one_each_and_duplicates(tmp_path, server):
     assert rows["idea 2"].idea == "try VALUE 2"
     assert rows["idea 2"].status == "keep"
     dup = rows["same as idea 2"]
-    assert dup.status == "rejected" and "identical diff" in dup.reasons and dup.idea is None
-    # one idea was left for the next round: three proposals, two ideas taken
+    assert dup.status == "rejected" and "identical diff" in dup.reasons
+    assert dup.idea == "make VALUE two" and dup.commit_sha is None
+    # one idea was left for the next round: three proposals, three ideas taken
+    assert ideas["make VALUE two"]["outcome"] == "rejected"
     assert ideas["try VALUE 2"]["status"] == "tried" and ideas["try VALUE 2"]["outcome"] == "keep"
     assert ideas["try VALUE 6"]["outcome"] == "discard"
     assert ideas["try VALUE 7 (it is odd)"]["status"] == "pending"

@@ -108,7 +108,7 @@ class LocalBackend:
     def status(self, job_id: str) -> JobState:
         job_dir = self.job_dir(job_id)
         if (job_dir / "result.json").exists():
-            self._reap(job_id)
+            self._reap(job_id, block=False)  # the worker may still be exiting: don't wait
             return "done"
         if self._alive(job_id):
             try:
@@ -159,7 +159,8 @@ class LocalBackend:
 
     def close(self) -> None:
         for job_id in list(self._children):
-            self._reap(job_id)
+            if (self.job_dir(job_id) / "result.json").exists():
+                self._reap(job_id)  # finished: let it exit; running jobs stay detached
 
     # -- process bookkeeping -----------------------------------------------------------------
 
@@ -185,8 +186,12 @@ class LocalBackend:
             return child.poll() is None
         return self._pid(job_id) is not None
 
-    def _reap(self, job_id: str) -> None:
-        child = self._children.pop(job_id, None)
-        if child is not None:
+    def _reap(self, job_id: str, block: bool = True) -> None:
+        child = self._children.get(job_id)
+        if child is None:
+            return
+        if block:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=5)
+        if child.poll() is not None:
+            del self._children[job_id]

@@ -17,6 +17,7 @@ import ast
 import json
 import math
 import os
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -295,7 +296,10 @@ def measure_peaks(
         method=method,
         versions=library_versions(),
     )
-    save_peaks(peaks, cache_path)
+    try:
+        save_peaks(peaks, cache_path)
+    except OSError as exc:  # a sandboxed evaluator may see a read-only cache: measure, don't fail
+        print(f"ratchet.kernels: peaks not cached ({exc}); pre-measure them where the cache is writable", file=sys.stderr)
     return peaks
 
 
@@ -378,7 +382,7 @@ class RooflinePoint:
     reason: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return arrays.jsonable(asdict(self))
 
 
 def assess(

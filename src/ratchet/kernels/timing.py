@@ -72,7 +72,7 @@ class BenchResult:
         if not with_samples:
             d.pop("times_s")
         d["ok"] = self.ok
-        return d
+        return arrays.jsonable(d)
 
 
 @dataclass
@@ -96,7 +96,7 @@ class CompareResult:
         return self.ratio_q75 < 1.0 or self.ratio_q25 > 1.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        return arrays.jsonable({
             "a": self.a.to_dict(),
             "b": self.b.to_dict(),
             "speedup": self.speedup,
@@ -105,7 +105,7 @@ class CompareResult:
             "ratio_q75": self.ratio_q75,
             "significant": self.significant,
             "ok": self.ok,
-        }
+        })
 
 
 def capture_timers() -> list[str]:

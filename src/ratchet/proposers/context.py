@@ -180,8 +180,7 @@ def task_section(ctx: ProposalContext) -> str:
         "What not to do:",
         "- do not edit or work around the evaluator, protected files or ratchet.toml",
         "- do not special-case the evaluation inputs, cache or hard-code results, or read "
-        "files the task does not give you: hold-out checks catch it and the change is "
-        "rejected",
+        "files the task does not give you: hidden checks look for it and reject the change",
         "- do not trade correctness for speed: an incorrect or crashing candidate is rejected",
         "- do not repeat an experiment the history shows was already tried and discarded",
     ]

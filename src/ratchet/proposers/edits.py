@@ -60,15 +60,19 @@ def _clean_path(line: str) -> str:
     return path.removeprefix("./")
 
 
+def find_description(text: str) -> str | None:
+    """The one-line summary the model gave (`DESCRIPTION: ...`), if any."""
+    for line in text.splitlines():
+        match = _DESCRIPTION.match(line)
+        if match:
+            return match.group(1).strip().strip("`")
+    return None
+
+
 def parse_reply(text: str) -> ParsedReply:
     """Blocks and the DESCRIPTION line out of a model's reply; raises EditParseError."""
     lines = text.splitlines()
-    description = None
-    for line in lines:
-        match = _DESCRIPTION.match(line)
-        if match:
-            description = match.group(1).strip().strip("`")
-            break
+    description = find_description(text)
     edits: list[Edit] = []
     i = 0
     while i < len(lines):

@@ -48,7 +48,7 @@ from ratchet.proposers.context import (
     hypothesis_text,
     validate_section,
 )
-from ratchet.proposers.edits import EditParseError, apply_edits, parse_reply
+from ratchet.proposers.edits import EditParseError, apply_edits, find_description, parse_reply
 
 DEFAULT_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 529}
@@ -91,7 +91,7 @@ class ModelSpec(BaseModel):
     base_url: str | None = None
     api_key_env: str | None = None
     weight: float = Field(default=1.0, gt=0)
-    temperature: float = Field(default=0.7, ge=0, le=2)
+    temperature: float | None = Field(default=None, ge=0, le=2)  # None: the model's default
     max_tokens: int = Field(default=4096, ge=1)
     token_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"  # openai only
     price_per_mtok_in: float = Field(default=0.0, ge=0)
@@ -257,8 +257,8 @@ class LLMProposer:
         }}
         context = _transcript(system, messages)
         if isinstance(outcome, str):
-            return Proposal(description=_fallback_description(attempt, spec),
-                            params=params, idea=attempt.idea, context=context,
+            description = find_description(text) or _fallback_description(attempt, spec)
+            return Proposal(description=description, params=params, idea=attempt.idea, context=context,
                             error=_one_line(outcome))
         description, changed = outcome
         return Proposal(
@@ -314,22 +314,28 @@ class LLMProposer:
         spec = self.settings.models[spec_index]
         client = self._client(spec_index)
         if spec.provider == "openai":
+            options: dict[str, Any] = {spec.token_param: spec.max_tokens}
+            if spec.temperature is not None:
+                options["temperature"] = spec.temperature
             response = client.chat.completions.create(
                 model=spec.model,
                 messages=[{"role": "system", "content": system}, *messages],
-                temperature=spec.temperature,
-                **{spec.token_param: spec.max_tokens},
+                **options,
             )
             text = (response.choices[0].message.content or "") if response.choices else ""
             usage = response.usage
             return Reply(text, getattr(usage, "prompt_tokens", 0) or 0,
                          getattr(usage, "completion_tokens", 0) or 0)
+        # the Anthropic SDK (2.x) has no temperature argument; models that still accept
+        # one get it in the body
+        extra = {} if spec.temperature is None else {
+            "extra_body": {"temperature": min(spec.temperature, 1.0)}}
         response = client.messages.create(
             model=spec.model,
             system=system,
             messages=messages,
-            temperature=min(spec.temperature, 1.0),
             max_tokens=spec.max_tokens,
+            **extra,
         )
         text = "".join(getattr(block, "text", "") for block in response.content
                        if getattr(block, "type", "") == "text")

@@ -25,7 +25,9 @@ def template_files(name: str) -> dict[str, bytes]:
             if child.is_dir():
                 walk(child, f"{prefix}{child.name}/")
             else:
-                files[f"{prefix}{child.name}"] = child.read_bytes()
+                # a real .gitignore would be ignored by packaging tools; ship it renamed
+                name = ".gitignore" if child.name == "gitignore" else child.name
+                files[f"{prefix}{name}"] = child.read_bytes()
 
     walk(root, "")
     shared = resources.files(__package__) / "program.md"

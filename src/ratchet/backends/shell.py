@@ -1,0 +1,499 @@
+"""The shell backend: any job queue driven by its CLI, through command templates.
+
+One adapter, configured per engine (presets: `slurm`, `vessl`, `skypilot`; every key
+can be overridden in `[backend.shell]`):
+
+- **stage**: the pinned commit is written as `snapshot.tar` (`git archive` of the SHA,
+  never a branch) with `spec.json` and any rendered `files` (batch script, task.yaml)
+  into `stage_dir/<name>/`, a directory the job's machine sees (shared filesystem,
+  mounted bucket, object volume); an optional `stage` hook then runs here (rsync, a
+  bucket upload, a push of the SHA to a remote ref...).
+- **submit** runs the submit template; the engine id is parsed from its output
+  (`id_regex`) or found by name in a list command (`id_command`), retried while it
+  appears late. The job runs `python -m ratchet.backends.remote job ...`: the trusted
+  worker on the staged snapshot, its result marker last in the engine's log.
+- **status** maps the engine's state through `states` to pending / running /
+  succeeded / failed / cancelled (unknown: running). A job the engine no longer knows
+  (and whose log has no result) is `lost`, rerun by the study up to `retries` times; a
+  job that ended with the worker's result is never rerun.
+- every call has a timeout and retries with backoff ("retrying" is logged); queue
+  timeout and the job deadline are ratchet's, as for Ray.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ratchet import gitrepo
+from ratchet.backends import BackendError, JobState
+from ratchet.backends.engine import (
+    DEADLINE_GRACE_S,
+    JobRecord,
+    RecordStore,
+    add_engine_queue,
+    stopped_result,
+    validate,
+    with_retries,
+)
+from ratchet.backends.presets import PRESETS
+from ratchet.backends.remote import parse_prep_output, parse_result, prep_into
+from ratchet.config import ConfigError, Duration
+from ratchet.jobspec import JobResult, JobSpec
+
+EngineState = str  # pending | running | succeeded | failed | cancelled
+STATES = ("pending", "running", "succeeded", "failed", "cancelled")
+
+
+class ShellConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    preset: str | None = None
+    stage_dir: str  # where staged jobs live, as seen from this machine
+    remote_stage_dir: str | None = None  # the same place as the job sees it (default: same)
+    stage: str | None = None  # hook run after staging (placeholders as below)
+    files: dict[str, str] = {}  # extra files rendered into each job's stage dir
+    submit: str
+    id_regex: str | None = None  # engine id from submit's output: group 'id' (or 1)
+    id_command: str | None = None  # else: a list command searched for the job's name
+    id_json_name: str | None = None  # ... as JSON: objects whose this field == name
+    id_json_id: str | None = None  # ... give the id in this field
+    id_list_regex: str | None = None  # ... or as text: a regex with {name}, group 'id'
+    id_wait: Duration = 120.0  # how long an id may take to appear
+    status: str
+    status_json: str | None = None  # state = this (dotted) field of JSON output
+    status_regex: str | None = None  # state = group 'state' (or 1); default: first word
+    status_fallback: str | None = None  # asked when status no longer knows the job
+    missing_regex: str | None = None  # a failing call whose output says "no such job"
+    states: dict[str, str] = {}
+    logs: str
+    cancel: str
+    vars: dict[str, str] = {}
+    python: str = "python"  # the interpreter on the job's machine that has ratchet
+    data_dir: str | None = None  # shared location for prepared data (prepared once)
+    prep: str = Field(default="local", pattern="^(engine|local)$")
+    queue_timeout: Duration = 3600.0
+    retries: int = Field(default=1, ge=0, le=10)
+    call_timeout: Duration = 60.0
+    call_attempts: int = Field(default=4, ge=1)
+    backoff: Duration = 1.0
+    poll: Duration = 2.0
+
+
+def load_shell_config(raw: dict) -> ShellConfig:
+    raw = dict(raw)
+    preset = raw.get("preset")
+    merged: dict = {}
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"backend.shell.preset: unknown preset {preset!r} "
+                              f"(expected one of {', '.join(sorted(PRESETS))})")
+        merged = {k: (dict(v) if isinstance(v, dict) else v) for k, v in PRESETS[preset].items()}
+    for key, value in raw.items():
+        if key in ("vars", "files", "states") and isinstance(value, dict):
+            merged[key] = {**merged.get(key, {}), **value}
+        else:
+            merged[key] = value
+    cfg: ShellConfig = validate(ShellConfig, merged, "backend.shell")  # type: ignore[assignment]
+    for engine_state, ours in cfg.states.items():
+        if ours not in STATES:
+            raise ConfigError(f"backend.shell.states.{engine_state}: {ours!r} is not one of "
+                              f"{', '.join(STATES)}")
+    for key in ("id_regex", "id_list_regex", "status_regex", "missing_regex"):
+        pattern = getattr(cfg, key)
+        if pattern:
+            try:
+                re.compile(pattern.replace("{id}", "0").replace("{name}", "x"))
+            except re.error as exc:
+                raise ConfigError(f"backend.shell.{key}: not a valid regex: {exc}") from None
+    if not cfg.id_regex and not cfg.id_command:
+        raise ConfigError("backend.shell: give id_regex (id from submit's output) or id_command")
+    return cfg
+
+
+class _CallFailed(Exception):
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output
+
+
+class ShellBackend:
+    name = "shell"
+
+    def __init__(self, state_dir: Path, backend_config=None) -> None:
+        self.cfg = load_shell_config(getattr(backend_config, "shell", None) or {})
+        self.store = RecordStore(state_dir / "shell")
+        self.stage_root = Path(self.cfg.stage_dir).expanduser()
+        self.remote_root = self.cfg.remote_stage_dir or str(self.stage_root)
+        self._seen: dict[str, tuple[float, JobState]] = {}
+        self.max_attempts = self.cfg.retries + 1
+
+    def describe(self) -> str:
+        return f"shell: {self.cfg.preset or 'custom'} (staged in {self.stage_root})"
+
+    def job_dir(self, job_id: str) -> Path:
+        return self.store.dir(job_id)
+
+    # -- running the engine's CLI -----------------------------------------------------------
+
+    def _values(self, name: str, engine_id: str | None = None, command: str = "") -> dict:
+        stage = f"{self.remote_root}/{name}"
+        return {**self.cfg.vars, "name": name, "id": engine_id or "", "stage": stage,
+                "local_stage": str(self.stage_root / name), "command": command,
+                "command_q": shlex.quote(command), "python": self.cfg.python}
+
+    def _render(self, template: str, values: dict, key: str) -> str:
+        try:
+            return template.format_map(values)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigError(f"backend.shell.{key}: unknown placeholder {exc} in {template!r} "
+                              "(add it under [backend.shell.vars])") from None
+
+    def _run(self, key: str, values: dict, *, missing_ok: bool = False) -> tuple[bool, str]:
+        """Run one template with timeout and retries. (True, out) or (False, out): missing."""
+        command = self._render(getattr(self.cfg, key), values, key)
+        missing = self.cfg.missing_regex
+
+        def once() -> tuple[bool, str]:
+            try:
+                proc = subprocess.run(["/bin/sh", "-c", command], capture_output=True,
+                                      text=True, timeout=self.cfg.call_timeout,
+                                      stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                raise _CallFailed(f"timed out after {self.cfg.call_timeout:g}s") from None
+            out = proc.stdout + (("\n" + proc.stderr) if proc.stderr.strip() else "")
+            if proc.returncode == 0:
+                return True, proc.stdout
+            if missing_ok and missing and re.search(missing, out):
+                return False, out
+            raise _CallFailed(f"exit code {proc.returncode}: {out.strip()[-300:]}", out)
+
+        return with_retries(once, f"{key} `{command[:120]}`", attempts=self.cfg.call_attempts,
+                            backoff_s=self.cfg.backoff, transient=(_CallFailed,),
+                            note=self.store.note)
+
+    def _find_id(self, name: str) -> str | None:
+        if not self.cfg.id_command:
+            return None
+        _, out = self._run("id_command", self._values(name))
+        if self.cfg.id_json_name and self.cfg.id_json_id:
+            try:
+                data = json.loads(out)
+            except ValueError:
+                return None
+            if isinstance(data, dict):
+                data = next((v for v in data.values() if isinstance(v, list)), [])
+            for item in data if isinstance(data, list) else []:
+                if isinstance(item, dict) and str(item.get(self.cfg.id_json_name)) == name:
+                    return str(item.get(self.cfg.id_json_id))
+            return None
+        pattern = (self.cfg.id_list_regex or r"(?m)^\s*(?P<id>\S+)\s.*\b{name}\b").replace(
+            "{name}", re.escape(name))
+        match = re.search(pattern, out)
+        return _group(match, "id") if match else None
+
+    # -- placing a job ----------------------------------------------------------------------
+
+    def _stage(self, name: str, command: str, commit: str, repo: Path,
+               spec: JobSpec | None) -> None:
+        local = self.stage_root / name
+        if local.exists():
+            shutil.rmtree(local)
+        local.mkdir(parents=True)
+        with tempfile.TemporaryDirectory(prefix="ratchet-stage-") as tmp:
+            snap = Path(tmp) / "snapshot"
+            gitrepo.archive_to(repo, commit, snap)
+            subprocess.run(["tar", "-cf", str(local / "snapshot.tar"), "-C", str(snap), "."],
+                           check=True)
+        if spec is not None:
+            spec.write(local / "spec.json")
+        values = self._values(name, command=command)
+        for filename, template in self.cfg.files.items():
+            path = local / filename
+            path.write_text(self._render(template, values, f"files.{filename}"))
+            path.chmod(0o755)
+        if self.cfg.stage:
+            self._run("stage", values)
+
+    def _place(self, record: JobRecord, name: str, command: str) -> None:
+        """Submit once; on a failed call, look for the job by name before submitting again."""
+        values = self._values(name, command=command)
+        for attempt in range(self.cfg.call_attempts):
+            try:
+                _, out = self._run("submit", values)
+                break
+            except BackendError:
+                if attempt + 1 == self.cfg.call_attempts:
+                    raise
+                found = self._find_id(name)
+                if found:
+                    record.engine_id = found
+                    self.store.put(record)
+                    return
+        if self.cfg.id_regex:
+            match = re.search(self.cfg.id_regex.replace("{name}", re.escape(name)), out,
+                              re.MULTILINE)
+            if match:
+                record.engine_id = _group(match, "id")
+                self.store.put(record)
+                return
+        self._await_id(record, name)
+
+    def _await_id(self, record: JobRecord, name: str) -> None:
+        deadline = time.monotonic() + self.cfg.id_wait
+        delay = 0.2
+        while True:
+            found = self._find_id(name)
+            if found:
+                record.engine_id = found
+                self.store.put(record)
+                return
+            if time.monotonic() > deadline:
+                raise BackendError(f"{name}: submitted, but no engine id appeared within "
+                                   f"{self.cfg.id_wait:g}s")
+            self.store.note(f"{name}: id not listed yet; retrying in {delay:.1f}s")
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    def _job_command(self, name: str) -> str:
+        stage = f"{self.remote_root}/{name}"
+        return (f"{shlex.quote(self.cfg.python)} -m ratchet.backends.remote job "
+                f"--spec {shlex.quote(stage + '/spec.json')} "
+                f"--archive {shlex.quote(stage + '/snapshot.tar')} "
+                f"--job-dir {shlex.quote(stage + '/job')}")
+
+    # -- verbs ----------------------------------------------------------------------------
+
+    def submit(self, spec: JobSpec) -> str:
+        job_id = spec.job_id
+        if self.store.cached_result(job_id) is not None:
+            return job_id
+        spec.slots, spec.slot_lock_dir = [], None
+        fingerprint = hashlib.sha256(spec.to_json().encode()).hexdigest()[:8]
+        name = f"{job_id}-{fingerprint}"  # deterministic, and unique to this spec
+        record = self.store.get(job_id)
+        if record is not None and record.engine_id:
+            return job_id  # reattach
+        if record is not None:  # the driver died between recording and learning the id
+            found = self._find_id(name)
+            if found:
+                record.engine_id = found
+                self.store.put(record)
+                self.store.note(f"{job_id}: found on the engine as {found}; reattached")
+                return job_id
+        command = self._job_command(name)
+        self._stage(name, command, spec.commit, Path(spec.repo or "."), spec)
+        record = JobRecord(job_id, None, time.time(), timeout_s=spec.timeout_s)
+        self._save_name(job_id, name)
+        self.store.put(record)  # write-ahead: a restarted driver looks the name up
+        self._place(record, name, command)
+        self._seen.pop(job_id, None)
+        return job_id
+
+    def _save_name(self, job_id: str, name: str) -> None:
+        self.store.dir(job_id).mkdir(parents=True, exist_ok=True)
+        (self.store.dir(job_id) / "name").write_text(name)
+
+    def _name(self, job_id: str) -> str:
+        with contextlib.suppress(OSError):
+            return (self.store.dir(job_id) / "name").read_text().strip()
+        return job_id
+
+    def status(self, job_id: str) -> JobState:
+        if self.store.cached_result(job_id) is not None:
+            return "done"
+        seen = self._seen.get(job_id)
+        if seen and time.monotonic() - seen[0] < self.cfg.poll:
+            return seen[1]
+        try:
+            state = self._status(job_id)
+        except BackendError as exc:  # the engine's CLI keeps failing: wait, and say so
+            self.store.note(f"{job_id}: {exc}; will ask again")
+            state = seen[1] if seen else "pending"
+        self._seen[job_id] = (time.monotonic(), state)
+        return state
+
+    def _engine_state(self, name: str, engine_id: str) -> EngineState | None:
+        values = self._values(name, engine_id)
+        for key in ("status", "status_fallback"):
+            if not getattr(self.cfg, key):
+                continue
+            ok, out = self._run(key, values, missing_ok=True)
+            raw = self._parse_state(out, engine_id) if ok else None
+            if raw:
+                states = {k.upper(): v for k, v in self.cfg.states.items()}
+                return states.get(raw.upper(), "running")  # unknown: still running
+        return None  # the engine does not know the job (any more)
+
+    def _parse_state(self, out: str, engine_id: str) -> str | None:
+        if self.cfg.status_json:
+            try:
+                value = json.loads(out)
+            except ValueError:
+                return None
+            for part in self.cfg.status_json.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            return str(value) if value not in (None, "") else None
+        if self.cfg.status_regex:
+            match = re.search(self.cfg.status_regex.replace("{id}", re.escape(engine_id)), out,
+                              re.MULTILINE)
+            return _group(match, "state") if match else None
+        words = out.split()
+        return words[0] if words else None
+
+    def _status(self, job_id: str) -> JobState:
+        record = self.store.get(job_id)
+        if record is None:
+            return "lost"
+        name = self._name(job_id)
+        if not record.engine_id:
+            found = self._find_id(name)
+            if not found:
+                if time.time() - record.submitted_at > self.cfg.id_wait:
+                    record.lost = "the engine never listed the job"
+                    self.store.put(record)
+                    return "lost"
+                return "pending"
+            record.engine_id = found
+            self.store.put(record)
+        state = self._engine_state(name, record.engine_id)
+        now = time.time()
+        if state == "pending":
+            waited = now - record.submitted_at
+            if waited > self.cfg.queue_timeout:
+                return self._stop(record, name, f"queue timeout: still pending after "
+                                  f"{waited:.0f}s (queue_timeout {self.cfg.queue_timeout:g}s); "
+                                  "cancelled by ratchet", "timeout")
+            return "pending"
+        if state == "running":
+            if record.running_at is None:
+                record.running_at = now
+                self.store.put(record)
+            limit = (record.timeout_s or 0) + DEADLINE_GRACE_S
+            if record.timeout_s and now - record.running_at > limit:
+                return self._stop(record, name, f"job ran past its deadline ({limit:g}s = "
+                                  f"task.timeout + {DEADLINE_GRACE_S:g}s grace); cancelled by "
+                                  "ratchet", "timeout")
+            return "running"
+        # finished (or forgotten by the engine): the log decides
+        logs = self._logs(name, record.engine_id)
+        worker = parse_result(logs)
+        if record.stop_reason:
+            self.store.cache_result(job_id, stopped_result(record, worker), logs)
+            return "done"
+        if worker is None:
+            record.lost = (f"engine state {state}, no worker result in the log"
+                           if state else "the engine no longer knows the job")
+            self.store.put(record)
+            self.store.note(f"{job_id} ({record.engine_id}): lost: {record.lost}")
+            return "lost"
+        self.store.cache_result(job_id, add_engine_queue(worker, record), logs)
+        return "done"
+
+    def _logs(self, name: str, engine_id: str | None) -> str:
+        try:
+            ok, out = self._run("logs", self._values(name, engine_id), missing_ok=True)
+        except BackendError as exc:
+            self.store.note(f"{name}: could not read logs ({exc})")
+            return ""
+        return out if ok else ""
+
+    def _stop(self, record: JobRecord, name: str, reason: str, outcome: str) -> JobState:
+        record.stop_reason, record.stop_outcome = reason, outcome
+        self.store.put(record)
+        self.store.note(f"{record.job_id}: {reason}")
+        with contextlib.suppress(BackendError):
+            self._run("cancel", self._values(name, record.engine_id), missing_ok=True)
+        self.store.cache_result(record.job_id, stopped_result(record, None))
+        return "done"
+
+    def result(self, job_id: str) -> JobResult | None:
+        return self.store.cached_result(job_id)
+
+    def logs(self, job_id: str) -> str:
+        record = self.store.get(job_id)
+        cached = self.store.dir(job_id) / "engine.log"
+        if cached.exists():
+            return cached.read_text(errors="replace")
+        if record is None or not record.engine_id:
+            return ""
+        return self._logs(self._name(job_id), record.engine_id)
+
+    def cancel(self, job_id: str) -> None:
+        record = self.store.get(job_id)
+        if record is None or self.store.cached_result(job_id) is not None:
+            return
+        record.stop_reason, record.stop_outcome = "cancelled", "cancelled"
+        self.store.put(record)
+        if record.engine_id:
+            with contextlib.suppress(BackendError):
+                self._run("cancel", self._values(self._name(job_id), record.engine_id),
+                          missing_ok=True)
+
+    def close(self) -> None:
+        pass
+
+    # -- prepared data: once, into data_dir -------------------------------------------------
+
+    def prepare(self, *, study: str, repo: Path, command: str, pinned_commit: str,
+                key: str, env_allow: list[str], timeout_s: float) -> tuple[str, str] | None:
+        from ratchet.prep import PrepError
+
+        if not self.cfg.data_dir:
+            return None
+        root = Path(self.cfg.data_dir)
+        manifest = root / key / "manifest.json"
+        if manifest.is_file():
+            return str(root / key / "data"), json.loads(manifest.read_text())["digest"]
+        if self.cfg.prep == "local":
+            with tempfile.TemporaryDirectory(prefix="ratchet-prep-") as tmp:
+                gitrepo.archive_to(repo, pinned_commit, Path(tmp) / "work")
+                data, digest = prep_into(root, key, command, Path(tmp) / "work", env_allow,
+                                         timeout_s)
+            return str(data), digest
+        # one prep job on the engine; it returns at once if another already prepared
+        name = f"{study}-prep-{key}-{int(time.time())}"
+        stage = f"{self.remote_root}/{name}"
+        argv = [self.cfg.python, "-m", "ratchet.backends.remote", "prep", "--root", str(root),
+                "--key", key, "--command", command, "--timeout", str(timeout_s),
+                "--archive", f"{stage}/snapshot.tar"]
+        for env_name in env_allow:
+            argv += ["--env-allow", env_name]
+        job_command = " ".join(shlex.quote(a) for a in argv)
+        self._stage(name, job_command, pinned_commit, repo, None)
+        record = JobRecord(name, None, time.time(), timeout_s=timeout_s)
+        self._place(record, name, job_command)
+        deadline = time.time() + self.cfg.queue_timeout + timeout_s + DEADLINE_GRACE_S
+        while time.time() < deadline:
+            try:
+                state = self._engine_state(name, record.engine_id)
+            except BackendError as exc:
+                self.store.note(f"prep job {name}: {exc}")
+                state = "running"
+            if state not in ("pending", "running"):
+                out = parse_prep_output(self._logs(name, record.engine_id))
+                if out and "error" in out:
+                    raise PrepError(out["error"])
+                if out:
+                    return out["data_dir"], out["digest"]
+                raise PrepError(f"prep job {name} ended ({state or 'gone'}) without a result")
+            time.sleep(self.cfg.poll)
+        with contextlib.suppress(BackendError):
+            self._run("cancel", self._values(name, record.engine_id), missing_ok=True)
+        raise PrepError(f"prep job {name} did not finish in time; cancelled")
+
+
+def _group(match: re.Match, name: str) -> str:
+    groups = match.groupdict()
+    value = groups.get(name) if name in groups else match.group(1)
+    return value.strip()
