@@ -5,6 +5,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 venv="${VENV:-$here/.venv}"
 work="${RATCHET_DEMO_DIR:-$(mktemp -d /tmp/ratchet-demo.XXXXXX)}"
+mkdir -p "$work"
 rm -rf "$work/kernel-cpu"
 cp -r "$here/examples/kernel-cpu" "$work/kernel-cpu"
 cd "$work/kernel-cpu"

@@ -4,6 +4,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 venv="${VENV:-$here/.venv}"
 work="${RATCHET_DEMO_DIR:-$(mktemp -d /tmp/ratchet-tinygpt.XXXXXX)}"
+mkdir -p "$work"
 rm -rf "$work/tinygpt"
 cp -r "$here/examples/tinygpt" "$work/tinygpt"
 cd "$work/tinygpt"

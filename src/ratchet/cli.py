@@ -112,6 +112,8 @@ def _progress_table(p: Progress) -> Table:
         f"best so far {best}   kept {counts.get('keep', 0)}  discarded {counts.get('discard', 0)}"
         f"  crashed {counts.get('crash', 0)}  rejected {counts.get('rejected', 0)}"
     )
+    if p.message:  # infrastructure trouble being retried
+        table.caption += f"\n{p.message}"
     return table
 
 
@@ -133,7 +135,8 @@ def run(
             return
         running = ", ".join(f"{c}({s})" for c, _, _, s in p.running)
         line = (f"round {min(p.round, p.rounds)}/{p.rounds} running [{running}] best "
-                f"{'—' if p.best is None else f'{p.best:.6g}'}")
+                f"{'—' if p.best is None else f'{p.best:.6g}'}"
+                + (f" ({p.message})" if p.message else ""))
         if line != last_line[0]:
             last_line[0] = line
             err.print(line, highlight=False, markup=False)

@@ -130,6 +130,7 @@ class Task(Strict):
     forbid: list[str] = []  # regexes over the lines a candidate's diff adds
     constraints: list[str] = []  # e.g. "memory_gb <= 60", over the evaluator's extra metrics
     holdout_tolerance: ImprovementField = Improvement()  # allowed hold-out regression
+    holdout_data: str | None = None  # a directory only the hold-out evaluator may read
 
     @field_validator("editable", "protected")
     @classmethod
@@ -246,7 +247,9 @@ class Backend(Strict):
     slots: int | None = Field(default=None, ge=1)
     gpus: list[str] | None = None  # GPU ids to lease, default: all visible
     memory_limit_gb: float | None = Field(default=None, gt=0)
+    disk_limit_gb: float | None = Field(default=None, gt=0)  # largest file a job may write
     log_limit_mb: float = Field(default=16.0, gt=0)
+    sandbox: Literal["auto", "bwrap", "none"] = "auto"
     gpu_hourly_usd: float = Field(default=0.0, ge=0)
     cpu_hourly_usd: float = Field(default=0.0, ge=0)
     # engine-specific sections are validated by the backend that reads them

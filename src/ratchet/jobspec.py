@@ -113,7 +113,9 @@ class JobSpec:
     run: str | None = None
     evaluate: str = ""
     holdout: str | None = None
-    run_holdout: bool = False
+    run_holdout: bool = False  # evaluate the hold-out in this job (remote backends)
+    holdout_only: bool = False  # a follow-up job: only the hold-out, on reuse_workdir
+    reuse_workdir: str | None = None
     repeats: int = 1
     env_allow: list[str] = field(default_factory=list)
     env_set: dict[str, str] = field(default_factory=dict)
@@ -123,6 +125,7 @@ class JobSpec:
     holdout_dir: str | None = None
     log_limit_bytes: int = 16 << 20
     memory_limit_bytes: int | None = None
+    file_size_limit_bytes: int | None = None  # RLIMIT_FSIZE of every phase
     slot_lock_dir: str | None = None
     slots: list[Slot] = field(default_factory=list)
     sandbox: str = "auto"  # auto | bwrap | none

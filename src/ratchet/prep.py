@@ -82,6 +82,7 @@ def prepare(
         log_path=root / "prep.log",
         deadline=started + timeout_s,
         log_limit=4 << 20,
+        reap_all_descendants=False,  # the driver's other children are running jobs
     )
     if timed_out or code != 0:
         tail = " | ".join(log.text().strip().splitlines()[-3:])

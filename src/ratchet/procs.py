@@ -135,13 +135,17 @@ class CappedLog:
         return bytes(self.head) + marker + bytes(self.tail)
 
     def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)  # a candidate may delete it
         self.path.write_bytes(self.content())
 
 
-def _limits(memory_limit_bytes: int | None):
+def _limits(memory_limit_bytes: int | None, file_size_limit_bytes: int | None = None):
     def apply() -> None:
         if memory_limit_bytes:
             resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
+        if file_size_limit_bytes:  # a runaway writer gets EFBIG / SIGXFSZ, not a full disk
+            limit = file_size_limit_bytes
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
         # no core dumps from crashing candidates filling the job directory
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
@@ -158,6 +162,8 @@ def run_capped(
     log_limit: int,
     memory_limit_bytes: int | None = None,
     should_stop=lambda: False,
+    reap_all_descendants: bool = True,
+    file_size_limit_bytes: int | None = None,
 ) -> tuple[int | None, bool, CappedLog, float]:
     """Run argv in a fresh session; return (exit code, timed_out, log, seconds).
 
@@ -174,7 +180,7 @@ def run_capped(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        preexec_fn=_limits(memory_limit_bytes),
+        preexec_fn=_limits(memory_limit_bytes, file_size_limit_bytes),
     )
     drainer = threading.Thread(target=log.drain, args=(proc.stdout,), daemon=True)
     drainer.start()
@@ -194,8 +200,12 @@ def run_capped(
             proc.wait()
             break
     # The group may have left children behind (daemonised, setsid): kill them all so the
-    # next phase starts clean and the pipe reaches EOF.
-    kill_descendants(grace_s=0.5)
+    # next phase starts clean and the pipe reaches EOF. Only the worker (a subreaper whose
+    # every child is candidate code) may do this; a driver kills the group alone.
+    if reap_all_descendants:
+        kill_descendants(grace_s=0.5)
+    else:
+        kill_group(proc.pid, grace_s=0.5)
     drainer.join(timeout=5)
     if proc.stdout:
         proc.stdout.close()

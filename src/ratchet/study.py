@@ -18,7 +18,7 @@ import shlex
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ratchet import gitrepo, judge, sandbox
@@ -31,6 +31,7 @@ from ratchet.candidate import (
     study_ref,
 )
 from ratchet.config import CONFIG_FILE, Config, load_config, matches_any
+from ratchet.faults import fault_point
 from ratchet.jobspec import JobResult, JobSpec, PinnedFile
 from ratchet.ledger import Candidate, Ledger
 from ratchet.proposers import ProposalContext, Proposer, make_proposer
@@ -39,6 +40,11 @@ from ratchet.views import write_results_tsv
 STATE_DIR = ".ratchet"
 POLL_S = 0.02
 MAX_ATTEMPTS = 2  # a job lost to infrastructure is rerun once, never one that failed
+# a backend call that raises (engine down, network, timeout) is retried this many times,
+# the wait doubling from BACKEND_BACKOFF_S up to 60 s (about 10 minutes in all), before
+# the study stops with everything recorded, ready to resume
+BACKEND_TRIES = 8
+BACKEND_BACKOFF_S = 5.0
 
 
 class StudyError(Exception):
@@ -135,6 +141,8 @@ class Study:
         self.progress = progress
         self.log = log
         self.stop = StopFlag()
+        self.trouble = ""  # the latest infrastructure fault, shown in the live view
+        self._last_progress: Progress | None = None
         self._backend: Backend | None = None
         self._proposer: Proposer | None = None
         self.lock = StudyLock(self.state_dir / "lock")
@@ -170,6 +178,7 @@ class Study:
     def ensure_started(self, start: str = "HEAD") -> None:
         """Pin the study's starting point (once): commit, protected files, branch."""
         if self.started:
+            self._verify_state()
             self._repair_branch()
             return
         head = gitrepo.try_rev_parse(self.repo, start)
@@ -227,11 +236,55 @@ class Study:
                 pins[glob] = PinnedFile.of(None).__dict__  # must stay absent
         return pins
 
+    def _verify_state(self) -> None:
+        """The incumbent and the branch must be a commit judged `keep` (or the start).
+
+        Anything else was written by someone other than ratchet, typically a candidate
+        running without a sandbox: restore the last real keep and reject the candidate
+        whose commit was planted.
+        """
+        keeps = sorted(self.ledger.candidates(status="keep"), key=lambda c: c.judged_at or 0)
+        legit = {c.commit_sha for c in keeps} | {self.ledger.get("pinned")}
+        planted = []
+        incumbent = self.ledger.get("incumbent")
+        if incumbent not in legit:
+            planted.append(incumbent)
+            last = keeps[-1] if keeps else None
+            self.ledger.set(
+                incumbent=last.commit_sha if last else self.ledger.get("pinned"),
+                incumbent_id=last.id if last else None,
+                incumbent_metric=last.metric if last else None,
+                incumbent_samples=(last.samples or []) if last else [],
+                incumbent_holdout=last.holdout if last else None,
+            )
+        branch = gitrepo.try_rev_parse(self.repo, self.branch)
+        if branch not in legit:
+            planted.append(branch)
+        if not planted:
+            return
+        reason = "tampering: planted itself as the incumbent (ledger or study branch)"
+        self.ledger.event("tampering", None, planted=planted)
+        self.log(f"warning: {reason}; restored the last kept commit")
+        for cand in self.ledger.candidates():
+            if cand.commit_sha in planted and cand.kind == "candidate":
+                self.ledger.update(cand.id, "judged:rejected", status="rejected",
+                                   reasons=reason, judged_at=time.time())
+        gitrepo.update_ref(self.repo, self.branch, self.ledger.get("incumbent"),
+                           reason="ratchet: undo tampering")
+
     def _repair_branch(self) -> None:
         """After a crash between the verdict commit and the ref update, finish the move."""
         incumbent = self.ledger.get("incumbent")
         current = gitrepo.try_rev_parse(self.repo, self.branch)
         if current != incumbent:
+            # Only ever move the branch to a commit that was judged `keep` (or the start).
+            kept = {c.commit_sha for c in self.ledger.candidates(status="keep")}
+            if incumbent not in kept | {self.ledger.get("pinned")}:
+                raise StudyError(
+                    f"the ledger's incumbent {str(incumbent)[:7]} was never judged keep and "
+                    f"branch ratchet/{self.name} is at {str(current)[:7]}: the state was "
+                    "tampered with; inspect .ratchet/ledger.db before resuming"
+                )
             gitrepo.update_ref(self.repo, self.branch, incumbent, reason="ratchet: repair")
             self.ledger.event("branch-repaired", None, commit=incumbent, was=current)
 
@@ -255,13 +308,24 @@ class Study:
                 if not cands:
                     self.log(f"round {round_no}: the proposer has nothing new to try; stopping")
                     break
+            else:
+                self._ensure_refs(cands)  # resumed: the driver may have died before the refs
             self._run_group(cands, round_no, target)
             if self.stop.hard:
                 break
             self._check_baseline(cands)
+            fault_point("judged")
             if all(self.ledger.candidate(c.id).status not in ("submitted", "committed",
                    "interrupted", "finished") for c in cands):
                 self.ledger.set(round=round_no + 1)
+        self._write_views()  # a driver killed after the last verdict left them stale
+
+    def _ensure_refs(self, cands: list[Candidate]) -> None:
+        for cand in cands:
+            if cand.commit_sha and cand.kind == "candidate":
+                ref = study_ref(self.name, cand.id)
+                if gitrepo.try_rev_parse(self.repo, ref) != cand.commit_sha:
+                    gitrepo.update_ref(self.repo, ref, cand.commit_sha)
 
     def _check_baseline(self, cands: list[Candidate]) -> None:
         for cand in cands:
@@ -311,10 +375,12 @@ class Study:
             cand_id = f"c{base_seq + len(rows):04d}"
             rows.append(("candidate", self._materialise(proposal, incumbent, cand_id)))
         created = []
+        fault_point("proposed")
         with self.ledger.transaction():
             for _, fields in rows:
                 kind = fields.pop("kind", "candidate")
                 created.append(self.ledger.new_candidate(round_no, kind=kind, **fields))
+        fault_point("recorded")
         for cand, (_, fields) in zip(created, rows, strict=True):
             if cand.commit_sha and cand.kind == "candidate":
                 gitrepo.update_ref(self.repo, study_ref(self.name, cand.id), cand.commit_sha)
@@ -366,7 +432,9 @@ class Study:
         task = self.config.task
         pins = {k: PinnedFile(**v) for k, v in self.ledger.get("pins", {}).items()}
         data_dir, data_digest = self.ledger.get("data_dir"), self.ledger.get("data_digest")
-        holdout_dir = self.state_dir / "holdout"
+        holdout_dir = Path(task.holdout_data) if task.holdout_data else None
+        if holdout_dir is not None and not holdout_dir.is_absolute():
+            holdout_dir = self.repo / holdout_dir
         spec = JobSpec(
             job_id=f"{self.name}-{cand.id}-{cand.attempt}",
             study=self.name,
@@ -380,19 +448,24 @@ class Study:
             run=task.run,
             evaluate=task.evaluate,
             holdout=task.holdout,
-            run_holdout=bool(task.holdout),
+            # local jobs keep their work directory, so the hold-out runs later and only
+            # for a candidate about to be kept; remote jobs evaluate it in the same job
+            run_holdout=bool(task.holdout) and self.backend_kind != "local",
             repeats=self.config.acceptance.repeats,
             env_allow=list(task.env),
             protected=pins,
             data_dir=data_dir,
             data_digest=data_digest,
-            holdout_dir=str(holdout_dir) if holdout_dir.is_dir() else None,
+            holdout_dir=str(holdout_dir) if holdout_dir else None,
             log_limit_bytes=int(self.config.backend.log_limit_mb * (1 << 20)),
             memory_limit_bytes=(int(self.config.backend.memory_limit_gb * (1 << 30))
                                 if self.config.backend.memory_limit_gb else None),
+            file_size_limit_bytes=(int(self.config.backend.disk_limit_gb * (1 << 30))
+                                   if self.config.backend.disk_limit_gb else None),
             readonly_paths=[str(self.repo / ".git"), str(self.state_dir / "ledger.db")],
             # decided once here rather than probed by every worker
-            sandbox=sandbox.choose("auto") if self.backend_kind == "local" else "auto",
+            sandbox=(sandbox.choose(self.config.backend.sandbox)
+                     if self.backend_kind == "local" else self.config.backend.sandbox),
         )
         return spec
 
@@ -401,22 +474,125 @@ class Study:
         spec = self.job_spec(cand)
         self.ledger.update(cand.id, "submitted", status="submitted", job_id=spec.job_id,
                            submitted_at=time.time())
-        return self.backend.submit(spec)
+        fault_point("submit-recorded")
+        job_id = self._call("submit", lambda: self.backend.submit(spec), cand.id)
+        fault_point("submitted")
+        return job_id
+
+    def _reattach(self, cand: Candidate) -> None:
+        """On resume: place a recorded job again under its id, a no-op if it was placed.
+
+        Covers a driver killed between recording a job id and placing the job, which
+        would otherwise look like a lost job and cost the candidate an attempt.
+        """
+        spec = self.job_spec(cand)
+        if spec.job_id != cand.job_id:  # killed between counting a loss and the new id
+            self.ledger.update(cand.id, "submitted", job_id=spec.job_id,
+                               submitted_at=time.time())
+        self._call("submit", lambda: self.backend.submit(spec), cand.id)
+
+    def _call(self, what: str, call: Callable, cand_id: str | None = None):
+        """A backend call; one that raises is retried with backoff and surfaced (ledger
+        event, log line, live view), never fatal to a candidate: after BACKEND_TRIES the
+        study stops with the candidate still recorded as submitted, so a resume picks it up.
+        """
+        delay = BACKEND_BACKOFF_S
+        for attempt in range(1, BACKEND_TRIES + 1):
+            try:
+                value = call()
+            except Exception as exc:  # any engine failure is infrastructure, not the candidate's
+                problem = f"backend {self.backend_kind}: {what} failed: {type(exc).__name__}: " \
+                          f"{str(exc)[:300]}"
+                self.ledger.event("backend-error", cand_id, call=what, error=problem,
+                                  attempt=attempt)
+                if attempt == BACKEND_TRIES:
+                    raise StudyError(f"{problem} ({attempt} tries); nothing is lost: fix the "
+                                     "backend, then `ratchet run` resumes the study") from None
+                self.trouble = f"{problem}; retry {attempt}/{BACKEND_TRIES - 1} in {delay:g}s"
+                self.log(f"warning: {self.trouble}")
+                if self._last_progress is not None:  # the live view shows it while we wait
+                    self.progress(replace(self._last_progress, message=self.trouble))
+                time.sleep(delay)
+                delay = min(delay * 2, 60.0)
+            else:
+                if self.trouble:
+                    self.trouble = ""
+                    self.ledger.event("backend-recovered", cand_id, call=what)
+                return value
+        raise AssertionError("unreachable")
 
     def _run_group(self, cands: list[Candidate], round_no: int, target: int) -> None:
         pending = {c.id for c in cands if c.status in ("committed", "interrupted")}
         for cand in self.ledger.candidates(round=round_no):
             if cand.id in pending and cand.status == "interrupted":
-                self.ledger.update(cand.id, attempt=cand.attempt + 1)
+                # one write: a driver killed before the submit must not count it twice
+                self.ledger.update(cand.id, attempt=cand.attempt + 1, status="committed")
+            elif cand.status == "submitted" and cand.id in {c.id for c in cands}:
+                self._reattach(cand)
         # A proposed round is submitted whole even after one Ctrl-C: that stops *new*
         # rounds; a second Ctrl-C cancels what runs.
         for cand_id in sorted(pending):
             if self.stop.hard:
                 break
             self.submit(self.ledger.candidate(cand_id))
+        trusted = self._trust_snapshot()
         self.wait_for([c.id for c in cands], round_no, target)
+        self._check_tampering(trusted, [c.id for c in cands])
         if not self.stop.hard:
             self.judge_group([c.id for c in cands])
+
+    # Without a sandbox a candidate could write to the ledger, move refs or rewrite
+    # results.tsv while it runs. What the driver trusts is snapshotted before the jobs run
+    # and compared after; anything changed is restored, and the candidates that ran in
+    # that window are rejected (ratchet cannot tell which one did it).
+    _TRUSTED_META = ("incumbent", "incumbent_id", "incumbent_metric", "incumbent_samples",
+                     "incumbent_holdout", "pinned", "pins", "round", "data_digest")
+
+    def _trust_snapshot(self) -> dict:
+        refs = gitrepo.git(self.repo, "for-each-ref", "--format=%(refname) %(objectname)",
+                           f"refs/ratchet/{self.name}/", self.branch)
+        tsv = self.repo / "results.tsv"
+        return {
+            "meta": {key: self.ledger.get(key) for key in self._TRUSTED_META},
+            "refs": refs,
+            "tsv": tsv.read_bytes() if tsv.exists() else None,
+            "verdicts": {c.id: (c.status, c.metric) for c in self.ledger.candidates()
+                         if c.is_judged},
+        }
+
+    def _check_tampering(self, before: dict, ids: list[str]) -> None:
+        after = self._trust_snapshot()
+        problems = []
+        if after["meta"] != before["meta"]:
+            changed = [k for k in self._TRUSTED_META if after["meta"][k] != before["meta"][k]]
+            problems.append(f"study state in the ledger changed ({', '.join(changed)})")
+            self.ledger.set(**before["meta"])
+        if after["refs"] != before["refs"]:
+            problems.append("git refs of the study were moved")
+            for line in before["refs"].splitlines():
+                ref, sha = line.split()
+                gitrepo.update_ref(self.repo, ref, sha, reason="ratchet: undo tampering")
+            for line in after["refs"].splitlines():
+                ref = line.split()[0]
+                if ref not in before["refs"]:
+                    gitrepo.git(self.repo, "update-ref", "-d", ref)
+        if after["verdicts"] != before["verdicts"]:
+            problems.append("earlier verdicts in the ledger were changed")
+            for cand_id, (status, metric) in before["verdicts"].items():
+                self.ledger.update(cand_id, status=status, metric=metric)
+        if after["tsv"] != before["tsv"]:
+            problems.append("results.tsv was modified")
+        if not problems:
+            return
+        reason = "tampering while this round ran: " + "; ".join(problems)
+        self.ledger.event("tampering", None, problems=problems)
+        self.log(f"warning: {reason}; restored, and this round's candidates are rejected")
+        for cand_id in ids:
+            cand = self.ledger.candidate(cand_id)
+            if cand.kind == "candidate" and not cand.is_judged:
+                self.ledger.update(cand_id, "judged:rejected", status="rejected",
+                                   reasons=reason, judged_at=time.time())
+        self._write_views()
 
     def wait_for(self, ids: list[str], round_no: int = 0, target: int = 0) -> None:
         cancelled_on_stop = False
@@ -425,9 +601,11 @@ class Study:
             for cand in (self.ledger.candidate(i) for i in ids):
                 if cand.status != "submitted":
                     continue
-                state = self.backend.status(cand.job_id)
+                state = self._call("status", lambda c=cand: self.backend.status(c.job_id),
+                                   cand.id)
                 if state == "done":
-                    self._record_result(cand, self.backend.result(cand.job_id))
+                    self._record_result(cand, self._call(
+                        "result", lambda c=cand: self.backend.result(c.job_id), cand.id))
                 elif state == "lost":
                     self._handle_lost(cand)
                 else:
@@ -488,11 +666,35 @@ class Study:
             reasons=result.reason or None,
             result=json.loads(result.to_json()),
         )
+        fault_point("result-recorded")
 
     def _cost(self, run_s: float) -> float:
         backend = self.config.backend
         rate = backend.gpu_hourly_usd or backend.cpu_hourly_usd
         return round(rate * run_s / 3600.0, 6)
+
+    # -- hold-out -------------------------------------------------------------------------
+
+    def holdout(self, cand: Candidate) -> JobResult:
+        """Run (or reuse) the hold-out evaluation of a finished local candidate."""
+        if cand.holdout is not None:
+            return JobResult(job_id=cand.job_id, outcome="ok", holdout=cand.holdout)
+        result = JobResult.from_json(json.dumps(cand.result))
+        if result.holdout is not None or self.backend_kind != "local":
+            return result
+        spec = self.job_spec(cand)
+        spec.job_id = f"{spec.job_id}-holdout"
+        spec.holdout_only = True
+        spec.reuse_workdir = str(self.backend.job_dir(cand.job_id) / "work")
+        self.ledger.event("holdout-submitted", cand.id, job_id=spec.job_id)
+        self.backend.submit(spec)
+        while self.backend.status(spec.job_id) in ("pending", "running"):
+            time.sleep(POLL_S)
+        held = self.backend.result(spec.job_id) or JobResult(
+            job_id=spec.job_id, outcome="error", reason="hold-out job lost")
+        if held.outcome == "ok":
+            self.ledger.update(cand.id, "holdout", holdout=held.holdout)
+        return held
 
     # -- judging --------------------------------------------------------------------------
 
@@ -523,8 +725,10 @@ class Study:
             )
             incumbent_metric = result.metric
             incumbent_samples = result.samples
-            if result.holdout is not None:
-                incumbent_holdout = result.holdout
+            if self.config.task.holdout:
+                held = self.holdout(cand)
+                if held.outcome == "ok":
+                    incumbent_holdout = held.holdout
             meta_updates.update(incumbent_metric=incumbent_metric,
                                 incumbent_samples=incumbent_samples,
                                 incumbent_holdout=incumbent_holdout)
@@ -555,6 +759,13 @@ class Study:
                 verdicts[cand.id].status = "discard"
                 verdicts[cand.id].reasons.append(f"beaten by {winner.id} this round")
                 continue
+            if self.config.task.holdout:
+                held = self.holdout(cand)
+                result.holdout = held.holdout
+                if held.outcome != "ok":
+                    verdicts[cand.id].status = "rejected"
+                    verdicts[cand.id].reasons.append(f"overfit: {held.reason}")
+                    continue
             overfit = judge.check_holdout(self.config, result, incumbent_holdout)
             if overfit:
                 verdicts[cand.id].status = "rejected"
@@ -578,6 +789,7 @@ class Study:
                                    noise=verdict.noise, judged_at=now)
             if meta_updates:
                 self.ledger.set(**meta_updates)
+        fault_point("verdicts")
         for cand in finished:
             if cand.idea:
                 self.ledger.mark_idea(cand.idea, cand.id, verdicts[cand.id].status)
@@ -653,7 +865,9 @@ class Study:
         baseline = [c for c in self.ledger.candidates() if c.kind == "baseline"
                     and not c.is_judged and c.id not in ids]
         group = [c.id for c in baseline + cands]
+        trusted = self._trust_snapshot()
         self.wait_for(group, self.ledger.get("round"), self.ledger.get("round"))
+        self._check_tampering(trusted, group)
         unjudged = [i for i in group if self.ledger.candidate(i).status == "finished"]
         if unjudged:
             self.judge_group(unjudged)
@@ -724,8 +938,10 @@ class Study:
         counts: dict[str, int] = {}
         for cand in self.ledger.candidates():
             counts[cand.status] = counts.get(cand.status, 0) + 1
-        self.progress(Progress(round=round_no, rounds=target, running=running,
-                               best=self.ledger.get("incumbent_metric"), counts=counts))
+        self._last_progress = Progress(round=round_no, rounds=target, running=running,
+                                       best=self.ledger.get("incumbent_metric"),
+                                       counts=counts, message=self.trouble)
+        self.progress(self._last_progress)
 
     def sandbox_status(self) -> str:
         return sandbox.describe()

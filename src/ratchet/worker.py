@@ -163,7 +163,10 @@ class Job:
             self.sandbox_kind,
             argv,
             writable=writable,
-            hidden=[] if trusted or not self.spec.holdout_dir else [self.spec.holdout_dir],
+            # hold-out data is visible to the hold-out evaluator alone: the public evaluator
+            # imports candidate code, which must not be able to read it
+            hidden=[self.spec.holdout_dir]
+            if self.spec.holdout_dir and not name.startswith("holdout") else [],
             readonly=self.spec.readonly_paths,
         )
         code, timed_out, log, seconds = run_capped(
@@ -175,6 +178,7 @@ class Job:
             log_limit=self.spec.log_limit_bytes,
             memory_limit_bytes=self.spec.memory_limit_bytes,
             should_stop=lambda: _stop_requested,
+            file_size_limit_bytes=self.spec.file_size_limit_bytes,
         )
         phase = PhaseResult(
             name=name,
@@ -209,6 +213,10 @@ class Job:
             if phase.signal == signal.SIGKILL:
                 why += " (killed: out of memory?)"
             tail = _tail(Path(phase.log))
+            if self.spec.file_size_limit_bytes and (
+                    phase.signal == signal.SIGXFSZ or "File too large" in tail):
+                why += (f" (file size limit: a file reached [backend] disk_limit_gb = "
+                        f"{self.spec.file_size_limit_bytes / (1 << 30):g})")
             return self.fail("failed", phase.name, f"{phase.name} failed: {why}{tail}")
         return None
 
@@ -254,6 +262,8 @@ class Job:
         self.deadline = time.monotonic() + spec.timeout_s
         restore_protected(spec, self.work)
         (self.job_dir / "tmp").mkdir(exist_ok=True)
+        if spec.holdout_only:
+            return self.run_holdout()
         failure = self.check_integrity(after="checkout")
         if failure:
             return failure
@@ -280,12 +290,18 @@ class Job:
         self.result.extra = extra
         self.result.correct = extra.get("correct") if isinstance(extra.get("correct"), bool) else None
         if spec.run_holdout and spec.holdout:
-            metrics, failure = self.evaluate("holdout", spec.holdout)
-            if failure:
-                failure.reason = f"hold-out: {failure.reason}"
-                return failure
-            self.result.holdout = float(metrics[spec.metric])
-            self.result.holdout_extra = {k: v for k, v in metrics.items() if k != spec.metric}
+            return self.run_holdout()
+        self.result.outcome = "ok"
+        return self.result
+
+    def run_holdout(self) -> JobResult:
+        """The trusted hold-out evaluation, on the candidate's finished work directory."""
+        metrics, failure = self.evaluate("holdout", self.spec.holdout)
+        if failure:
+            failure.reason = f"hold-out: {failure.reason}"
+            return failure
+        self.result.holdout = float(metrics[self.spec.metric])
+        self.result.holdout_extra = {k: v for k, v in metrics.items() if k != self.spec.metric}
         self.result.outcome = "ok"
         return self.result
 
@@ -342,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     _write_state(state_path, "running")
 
     work = args.workdir.resolve() if args.workdir else job_dir / "work"
+    if spec.reuse_workdir:
+        work = Path(spec.reuse_workdir)
     job = Job(spec, job_dir, work)
     job.result.queue_seconds = round(time.time() - queued_at, 4)
     job.result.slot = slot.name if slot else None
@@ -349,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         if _stop_requested:
             result = job.fail("cancelled", "queue", "cancelled before it started")
         else:
-            if not args.workdir:
+            if not args.workdir and not spec.reuse_workdir:
                 if work.exists():
                     shutil.rmtree(work)
                 from ratchet.gitrepo import archive_to
@@ -365,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         kill_descendants()
     result.finished_at = time.time()
     text = result.to_json()
+    job_dir.mkdir(parents=True, exist_ok=True)  # the candidate may have deleted it
     tmp = job_dir / "result.tmp"
     tmp.write_text(text)
     tmp.replace(job_dir / "result.json")

@@ -39,6 +39,7 @@ print("prepared")
 
 
 def make_task(root: Path, *, backend: str, extra: str = "", parallel: int = 3, rounds: int = 3,
+              name: str = "tiny",
               sleep: float = 1.0, hang: int = -1, prep: bool = True, timeout: str = "60s",
               choices: str = "[1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12]") -> Path:
     repo = root / "repo"
@@ -49,7 +50,7 @@ def make_task(root: Path, *, backend: str, extra: str = "", parallel: int = 3, r
     prep_section = '[prep]\nrun = "python prepare.py"\n' if prep else ""
     toml = "\n".join(line.strip() for line in f"""\
         [task]
-        name = "tiny"
+        name = "{name}"
         editable = ["knob.py"]
         protected = ["evaluate.py", "prepare.py"]
         evaluate = "python evaluate.py"

@@ -19,7 +19,7 @@ from tasks import make_task, summary
 
 from ratchet.backends.shell import ShellBackend, load_shell_config
 from ratchet.config import ConfigError, load_config
-from ratchet.study import Study
+from ratchet.study import Study, StudyError
 
 FAKES = Path(__file__).parent / "fakes"
 
@@ -57,7 +57,8 @@ def shell_section(tmp_path: Path, preset: str, **extra: str) -> str:
         f'stage_dir = "{tmp_path / "stage"}"',
         f'data_dir = "{tmp_path / "shared-data"}"',
         f'python = "{sys.executable}"',
-        "poll = 0.1",
+        "poll = 0.25",
+        "id_wait = 20",
         "backoff = 0.05",
         "call_timeout = 20",
         PRESET_VARS[preset],
@@ -133,7 +134,8 @@ def test_queue_timeout_is_recorded_as_crash(tmp_path, engine):
                      extra=shell_section(tmp_path, "slurm", queue_timeout='"1s"'))
     study = Study(repo)
     try:
-        study.run()
+        with pytest.raises(StudyError, match="baseline failed: queue timeout"):
+            study.run()
         cand = study.ledger.candidate("c0000")
         assert cand.status == "crash"
         assert "queue timeout" in cand.reasons

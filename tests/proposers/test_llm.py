@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -250,3 +253,19 @@ weight = 3
              for r in (1, 1, 2)]
     assert plans[0] == plans[1] and plans[0] != plans[2]
     assert set(plans[0]) | set(plans[2]) == {0, 1}
+
+
+def test_cli_reports_a_missing_key_in_one_line(tmp_path):
+    repo = make_repo(tmp_path / "r", "llm", """
+[[llm.models]]
+provider = "anthropic"
+model = "claude"
+""")
+    env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}
+    proc = subprocess.run([sys.executable, "-m", "ratchet.cli", "run", "-C", str(repo)],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2
+    assert "llm.models[0].api_key_env: environment variable ANTHROPIC_API_KEY is not set" \
+        in proc.stderr
+    assert "\n" not in proc.stderr.strip()
+    assert not (repo / ".ratchet" / "jobs").exists()  # nothing ran

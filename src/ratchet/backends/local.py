@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 
 from ratchet.backends import JobState
+from ratchet.faults import fault_point
 from ratchet.jobspec import JobResult, JobSpec, Slot
 
 
@@ -85,8 +86,9 @@ class LocalBackend:
 
     def submit(self, spec: JobSpec) -> str:
         job_dir = self.job_dir(spec.job_id)
-        if self._alive(spec.job_id) or (job_dir / "result.json").exists():
-            return spec.job_id  # idempotent: already placed
+        if (self._alive(spec.job_id) or (job_dir / "result.json").exists()
+                or (job_dir / "pid.json").exists()):
+            return spec.job_id  # idempotent: already placed (a dead one is `lost`, not rerun)
         job_dir.mkdir(parents=True, exist_ok=True)
         spec.slots = self.slots
         spec.slot_lock_dir = str(self.lock_dir)
@@ -101,6 +103,7 @@ class LocalBackend:
                 cwd=job_dir,
             )
         self._children[spec.job_id] = proc
+        fault_point("spawned")
         created = psutil.Process(proc.pid).create_time()
         (job_dir / "pid.json").write_text(json.dumps({"pid": proc.pid, "created": created}))
         return spec.job_id
@@ -119,8 +122,7 @@ class LocalBackend:
         # exited: the result may have landed between our two checks
         if (job_dir / "result.json").exists():
             return "done"
-        if not (job_dir / "pid.json").exists():
-            return "lost"
+        self._kill_leftovers(job_id)  # the worker died: its phase tree must not outlive it
         return "lost"
 
     def result(self, job_id: str) -> JobResult | None:
@@ -168,7 +170,7 @@ class LocalBackend:
         try:
             info = json.loads((self.job_dir(job_id) / "pid.json").read_text())
         except (OSError, ValueError):
-            return None
+            return self._find_worker(job_id)
         try:
             proc = psutil.Process(info["pid"])
             if abs(proc.create_time() - info["created"]) > 1.0:
@@ -179,6 +181,27 @@ class LocalBackend:
         except psutil.Error:
             return None
         return info["pid"]
+
+    def _find_worker(self, job_id: str) -> int | None:
+        """A worker whose pid.json was never written (driver killed right after spawning)."""
+        job_dir = str(self.job_dir(job_id))
+        if not (self.job_dir(job_id) / "spec.json").exists():
+            return None  # never placed: nothing to look for
+        for proc in psutil.process_iter(["cmdline", "create_time"]):
+            cmdline = proc.info["cmdline"] or []
+            if "ratchet.worker" in cmdline and job_dir in cmdline:
+                with contextlib.suppress(OSError):
+                    (self.job_dir(job_id) / "pid.json").write_text(json.dumps(
+                        {"pid": proc.pid, "created": proc.info["create_time"]}))
+                return proc.pid
+        return None
+
+    def _kill_leftovers(self, job_id: str) -> None:
+        """Kill processes of a job whose worker vanished (they run in their own sessions)."""
+        for proc in psutil.process_iter(["environ"]):
+            with contextlib.suppress(psutil.Error):
+                if (proc.info["environ"] or {}).get("RATCHET_JOB_ID") == job_id:
+                    proc.kill()
 
     def _alive(self, job_id: str) -> bool:
         child = self._children.get(job_id)

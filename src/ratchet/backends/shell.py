@@ -251,7 +251,7 @@ class ShellBackend:
 
     def _await_id(self, record: JobRecord, name: str) -> None:
         deadline = time.monotonic() + self.cfg.id_wait
-        delay = 0.2
+        delay = min(self.cfg.poll, 1.0)
         while True:
             found = self._find_id(name)
             if found:

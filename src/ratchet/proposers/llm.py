@@ -37,7 +37,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.candidate import Proposal
-from ratchet.config import Config, Duration
+from ratchet.config import CONFIG_FILE, Config, Duration
 from ratchet.ledger import Candidate
 from ratchet.proposers import ProposalContext, ProposerError
 from ratchet.proposers.context import (
@@ -276,7 +276,7 @@ class LLMProposer:
             parsed = parse_reply(text)
         except EditParseError as exc:
             return f"malformed reply: {exc}"
-        protected = [*ctx.config.task.protected, "ratchet.toml"]
+        protected = [*ctx.config.task.protected, CONFIG_FILE]
         result = apply_edits(parsed.edits, files, ctx.config.task.editable, protected,
                              self.settings.whole_file_max_lines)
         if result.failures:

@@ -7,8 +7,8 @@ started in the background in its own session, so ratchet's worker runs for real.
 
 - `fail_first`: verbs (submit, list, status, logs, cancel) whose first call fails;
 - `id_delay`: list calls during which a new job is not listed yet (id appears late);
-- `lose`: substrings of job names whose first job vanishes (node died): never runs,
-  and the engine forgets it;
+- `lose`: substrings of job names whose first job is lost (node died): it never runs,
+  shows as queued until its id has been handed out, then the engine forgets it;
 - `pending_s`: seconds a job stays queued before it starts.
 """
 
@@ -77,23 +77,22 @@ def all_jobs() -> list[dict]:
     return sorted((j for j in jobs if j), key=lambda j: int(j["id"]))
 
 
-def create(name: str, command: str, log: str | None = None, cwd: str | None = None) -> dict:
+def create(name: str, command: str, log: str | None = None, cwd: str | None = None,
+           seen: bool = False) -> dict:
     with locked():
         counter = STATE / "counter"
         job_id = str(int(counter.read_text()) + 1 if counter.exists() else 1)
         counter.write_text(job_id)
         cfg = config()
-        lost_before = STATE / f"lost-{name}"
         vanished = any(s in name for s in cfg.get("lose", [])) and not any(
             (STATE / f"lost-{s}").exists() for s in cfg.get("lose", []) if s in name)
         if vanished:
             for s in cfg.get("lose", []):
                 if s in name:
                     (STATE / f"lost-{s}").touch()
-        del lost_before
         job = {"id": job_id, "name": name, "command": command, "created": time.time(),
                "log": log or str(JOBS / f"{job_id}.log"), "cwd": cwd, "pid": None,
-               "vanished": vanished, "cancelled": False, "list_calls": 0,
+               "vanished": vanished, "cancelled": False, "list_calls": 0, "seen": seen,
                "pending_s": float(cfg.get("pending_s", 0))}
         save(job)
     return job
@@ -116,7 +115,8 @@ def _start_if_due(job: dict) -> dict:
 def state(job: dict) -> str | None:
     """PENDING | RUNNING | COMPLETED | FAILED | CANCELLED, or None if the engine forgot it."""
     if job["vanished"]:
-        return None
+        gone = job["seen"] and time.time() - job["created"] > 0.5
+        return None if gone else "PENDING"
     job = _start_if_due(job)
     if job["cancelled"]:
         return "CANCELLED"
@@ -144,8 +144,10 @@ def listed(job: dict) -> bool:
     with locked():
         fresh = load(job["id"]) or job
         fresh["list_calls"] = fresh.get("list_calls", 0) + 1
+        visible = fresh["list_calls"] > delay
+        fresh["seen"] = fresh["seen"] or visible
         save(fresh)
-    return fresh["list_calls"] > delay
+    return visible
 
 
 def cancel(job: dict) -> None:

@@ -1,0 +1,128 @@
+"""kill -9 of the driver at 20 points of a multi-round study, resumed each time.
+
+The points are the places where a crash is hardest to survive (between a decision and
+the record of it: RATCHET_FAULT crash hooks in study.py and the local backend) plus
+SIGKILLs from outside at seeded random moments. The end state must equal an
+uninterrupted run of the same deterministic task.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import time
+
+import pytest
+from common import deterministic_repo, ledger, start_run, wait_no_processes
+from helpers import git, results_tsv
+
+from ratchet.jobspec import RESULT_MARKER
+
+LABELS = ["proposed", "recorded", "submit-recorded", "spawned", "submitted",
+          "result-recorded", "verdicts", "judged"]
+KILLS = 20
+
+
+def schedule(seed: int = 20240607) -> list[tuple[str, float]]:
+    """Every crash hook at least once, the rest a seeded mix of hooks and timed kills."""
+    rng = random.Random(seed)
+    nth = lambda: 1 if rng.random() < 0.7 else 2  # noqa: E731
+    plan = [(label, nth()) for label in LABELS]
+    while len(plan) < KILLS:
+        if rng.random() < 0.45:
+            plan.append(("time", round(rng.uniform(0.4, 2.0), 2)))
+        else:
+            plan.append((rng.choice(LABELS), nth()))
+    rng.shuffle(plan)
+    return plan
+
+
+def outcome(repo) -> dict:
+    """What an uninterrupted run and a resumed one must agree on."""
+    db = ledger(repo)
+    try:
+        cands = db.candidates()
+        incumbent_id = db.get("incumbent_id")
+        return {
+            "candidates": [(c.round, c.kind, json.dumps(c.params, sort_keys=True), c.status,
+                            c.metric) for c in cands],
+            "incumbent_metric": db.get("incumbent_metric"),
+            "incumbent_params": db.candidate(incumbent_id).params,
+            "branch_solution": git(repo, "show", "ratchet/demo:solution.py"),
+        }
+    finally:
+        db.close()
+
+
+@pytest.mark.slow
+def test_driver_killed_at_20_points_resumes_to_the_same_result(tmp_path):
+    reference = deterministic_repo(tmp_path / "reference")
+    done = start_run(reference)
+    _, err = done.communicate(timeout=180)
+    assert done.returncode == 0, err
+    expected = outcome(reference)
+    assert len(expected["candidates"]) == 32  # 16 rounds x 2, baseline included
+
+    repo = deterministic_repo(tmp_path / "faulted")
+    killed = []
+    for label, arg in schedule():
+        if label == "time":
+            proc = start_run(repo)
+            time.sleep(arg)
+            proc.send_signal(signal.SIGKILL)
+        else:
+            proc = start_run(repo, RATCHET_FAULT=f"{label}:{arg}")
+        _, err = proc.communicate(timeout=120)
+        assert "Traceback" not in err, err
+        if proc.returncode == -signal.SIGKILL:
+            killed.append(f"{label}:{arg}")
+        else:
+            assert proc.returncode == 0, err
+    # every hook fired at least once, and the study was still running at each kill
+    assert {k.split(":")[0] for k in killed} >= set(LABELS), killed
+    assert len(killed) == KILLS, killed
+
+    final = start_run(repo)
+    _, err = final.communicate(timeout=180)
+    assert final.returncode == 0, err
+
+    # no orphan: every worker and candidate process is gone
+    assert wait_no_processes(tmp_path) == []
+
+    got = outcome(repo)
+    assert got == expected, (killed, got, expected)
+
+    db = ledger(repo)
+    cands = db.candidates()
+    try:
+        # every candidate recorded exactly once: one row per (round, params), contiguous ids
+        assert [c.seq for c in cands] == list(range(len(cands)))
+        keys = [(c.round, json.dumps(c.params, sort_keys=True)) for c in cands]
+        assert len(set(keys)) == len(keys)
+        commits = [c.commit_sha for c in cands if c.kind == "candidate"]
+        assert len(set(commits)) == len(commits)
+        # no job was ever counted lost (the driver's death is not the job's)
+        assert all(c.attempt == 0 for c in cands), [(c.id, c.attempt) for c in cands]
+        assert not [e for e in db.events() if e["kind"] in ("lost", "lost-resubmitted")]
+        # no finished result lost, no job run twice: one job dir per candidate, one worker
+        # run in it, and the ledger holds exactly what that worker reported
+        jobs = repo / ".ratchet" / "jobs"
+        assert sorted(p.name for p in jobs.iterdir()) == sorted(c.job_id for c in cands)
+        for cand in cands:
+            log = (jobs / cand.job_id / "worker.log").read_text()
+            assert log.count(RESULT_MARKER) == 1, (cand.id, log)
+            result = json.loads((jobs / cand.job_id / "result.json").read_text())
+            assert result["metric"] == cand.metric
+        # every candidate keeps its ref; the incumbent was judged keep
+        for cand in cands:
+            if cand.kind == "candidate":
+                ref = f"refs/ratchet/demo/{cand.id}"
+                assert git(repo, "rev-parse", ref) == cand.commit_sha
+        incumbent = db.candidate(db.get("incumbent_id"))
+        assert incumbent.status == "keep"
+        assert git(repo, "rev-parse", "ratchet/demo") == db.get("incumbent") \
+            == incumbent.commit_sha
+        assert [r["status"] for r in results_tsv(repo)] == [c.status for c in cands]
+    finally:
+        db.close()

@@ -1,0 +1,255 @@
+"""`ratchet report`: a real study, the real CLI, the page loaded in a real headless Chromium.
+
+The page is judged by what a browser makes of it (the dumped DOM and a screenshot), not
+by the HTML text alone: the rows, statuses, the plot image, and a candidate whose
+commit subject is a `<script>` rendering as inert text.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import textwrap
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from helpers import config_text, git, make_repo, ratchet
+
+from ratchet.ledger import Ledger
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="chromium is not installed (apt-get install chromium; .ci/run installs it)",
+)
+
+XSS = "<script>document.title='pwned'</script>"
+
+# The public score is (X - 1.25)^2; the hold-out score agrees except at X = 1.2, a value
+# "tuned to the benchmark": public best by far, hold-out terrible -> rejected as overfit.
+EVALUATOR = '''
+import sys
+import solution
+print("correct: true")
+if "--holdout" in sys.argv:
+    print(f"score: {99.0 if solution.X == 1.2 else solution.score():.6f}")
+else:
+    print(f"score: {solution.score():.6f}")
+'''
+
+SOLUTION = '''
+"""Editable."""
+
+X = 3.0  # the knob
+
+
+def score():
+    return (X - 1.25) ** 2
+'''
+
+TASK = textwrap.dedent('''
+    [task]
+    name = "demo"
+    editable = ["solution.py"]
+    protected = ["evaluate.py"]
+    evaluate = "python evaluate.py"
+    holdout = "python evaluate.py --holdout"
+    timeout = "60s"
+''')
+
+
+def study_repo(path: Path) -> Path:
+    return make_repo(path, {"ratchet.toml": config_text(task=TASK), "evaluate.py": EVALUATOR,
+                            "solution.py": SOLUTION})
+
+
+def commit_branch(repo: Path, branch: str, subject: str, files: dict[str, str]) -> None:
+    git(repo, "checkout", "-q", "-B", branch, "main")
+    for rel, text in files.items():
+        (repo / rel).write_text(text)
+    git(repo, "commit", "-qam", subject)
+    git(repo, "checkout", "-q", "main")
+
+
+def submit_and_wait(repo: Path, rev: str) -> str:
+    proc = ratchet(repo, "submit", rev)
+    assert proc.returncode == 0, proc.stderr
+    cand_id = proc.stdout.strip().splitlines()[-1]
+    proc = ratchet(repo, "wait", cand_id)
+    assert proc.returncode == 0, proc.stderr
+    return cand_id
+
+
+class Tables(HTMLParser):
+    """Every table row's cell texts, and the attributes of every <img> and <script>."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self.images: list[dict[str, str]] = []
+        self.scripts = 0
+        self.title = ""
+        self._cell: list[str] | None = None
+        self._row: list[str] | None = None
+        self._in_title = False
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "tr":
+            self._row = []
+        elif tag in ("td", "th"):
+            self._cell = []
+        elif tag == "img":
+            self.images.append(dict(attrs))
+        elif tag == "script":
+            self.scripts += 1
+        elif tag == "title":
+            self._in_title = True
+        elif tag == "br" and self._cell is not None:
+            self._cell.append("\n")
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None and self._row is not None:
+            self._row.append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "tr" and self._row is not None:
+            self.rows.append(self._row)
+            self._row = None
+        elif tag == "title":
+            self._in_title = False
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+        if self._in_title:
+            self.title += data
+
+
+def chromium(page: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    profile = tmp_path / f"chromium-profile-{len(list(tmp_path.glob('chromium-profile-*')))}"
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={profile}", *args, page.as_uri()]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+@needs_chromium
+def test_report_renders_every_candidate_and_keeps_candidate_text_inert(tmp_path):
+    repo = study_repo(tmp_path / "r")
+    proc = ratchet(repo, "run", "--rounds", "1")  # baseline + one tuned candidate
+    assert proc.returncode == 0, proc.stderr
+    solution = (repo / "solution.py").read_text()
+    commit_branch(repo, "xss", f"{XSS} X=1.4 & <b>bold</b>", {"solution.py": solution.replace("X = 3.0", "X = 1.4")})
+    commit_branch(repo, "overfit", "X=1.2", {"solution.py": solution.replace("X = 3.0", "X = 1.2")})
+    commit_branch(repo, "cheat", "edit the evaluator", {"evaluate.py": 'print("score: 0")\n'})
+    xss_id = submit_and_wait(repo, "xss")
+    overfit_id = submit_and_wait(repo, "overfit")
+    proc = ratchet(repo, "submit", "cheat")
+    assert proc.returncode == 0, proc.stderr
+    cheat_id = proc.stdout.strip().splitlines()[-1]
+
+    cands = Ledger(repo / ".ratchet" / "ledger.db").candidates()
+    by_id = {c.id: c for c in cands}
+    assert by_id[xss_id].status == "keep"  # 1.4 beats every tuner choice: it is the incumbent
+    assert by_id[overfit_id].status == "rejected" and "overfit: hold-out" in by_id[overfit_id].reasons
+    assert by_id[cheat_id].status == "rejected"
+    tsv_before = (repo / "results.tsv").read_bytes()
+
+    proc = ratchet(repo, "report")
+    assert proc.returncode == 0, proc.stderr
+    page = repo / ".ratchet" / "report" / "index.html"
+    assert "index.html" in proc.stdout and page.is_file()
+    assert (repo / "results.tsv").read_bytes() == tsv_before  # the report is a view, nothing else
+    raw = page.read_text()
+    assert "<script" not in raw.lower()  # escaped at the source, not only by the browser
+    assert "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;" in raw
+
+    dom_text = chromium(page, tmp_path, "--dump-dom").stdout
+    dom = Tables()
+    dom.feed(dom_text)
+    assert dom.title == "ratchet report: demo"  # not 'pwned': the script never ran
+    assert dom.scripts == 0
+    assert "<b>bold</b>" not in dom_text  # the candidate's markup stayed text too
+
+    # one row per candidate, with its status, metric and (for rejections) the reasons
+    rows = {row[0]: row for row in dom.rows if row and row[0] in by_id}
+    assert set(rows) == set(by_id)
+    header = next(row for row in dom.rows if row[:4] == ["id", "round", "commit", "status"])
+    col = {name: i for i, name in enumerate(header)}
+    assert col["score"] == 4
+    for cand in cands:
+        row = rows[cand.id]
+        assert row[col["status"]] == cand.status
+        assert row[col["commit"]] == (cand.commit_sha or "")[:7]
+        if cand.metric is not None:
+            assert float(row[col["score"]]) == pytest.approx(cand.metric, rel=1e-5)
+    assert f"{XSS} X=1.4 & <b>bold</b>" in rows[xss_id][col["description"]]  # shown as text
+    assert "overfit: hold-out score 99" in rows[overfit_id][col["reasons"]]
+    assert "touches protected path evaluate.py" in rows[cheat_id][col["reasons"]]
+    assert "evaluate" in rows[xss_id][col["phases"]]  # phase durations per candidate
+
+    # counts by status agree with the ledger
+    counts = {}
+    for cand in cands:
+        counts[cand.status] = counts.get(cand.status, 0) + 1
+    for status, n in counts.items():
+        assert [status, str(n)] in dom.rows
+
+    # the plots are real PNGs of a sensible size
+    plots = [img for img in dom.images if img.get("class") == "plot"]
+    assert [img["alt"] for img in plots] == ["score over candidates", "phase durations per candidate"]
+    for img in plots:
+        src = img["src"]
+        assert src.startswith("data:image/png;base64,")
+        width, height = png_size(base64.b64decode(src.split(",", 1)[1]))
+        assert width >= 800 and height >= 200
+
+    # the incumbent and what the study kept, as an escaped diff
+    assert "What the study kept" in dom_text
+    assert 'class="add">+X = 1.4  # the knob' in dom_text
+    assert "job hours" in dom_text
+
+    shot = Path(os.environ.get("RATCHET_REPORT_SCREENSHOT", tmp_path / "report.png"))
+    chromium(page, tmp_path, f"--screenshot={shot}", "--window-size=1200,2000")
+    assert png_size(shot.read_bytes()) == (1200, 2000)
+
+
+def test_report_without_matplotlib_is_tables_only_and_reads_dispatch_json(tmp_path, monkeypatch):
+    from ratchet.report import write_report
+    from ratchet.study import Study
+
+    repo = study_repo(tmp_path / "r")
+    proc = ratchet(repo, "run", "--rounds", "1")
+    assert proc.returncode == 0, proc.stderr
+    (repo / "dispatch.json").write_text(
+        '{"baseline": "torch", "device": "cpu", "versions": {"numpy": "2"}, "buckets": '
+        '{"cols=1024 float32": {"impl": "<img src=x onerror=alert(1)>", "speedup": 1.5, "reason": "fastest"}}}'
+    )
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib...` now fails
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+
+    study = Study(repo)
+    try:
+        page = write_report(study).read_text()
+    finally:
+        study.close()
+    assert "pip install matplotlib" in page
+    assert "<img" not in page
+    assert "Dispatch table" in page and "dispatch.json in the repository root" in page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    for cand in Ledger(repo / ".ratchet" / "ledger.db").candidates():
+        assert f'<span id="{cand.id}">{cand.id}</span>' in page
