@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import os
-import re
 import shutil
 import struct
 import subprocess
@@ -69,12 +68,17 @@ def study_repo(path: Path) -> Path:
                             "solution.py": SOLUTION})
 
 
-def commit_branch(repo: Path, branch: str, subject: str, files: dict[str, str]) -> None:
-    git(repo, "checkout", "-q", "-B", branch, "main")
-    for rel, text in files.items():
-        (repo / rel).write_text(text)
+def commit_on_incumbent(repo: Path, branch: str, subject: str, rel: str, text: str) -> str:
+    """A commit on top of the study's current incumbent (as an agent would make)."""
+    git(repo, "checkout", "-q", "-B", branch, "ratchet/demo")
+    (repo / rel).write_text(text)
     git(repo, "commit", "-qam", subject)
     git(repo, "checkout", "-q", "main")
+    return branch
+
+
+def with_x(x: str) -> str:
+    return SOLUTION.lstrip("\n").replace("X = 3.0", f"X = {x}")
 
 
 def submit_and_wait(repo: Path, rev: str) -> str:
@@ -150,19 +154,16 @@ def test_report_renders_every_candidate_and_keeps_candidate_text_inert(tmp_path)
     repo = study_repo(tmp_path / "r")
     proc = ratchet(repo, "run", "--rounds", "1")  # baseline + one tuned candidate
     assert proc.returncode == 0, proc.stderr
-    solution = (repo / "solution.py").read_text()
-    commit_branch(repo, "xss", f"{XSS} X=1.4 & <b>bold</b>", {"solution.py": solution.replace("X = 3.0", "X = 1.4")})
-    commit_branch(repo, "overfit", "X=1.2", {"solution.py": solution.replace("X = 3.0", "X = 1.2")})
-    commit_branch(repo, "cheat", "edit the evaluator", {"evaluate.py": 'print("score: 0")\n'})
-    xss_id = submit_and_wait(repo, "xss")
-    overfit_id = submit_and_wait(repo, "overfit")
-    proc = ratchet(repo, "submit", "cheat")
+    # 1.4 beats every tuner choice: kept; 1.2 is better still in public but not in the hold-out
+    xss_id = submit_and_wait(repo, commit_on_incumbent(repo, "xss", f"{XSS} X=1.4 & <b>bold</b>", "solution.py", with_x("1.4")))
+    overfit_id = submit_and_wait(repo, commit_on_incumbent(repo, "overfit", "X=1.2", "solution.py", with_x("1.2")))
+    proc = ratchet(repo, "submit", commit_on_incumbent(repo, "cheat", "edit the evaluator", "evaluate.py", 'print("score: 0")\n'))
     assert proc.returncode == 0, proc.stderr
     cheat_id = proc.stdout.strip().splitlines()[-1]
 
     cands = Ledger(repo / ".ratchet" / "ledger.db").candidates()
     by_id = {c.id: c for c in cands}
-    assert by_id[xss_id].status == "keep"  # 1.4 beats every tuner choice: it is the incumbent
+    assert by_id[xss_id].status == "keep"
     assert by_id[overfit_id].status == "rejected" and "overfit: hold-out" in by_id[overfit_id].reasons
     assert by_id[cheat_id].status == "rejected"
     tsv_before = (repo / "results.tsv").read_bytes()

@@ -50,7 +50,8 @@ def read_ideas_file(path: Path) -> list[str]:
         text = path.read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise IdeasError(f"{path}: cannot read the ideas file ({reason})") from None
+        raise IdeasError(f"{path}: cannot read the ideas file ({reason}); make it a UTF-8 "
+                         "text file of `- ` bullets, or remove it") from None
     return parse_ideas(text)
 
 

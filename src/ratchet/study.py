@@ -187,6 +187,7 @@ class Study:
                 raise StudyError(f"cannot start the study from {start!r}: not a commit")
             raise StudyError(f"{self.repo}: the repository has no commits; commit your files first")
         committed = self._committed_config(head)
+        self._check_commands(head)
         if gitrepo.is_dirty(self.repo):
             self.log("warning: uncommitted changes are ignored; the study starts from HEAD "
                      f"{head[:7]}")
@@ -212,6 +213,23 @@ class Study:
             created=time.time(),
         )
         self.ledger.event("study-started", None, commit=head)
+
+    def _check_commands(self, head: str) -> None:
+        """A script a task command names must be committed: fail before anything is pinned."""
+        task = self.config.task
+        for key in ("build", "run", "evaluate", "holdout"):
+            try:
+                words = shlex.split(getattr(task, key) or "")
+            except ValueError:
+                continue
+            for word in words:
+                if (word.endswith((".py", ".sh")) and not word.startswith(("-", "/", "$"))
+                        and "=" not in word and gitrepo.try_rev_parse(
+                            self.repo, f"{head}:{word}") is None):
+                    raise StudyError(
+                        f"task.{key} runs {word}, which is not in commit {head[:7]}; "
+                        f"commit it (git add {word} && git commit) or fix task.{key} "
+                        f"in {CONFIG_FILE}")
 
     def _committed_config(self, head: str) -> str:
         try:
@@ -293,6 +311,7 @@ class Study:
     def run(self, rounds: int | None = None) -> None:
         self.lock.acquire()
         target = rounds or self.config.search.rounds
+        self._check_ideas_file()  # bad input fails before anything is recorded
         self.ensure_started()
         if self.config.prep:
             self.prepare()
@@ -398,6 +417,14 @@ class Study:
 
         try:
             import_ideas(self.repo, self.ledger)
+        except IdeasError as exc:
+            raise StudyError(str(exc)) from None
+
+    def _check_ideas_file(self) -> None:
+        from ratchet.ideas import IDEAS_FILE, IdeasError, read_ideas_file
+
+        try:
+            read_ideas_file(self.repo / IDEAS_FILE)
         except IdeasError as exc:
             raise StudyError(str(exc)) from None
 

@@ -155,6 +155,7 @@ class Job:
             with contextlib.suppress(FileNotFoundError):
                 result_file.unlink()
             env["RATCHET_RESULT"] = str(result_file)
+            env["RATCHET_REPEAT"] = name.rpartition(".")[2] if "." in name else "1"
             if self.spec.holdout_dir and name.startswith("holdout"):
                 env["RATCHET_HOLDOUT"] = self.spec.holdout_dir
         argv = ["/bin/sh", "-c", command]
