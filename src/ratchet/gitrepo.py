@@ -61,6 +61,15 @@ def try_rev_parse(repo: Path, rev: str) -> str | None:
         return None
 
 
+def path_exists(repo: Path, commit: str, path: str) -> bool:
+    """Is `path` in `commit`'s tree (a file or a directory)?"""
+    try:
+        git(repo, "cat-file", "-e", f"{commit}:{path}")
+    except GitError:
+        return False
+    return True
+
+
 def show(repo: Path, commit: str, path: str) -> bytes:
     return git_bytes(repo, "show", f"{commit}:{path}")
 

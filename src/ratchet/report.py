@@ -53,6 +53,7 @@ h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 8p
 table { border-collapse: collapse; background: #fff; font-size: 13px; }
 th, td { border: 1px solid #e0e0e0; padding: 4px 8px; vertical-align: top; text-align: left; }
 th { background: #f5f5f5; position: sticky; top: 0; }
+table.kv th { position: static; font-weight: 600; white-space: nowrap; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 td.text { max-width: 360px; overflow-wrap: anywhere; }
 tr.keep td { background: #f1f8e9; }
@@ -161,6 +162,12 @@ def _table(head: Sequence[str], rows: Iterable[Sequence[str]], classes: Sequence
         out.append(f"<tr{cls}>" + "".join(row) + "</tr>")
     out.append("</tbody></table></div>")
     return "".join(out)
+
+
+def _kv_table(facts: Iterable[tuple[str, str]], kind: str = "text") -> str:
+    """Two columns, no header: a plain-text name, then a cell that is HTML already."""
+    rows = "".join(f"<tr><th>{_e(k)}</th>{_td(v, kind)}</tr>" for k, v in facts)
+    return f'<div class="scroll"><table class="kv"><tbody>{rows}</tbody></table></div>'
 
 
 def _td(text: Any, kind: str = "") -> str:
@@ -300,7 +307,7 @@ def _incumbent(study: Any, cands: list[Candidate], metric: str) -> str:
         ("description", _e(cand.description if cand else "")),
         ("study start (pinned)", f"<code>{_e(pinned or '')}</code>"),
     ]
-    out = [_table(["", ""], [[_td(f"<b>{_e(k)}</b>"), _td(v, "text")] for k, v in facts])]
+    out = [_kv_table(facts)]
     if pinned and pinned != incumbent:
         try:
             diff = gitrepo.diff_text(Path(study.repo), pinned, incumbent)
@@ -348,7 +355,7 @@ def _costs(cands: list[Candidate], created: float | None) -> str:
         ("wall time", _duration(wall) if wall and wall > 0 else ""),
         ("candidates judged per hour", f"{judged / (wall / 3600):.1f}" if wall and wall > 0 else ""),
     ]
-    return _table(["", ""], [[_td(f"<b>{_e(k)}</b>"), _td(v, "num")] for k, v in facts])
+    return _kv_table(facts, "num")
 
 
 def _dispatch(study: Any) -> str:

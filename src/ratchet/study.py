@@ -215,17 +215,19 @@ class Study:
         self.ledger.event("study-started", None, commit=head)
 
     def _check_commands(self, head: str) -> None:
-        """A script a task command names must be committed: fail before anything is pinned."""
+        """The evaluator scripts must be committed: fail before anything is pinned."""
         task = self.config.task
-        for key in ("build", "run", "evaluate", "holdout"):
+        for key in ("evaluate", "holdout"):  # build/run may use files made on the fly
+            command = getattr(task, key) or ""
             try:
-                words = shlex.split(getattr(task, key) or "")
+                words = [] if "cd " in command else shlex.split(command)  # cd: paths move
             except ValueError:
                 continue
             for word in words:
-                if (word.endswith((".py", ".sh")) and not word.startswith(("-", "/", "$"))
-                        and "=" not in word and gitrepo.try_rev_parse(
-                            self.repo, f"{head}:{word}") is None):
+                if (word.endswith((".py", ".sh")) and not word.startswith(("-", "/", "$", "~"))
+                        and not any(ch in word for ch in "*?[")
+                        and "=" not in word
+                        and not gitrepo.path_exists(self.repo, head, word)):
                     raise StudyError(
                         f"task.{key} runs {word}, which is not in commit {head[:7]}; "
                         f"commit it (git add {word} && git commit) or fix task.{key} "

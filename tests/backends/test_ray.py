@@ -14,7 +14,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from ray_cluster import ray_cluster  # noqa: F401  (session fixture)
 from tasks import make_task, summary
 
@@ -82,7 +81,7 @@ def test_study_on_ray_survives_a_killed_driver_and_matches_local(tmp_path, ray_c
         study.close()
     spans = [(c.extra["t_start"], c.extra["t_end"], c.extra["cuda"]) for c in cands]
     assert all(cuda in (0.0, 1.0) for _, _, cuda in spans)
-    for start, end, cuda in spans:
+    for start, end, _ in spans:
         overlapping = [s for s in spans if s[0] < end and s[1] > start]
         assert len(overlapping) <= 2, overlapping
         assert len({s[2] for s in overlapping}) == len(overlapping), overlapping

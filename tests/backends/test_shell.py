@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from tasks import make_task, summary
 
 from ratchet.backends.shell import ShellBackend, load_shell_config

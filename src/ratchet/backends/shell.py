@@ -328,7 +328,12 @@ class ShellBackend:
         for key in ("status", "status_fallback"):
             if not getattr(self.cfg, key):
                 continue
-            ok, out = self._run(key, values, missing_ok=True)
+            try:
+                ok, out = self._run(key, values, missing_ok=True)
+            except BackendError:
+                if key == "status":
+                    raise
+                ok, out = False, ""  # e.g. sacct without accounting: no second opinion
             raw = self._parse_state(out, engine_id) if ok else None
             if raw:
                 states = {k.upper(): v for k, v in self.cfg.states.items()}
