@@ -250,6 +250,7 @@ class Backend(Strict):
     disk_limit_gb: float | None = Field(default=None, gt=0)  # largest file a job may write
     log_limit_mb: float = Field(default=16.0, gt=0)
     sandbox: Literal["auto", "bwrap", "none"] = "auto"
+    keep_workdirs: Literal["none", "kept", "all"] = "kept"  # job work dirs kept after judging
     gpu_hourly_usd: float = Field(default=0.0, ge=0)
     cpu_hourly_usd: float = Field(default=0.0, ge=0)
     # engine-specific sections are validated by the backend that reads them

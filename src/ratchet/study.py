@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -824,11 +825,27 @@ class Study:
                 self.ledger.mark_idea(cand.idea, cand.id, verdicts[cand.id].status)
             with contextlib.suppress(Exception):
                 self.proposer_observe(self.ledger.candidate(cand.id))
+        self._clean_workdirs(finished)
         if winner is not None:
             self._repair_branch()  # moves the branch to the new incumbent
             self.log(f"keep {winner.id} {winner.short}: {winner.description}")
         self._write_views()
         return winner
+
+    def _clean_workdirs(self, cands: list[Candidate]) -> None:
+        """An overnight study must not fill the disk with checkpoints of discarded runs."""
+        policy = self.config.backend.keep_workdirs
+        if policy == "all" or self.backend_kind != "local":
+            return
+        for cand in cands:
+            cand = self.ledger.candidate(cand.id)
+            if not cand.job_id or (policy == "kept" and cand.status == "keep"):
+                continue
+            job_dir = self.backend.job_dir(cand.job_id)
+            for sub in ("work", "tmp"):
+                path = job_dir / sub
+                if path.is_dir():
+                    shutil.rmtree(path, onerror=_force_remove)
 
     def proposer_observe(self, cand: Candidate) -> None:
         if self._proposer is not None:
@@ -974,6 +991,14 @@ class Study:
 
     def sandbox_status(self) -> str:
         return sandbox.describe()
+
+
+def _force_remove(func, path, exc_info) -> None:  # noqa: ARG001
+    """rmtree helper: a candidate may leave read-only files and directories behind."""
+    with contextlib.suppress(OSError):
+        os.chmod(os.path.dirname(path), 0o755)
+        os.chmod(path, 0o755)
+        func(path)
 
 
 def shell_quote(args: list[str]) -> str:
