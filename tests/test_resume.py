@@ -102,3 +102,23 @@ def test_single_ctrl_c_finishes_the_round_then_stops(tmp_path):
     cands = ledger.candidates()
     assert len(cands) == 2 and all(c.is_judged for c in cands)  # round 1 judged, no round 2
     assert ledger.get("round") == 2
+
+
+def test_resumed_tuner_proposes_what_an_uninterrupted_one_would(tmp_path):
+    """The tuner rebuilds its state from the ledger each round: restarts change nothing."""
+    from helpers import ratchet, score_repo
+
+    knobs = '[tune.knobs]\n"solution.py:X" = { low = -5.0, high = 5.0 }\n'
+    search = "[search]\nparallel = 3\nrounds = 4\n"
+    straight = score_repo(tmp_path / "a", knobs=knobs, search=search)
+    ratchet(straight, "run", check=True)
+    stepped = score_repo(tmp_path / "b", knobs=knobs, search=search)
+    for rounds in range(1, 5):
+        ratchet(stepped, "run", "--rounds", str(rounds), check=True)
+    a = Ledger(straight / ".ratchet" / "ledger.db").candidates()
+    b = Ledger(stepped / ".ratchet" / "ledger.db").candidates()
+    assert [c.params for c in a] == [c.params for c in b]
+    assert [c.status for c in a] == [c.status for c in b]
+    # a float range stays a float range
+    assert any(isinstance(c.params["solution.py:X"], float) and
+               not c.params["solution.py:X"].is_integer() for c in a if c.params)

@@ -195,10 +195,10 @@ class Knob(Strict):
     """One tunable: a module-level `NAME = literal` in an editable file."""
 
     choices: list[KnobValue] | None = None
-    low: float | None = None
-    high: float | None = None
+    low: int | float | None = None  # ints stay ints: `low = 1, high = 8` is an int knob
+    high: int | float | None = None
     log: bool = False
-    step: float | None = None
+    step: int | float | None = None
     int_: bool = Field(default=False, alias="int")
 
     @model_validator(mode="after")
@@ -219,12 +219,12 @@ class Knob(Strict):
 
     @property
     def is_int(self) -> bool:
+        """Int knob when asked (`int = true`) or when low, high (and step) are written as ints."""
         return self.int_ or (
             self.choices is None
-            and float(self.low or 0).is_integer()
-            and float(self.high or 0).is_integer()
-            and (self.step is None or float(self.step).is_integer())
-            and not self.log
+            and isinstance(self.low, int)
+            and isinstance(self.high, int)
+            and (self.step is None or isinstance(self.step, int))
         )
 
 

@@ -16,7 +16,7 @@ import json
 import uuid
 
 import pytest
-from common import ledger, processes_under, wait_no_processes
+from common import ledger, wait_no_processes
 from helpers import config_text, make_repo, ratchet
 
 TOKEN = f"ratchet-misbehave-{uuid.uuid4().hex}"
@@ -185,7 +185,7 @@ def wait_no_processes_with(token: str, timeout: float = 10) -> list[str]:
 
     deadline = time.monotonic() + timeout
     while True:
-        left = [p for p in processes_under_token(token)]
+        left = processes_under_token(token)
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
@@ -201,5 +201,3 @@ def processes_under_token(token: str) -> list[str]:
             found.append(f"{proc.pid}: {proc.info['cmdline']}")
     return found
 
-
-assert processes_under  # re-exported helper kept for ad-hoc debugging

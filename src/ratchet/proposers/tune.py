@@ -45,21 +45,18 @@ def _hashable(value: object) -> object:
 
 
 class TuneProposer:
+    """Each round rebuilds its Optuna study from the ledger's history.
+
+    Nothing of Optuna's lives across rounds, so a driver that was killed and resumed
+    proposes exactly what an uninterrupted one would: same history, same seed, same asks.
+    """
+
     name = "tune"
 
-    def __init__(self, config: Config, history: list[Candidate]) -> None:
+    def __init__(self, config: Config, history: list[Candidate]) -> None:  # noqa: ARG002
         self.config = config
         self.knobs = dict(config.tune.knobs)
         self.distributions = {key: distribution(knob) for key, knob in self.knobs.items()}
-        direction = "minimize" if config.metric.goal == "minimize" else "maximize"
-        self.study = optuna.create_study(direction=direction)
-        self.seen: set[tuple] = set()
-        self.trial_of: dict[str, int] = {}
-        for cand in history:
-            if cand.params:
-                self.seen.add(self._key(cand.params))
-            if cand.is_judged:
-                self.observe(cand)
 
     def _key(self, params: dict) -> tuple:
         return tuple(_hashable(params.get(k)) for k in sorted(self.knobs))
@@ -71,6 +68,28 @@ class TuneProposer:
         return optuna.samplers.TPESampler(
             seed=seed, n_startup_trials=min(10, max(4, 2 * k)), constant_liar=True
         )
+
+    def _study(self, history: list[Candidate], sampler) -> optuna.Study:
+        direction = "minimize" if self.config.metric.goal == "minimize" else "maximize"
+        study = optuna.create_study(direction=direction, sampler=sampler)
+        for cand in sorted(history, key=lambda c: c.seq):
+            if not cand.params or not cand.is_judged:
+                continue
+            params = {k: v for k, v in cand.params.items() if k in self.distributions}
+            if len(params) != len(self.distributions):
+                continue
+            ok = (cand.metric is not None and math.isfinite(cand.metric)
+                  and cand.status in ("keep", "discard"))
+            try:
+                study.add_trial(create_trial(
+                    params=params,
+                    distributions=self.distributions,
+                    value=cand.metric if ok else None,
+                    state=TrialState.COMPLETE if ok else TrialState.FAIL,
+                ))
+            except ValueError:
+                continue  # a value outside today's knob ranges (the config changed)
+        return study
 
     def current_values(self, repo: Path, commit: str) -> dict[str, object]:
         values = {}
@@ -88,19 +107,20 @@ class TuneProposer:
 
     def propose(self, k: int, ctx: ProposalContext) -> list[Proposal]:
         current = self.current_values(ctx.repo, ctx.incumbent)
-        self.seen.add(self._key(current))
-        self.study.sampler = self._sampler(ctx.round, k)
+        seen = {self._key(c.params) for c in ctx.history if c.params}
+        seen.add(self._key(current))
+        study = self._study(ctx.history, self._sampler(ctx.round, k))
         proposals: list[Proposal] = []
         asks = 0
         while len(proposals) < k and asks < MAX_ASKS_PER_CANDIDATE * k:
             asks += 1
-            trial = self.study.ask(self.distributions)
+            trial = study.ask(self.distributions)
             params = dict(trial.params)
             key = self._key(params)
-            if key in self.seen:
-                self.study.tell(trial, state=TrialState.PRUNED)
+            if key in seen:
+                study.tell(trial, state=TrialState.PRUNED)
                 continue
-            self.seen.add(key)
+            seen.add(key)
             files = self._rewrite(ctx.repo, ctx.incumbent, params)
             changed = {
                 name: value for name, value in params.items()
@@ -112,7 +132,6 @@ class TuneProposer:
             proposals.append(
                 Proposal(description=f"tune: {description}", files=files, params=params)
             )
-            self.trial_of[f"pending:{key}"] = trial.number
         return proposals
 
     def _rewrite(self, repo: Path, commit: str, params: dict) -> dict[str, bytes]:
@@ -124,28 +143,4 @@ class TuneProposer:
         return files
 
     def observe(self, cand: Candidate) -> None:
-        if not cand.params or cand.id in self.trial_of:
-            return
-        params = {k: v for k, v in cand.params.items() if k in self.distributions}
-        if len(params) != len(self.distributions):
-            return
-        ok = cand.metric is not None and math.isfinite(cand.metric) and cand.status in (
-            "keep", "discard"
-        )
-        pending = self.trial_of.pop(f"pending:{self._key(params)}", None)
-        if pending is not None:
-            state = TrialState.COMPLETE if ok else TrialState.FAIL
-            self.study.tell(pending, cand.metric if ok else None, state=state)
-            self.trial_of[cand.id] = pending
-            return
-        try:
-            trial = create_trial(
-                params=params,
-                distributions=self.distributions,
-                value=cand.metric if ok else None,
-                state=TrialState.COMPLETE if ok else TrialState.FAIL,
-            )
-            self.study.add_trial(trial)
-        except ValueError:
-            return  # a value outside today's knob ranges (config changed): skip it
-        self.trial_of[cand.id] = len(self.study.trials) - 1
+        """Nothing to do: the next round reads the verdict from the ledger."""
