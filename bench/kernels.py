@@ -1,8 +1,8 @@
 """Kernel harness bench: this CPU's measured peaks, and the CPU example kernel on the roofline.
 
 Runs examples/kernel-cpu/kernel.py (a chunked numpy row-softmax) with its starting
-setting CHUNK_ROWS=1 ("before": one numpy call per row) and with the best setting of
-the knob grid its ratchet.toml declares ("after": what a tune study finds), checks
+setting CHUNK_ROWS=1 ("before": one numpy call per row) and with the setting a real
+`ratchet run` study on a scratch copy of the example kept ("after"), checks
 both with ratchet.kernels.check, times them interleaved with ratchet.kernels.compare,
 and places each shape on the roofline. Prints a side-by-side table and records it
 (with the command) in bench/RESULTS.md under "## Kernel harness (bench/kernels.py)",
@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import itertools
 import platform
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -43,12 +41,38 @@ def load_kernel():
     return module
 
 
-def knob_grid() -> list[dict]:
-    """Every combination of the knob choices in the example's ratchet.toml."""
-    knobs = tomllib.loads((EXAMPLE / "ratchet.toml").read_text())["tune"]["knobs"]
-    names = [k.split(":", 1)[1] for k in knobs]
-    choices = [spec["choices"] for spec in knobs.values()]
-    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*choices)]
+def run_study(rounds: int) -> tuple[dict, str]:
+    """Run a tune study on a scratch copy of the example; return the kept knob values."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from ratchet.ledger import Ledger
+    from ratchet.proposers.knobs import find_knob
+
+    work = Path(tempfile.mkdtemp(prefix="ratchet-kernels-bench-")) / "kernel-cpu"
+    try:
+        shutil.copytree(EXAMPLE, work)
+        env = {"GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "b@b",
+               "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "b@b"}
+        for cmd in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "task"]):
+            subprocess.run(["git", "-C", str(work), *cmd], check=True, env=env)
+        ratchet = Path(sys.executable).parent / "ratchet"
+        subprocess.run([str(ratchet), "run", "--repo", str(work), "--rounds", str(rounds)],
+                       check=True, capture_output=True)
+        ledger = Ledger(work / ".ratchet" / "ledger.db")
+        incumbent = ledger.get("incumbent")
+        cands = ledger.candidates()
+        source = subprocess.run(["git", "-C", str(work), "show", f"{incumbent}:kernel.py"],
+                                check=True, capture_output=True).stdout
+        settings = {name: find_knob(source, name).value for name in ("CHUNK_ROWS", "INPLACE")}
+        baseline = cands[0].metric
+        line = (f"study: {len(cands)} candidates over {rounds} rounds, time_ms "
+                f"{baseline:.2f} -> {ledger.get('incumbent_metric'):.2f}; kept {settings}")
+        ledger.close()
+        return settings, line
+    finally:
+        shutil.rmtree(work.parent, ignore_errors=True)
 
 
 def configured(kernel, settings: dict):
@@ -76,6 +100,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-time", type=float, default=0.5, help="seconds per timing (per shape, per pair)")
     parser.add_argument("--refresh-peaks", action="store_true")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds of the study (K=2)")
     parser.add_argument("--no-record", action="store_true", help="do not write bench/RESULTS.md")
     args = parser.parse_args()
 
@@ -91,19 +116,12 @@ def main() -> int:
     before_settings = {"CHUNK_ROWS": 1, "INPLACE": False}
     before = configured(kernel, before_settings)
 
-    # "The study": every knob setting, judged by the geometric mean time over the shapes.
-    grid = knob_grid()
-    scores = {}
-    for settings in grid:
-        fn = configured(kernel, settings)
-        times = []
-        for shape in SHAPES:
-            x = make_inputs(shape, "float32", np.random.default_rng(0))
-            times.append(rk.bench(fn, (x,), cache="warm", max_time_s=args.max_time / 4, min_reps=3, warmup=1).median_s)
-        scores[fn.__name__] = (rk.geomean(times), settings)
-    best_name, (_, best_settings) = min(scores.items(), key=lambda kv: kv[1][0])
+    # The study: a real `ratchet run` on a scratch copy of the example; "after" is the
+    # knob setting of the commit it kept.
+    best_settings, study_line = run_study(args.rounds)
     after = configured(kernel, best_settings)
-    print(f"knob grid: {len(grid)} settings; best {best_name}")
+    best_name = after.__name__
+    print(study_line)
 
     rows = []
     for label, fn in (("before", before), ("after", after)):
@@ -152,7 +170,7 @@ def main() -> int:
             + f"; call overhead {peaks.overhead_s * 1e6:.2f} us.",
             "",
             f"examples/kernel-cpu softmax (float32), before = `{before.__name__}` (the example's start), "
-            f"after = `{best_name}` (best of the {len(grid)} knob settings in its ratchet.toml). "
+            f"after = `{best_name}` (the incumbent of a {args.rounds}-round `ratchet run` study, K=2). "
             f"Bytes = {BYTES}; % roof = floor / measured time; cold cache (rotating inputs), A/B interleaved.",
             "",
             table,

@@ -120,12 +120,12 @@ def test_children_outliving_the_candidate_are_killed(study):
 
 
 def test_filling_the_disk_stops_at_the_file_size_limit(study):
-    repo, by_mode = study
+    _, by_mode = study
     cand = by_mode["bigfile"]
     assert cand.status == "crash"
     assert "file size limit" in cand.reasons, cand.reasons
-    big = repo / ".ratchet" / "jobs" / cand.job_id / "work" / "big.bin"
-    assert big.stat().st_size <= 0.01 * (1 << 30)
+    assert "disk_limit_gb = 0.01" in cand.reasons  # (the work dir is cleaned after judging)
+    assert "File too large" in cand.reasons
 
 
 def test_deleting_the_worktree_is_reported_not_kept(study):
