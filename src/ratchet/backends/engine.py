@@ -119,6 +119,30 @@ class RecordStore:
             fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
 
 
+def overdue(record: JobRecord, state: str, queue_timeout: float, store: RecordStore,
+            now: float) -> str | None:
+    """Why ratchet must stop this job now (its own deadlines), or None.
+
+    Engines retry nothing and let a job sit PENDING forever: a job queued past
+    `queue_timeout`, or running past `task.timeout` plus a grace, is ratchet's to stop.
+    """
+    if state == "pending":
+        waited = now - record.submitted_at
+        if record.submitted_at and waited > queue_timeout:
+            return (f"queue timeout: still pending after {waited:.0f}s "
+                    f"(queue_timeout {queue_timeout:g}s); stopped by ratchet")
+        return None
+    if state == "running":
+        if record.running_at is None:
+            record.running_at = now
+            store.put(record)
+        limit = (record.timeout_s or 0) + DEADLINE_GRACE_S
+        if record.timeout_s and now - record.running_at > limit:
+            return (f"job ran past its deadline ({limit:g}s = task.timeout "
+                    f"+ {DEADLINE_GRACE_S:g}s grace); stopped by ratchet")
+    return None
+
+
 def stopped_result(record: JobRecord, worker: JobResult | None) -> JobResult:
     """A job we stopped ourselves: our reason wins over the worker's 'cancelled'."""
     result = worker or JobResult(job_id=record.job_id, outcome=record.stop_outcome)

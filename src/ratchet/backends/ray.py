@@ -38,6 +38,7 @@ from ratchet.backends.engine import (
     JobRecord,
     RecordStore,
     add_engine_queue,
+    overdue,
     stopped_result,
     validate,
     with_retries,
@@ -237,24 +238,10 @@ class RayBackend:
             self.store.note(f"{job_id}: lost: {record.lost}")
             return "lost"
         status = str(getattr(info.status, "value", info.status))
-        now = time.time()
-        if status == "PENDING":
-            waited = now - record.submitted_at
-            if record.submitted_at and waited > self.cfg.queue_timeout:
-                return self._stop(record, f"queue timeout: still PENDING after {waited:.0f}s "
-                                          f"(queue_timeout {self.cfg.queue_timeout:g}s); "
-                                          "stopped by ratchet", "timeout")
-            return "pending"
-        if status == "RUNNING":
-            if record.running_at is None:
-                record.running_at = now
-                self.store.put(record)
-            limit = (record.timeout_s or 0) + DEADLINE_GRACE_S
-            if record.timeout_s and now - record.running_at > limit:
-                return self._stop(record, f"job ran past its deadline ({limit:g}s = task.timeout "
-                                          f"+ {DEADLINE_GRACE_S:g}s grace); stopped by ratchet",
-                                  "timeout")
-            return "running"
+        if status in ("PENDING", "RUNNING"):
+            state = status.lower()
+            reason = overdue(record, state, self.cfg.queue_timeout, self.store, time.time())
+            return self._stop(record, reason, "timeout") if reason else state
         if status not in TERMINAL:
             return "running"
         try:

@@ -42,6 +42,7 @@ from ratchet.backends.engine import (
     JobRecord,
     RecordStore,
     add_engine_queue,
+    overdue,
     stopped_result,
     validate,
     with_retries,
@@ -372,24 +373,9 @@ class ShellBackend:
             record.engine_id = found
             self.store.put(record)
         state = self._engine_state(name, record.engine_id)
-        now = time.time()
-        if state == "pending":
-            waited = now - record.submitted_at
-            if waited > self.cfg.queue_timeout:
-                return self._stop(record, name, f"queue timeout: still pending after "
-                                  f"{waited:.0f}s (queue_timeout {self.cfg.queue_timeout:g}s); "
-                                  "cancelled by ratchet", "timeout")
-            return "pending"
-        if state == "running":
-            if record.running_at is None:
-                record.running_at = now
-                self.store.put(record)
-            limit = (record.timeout_s or 0) + DEADLINE_GRACE_S
-            if record.timeout_s and now - record.running_at > limit:
-                return self._stop(record, name, f"job ran past its deadline ({limit:g}s = "
-                                  f"task.timeout + {DEADLINE_GRACE_S:g}s grace); cancelled by "
-                                  "ratchet", "timeout")
-            return "running"
+        if state in ("pending", "running"):
+            reason = overdue(record, state, self.cfg.queue_timeout, self.store, time.time())
+            return self._stop(record, name, reason, "timeout") if reason else state
         # finished (or forgotten by the engine): the log decides
         logs = self._logs(name, record.engine_id)
         worker = parse_result(logs)
