@@ -194,6 +194,10 @@ class Ledger:
             args.append(status)
         return [_from_row(r) for r in self.db.execute(query + " ORDER BY seq", args)]
 
+    def status_counts(self) -> dict[str, int]:
+        rows = self.db.execute("SELECT status, COUNT(*) AS n FROM candidates GROUP BY status")
+        return {row["status"]: row["n"] for row in rows}
+
     def find(self, ref: str) -> Candidate | None:
         """By id (c0003), job id, or commit prefix (>= 4 hex digits)."""
         cand = self.candidate(ref)

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -392,10 +393,13 @@ class Study:
             proposals = self.proposer.propose(k, ctx)
         # Build every commit first, then record the whole round in one transaction: a
         # crash in between leaves no half-proposed round behind.
-        base_seq = self._next_seq()
-        for proposal in proposals:
-            cand_id = f"c{base_seq + len(rows):04d}"
-            rows.append(("candidate", self._materialise(proposal, incumbent, cand_id)))
+        base_seq = self._next_seq() + len(rows)
+        # Commits are independent git plumbing (content-addressed): build them side by side.
+        with ThreadPoolExecutor(max_workers=min(4, max(1, len(proposals)))) as pool:
+            built = list(pool.map(
+                lambda item: self._materialise(item[1], incumbent, f"c{base_seq + item[0]:04d}"),
+                enumerate(proposals)))
+        rows.extend(("candidate", fields) for fields in built)
         created = []
         fault_point("proposed")
         with self.ledger.transaction():
@@ -981,9 +985,7 @@ class Study:
         write_results_tsv(self.repo / "results.tsv", self.ledger, self.config.metric.name)
 
     def _report(self, round_no: int, target: int, running: list) -> None:
-        counts: dict[str, int] = {}
-        for cand in self.ledger.candidates():
-            counts[cand.status] = counts.get(cand.status, 0) + 1
+        counts = self.ledger.status_counts()  # polled every few ms: one cheap query
         self._last_progress = Progress(round=round_no, rounds=target, running=running,
                                        best=self.ledger.get("incumbent_metric"),
                                        counts=counts, message=self.trouble)

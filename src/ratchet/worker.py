@@ -339,12 +339,37 @@ def build_env(spec: JobSpec, job_dir: Path, work: Path, slot) -> dict[str, str]:
     return env
 
 
+def _wait_for_job() -> Path | None:
+    """Standby: imports are done; block until the driver names our job directory."""
+    import ratchet.gitrepo  # noqa: F401  (warm what every job needs)
+    import ratchet.procs  # noqa: F401
+
+    line = sys.stdin.readline().strip()
+    if not line:
+        return None
+    job_dir = Path(line)
+    os.chdir(job_dir)
+    log = os.open(job_dir / "worker.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    return job_dir
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ratchet.worker", description=__doc__)
-    parser.add_argument("job_dir", type=Path)
+    parser.add_argument("job_dir", type=Path, nargs="?")
     parser.add_argument("--workdir", type=Path, help="snapshot already unpacked here")
+    parser.add_argument("--standby", action="store_true",
+                        help="start now, read the job directory from stdin later")
     args = parser.parse_args(argv)
 
+    if args.standby:
+        args.job_dir = _wait_for_job()
+        if args.job_dir is None:
+            return 0  # the driver went away before handing us a job
+    elif args.job_dir is None:
+        parser.error("job_dir is required (or --standby)")
     job_dir = args.job_dir.resolve()
     spec = JobSpec.from_json((job_dir / "spec.json").read_text())
     signal.signal(signal.SIGTERM, _on_term)

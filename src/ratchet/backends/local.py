@@ -75,6 +75,10 @@ class LocalBackend:
         gpus = getattr(backend_config, "gpus", None)
         self.slots = plan_slots(slots, gpus)
         self._children: dict[str, subprocess.Popen] = {}
+        # Standby workers: started (interpreter up, modules imported) while earlier jobs
+        # run, so the next round's jobs start in milliseconds instead of ~0.3 s each.
+        self.standby = getattr(backend_config, "standby_workers", True)
+        self._spares: list[subprocess.Popen] = []
 
     def describe(self) -> str:
         return f"local: {len(self.slots)} slots ({', '.join(s.name for s in self.slots)})"
@@ -93,6 +97,23 @@ class LocalBackend:
         spec.slots = self.slots
         spec.slot_lock_dir = str(self.lock_dir)
         spec.write(job_dir / "spec.json")
+        self._place(job_dir, spec.job_id)
+        return spec.job_id
+
+    def _place(self, job_dir: Path, job_id: str) -> None:
+        spare = self._take_spare()
+        if spare is not None:
+            # pid.json first: a driver killed before the hand-over leaves a job that never
+            # started (no state.json), which status() places again under the same id
+            self._write_pid(job_dir, spare)
+            fault_point("spawned")
+            try:
+                spare.stdin.write(f"{job_dir}\n".encode())
+                spare.stdin.close()
+                self._children[job_id] = spare
+                return
+            except (BrokenPipeError, OSError):
+                (job_dir / "pid.json").unlink(missing_ok=True)
         with (job_dir / "worker.log").open("ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "ratchet.worker", str(job_dir)],
@@ -102,13 +123,38 @@ class LocalBackend:
                 start_new_session=True,
                 cwd=job_dir,
             )
-        self._children[spec.job_id] = proc
+        self._children[job_id] = proc
         fault_point("spawned")
+        self._write_pid(job_dir, proc)
+
+    @staticmethod
+    def _write_pid(job_dir: Path, proc: subprocess.Popen) -> None:
         created = psutil.Process(proc.pid).create_time()
         (job_dir / "pid.json").write_text(json.dumps({"pid": proc.pid, "created": created}))
-        return spec.job_id
+
+    def _take_spare(self) -> subprocess.Popen | None:
+        while self._spares:
+            spare = self._spares.pop(0)
+            if spare.poll() is None:
+                return spare
+        return None
+
+    def _top_up_spares(self) -> None:
+        if not self.standby:
+            return
+        self._spares = [p for p in self._spares if p.poll() is None]
+        while len(self._spares) < len(self.slots):
+            self._spares.append(subprocess.Popen(
+                [sys.executable, "-m", "ratchet.worker", "--standby"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.jobs_dir,
+            ))
 
     def status(self, job_id: str) -> JobState:
+        self._top_up_spares()  # someone is waiting on jobs: the next ones will need workers
         job_dir = self.job_dir(job_id)
         if (job_dir / "result.json").exists():
             self._reap(job_id, block=False)  # the worker may still be exiting: don't wait
@@ -122,6 +168,12 @@ class LocalBackend:
         # exited: the result may have landed between our two checks
         if (job_dir / "result.json").exists():
             return "done"
+        if (job_dir / "spec.json").exists() and not (job_dir / "state.json").exists():
+            # placed but never started (the hand-over to a standby worker was cut off):
+            # nothing ran, so placing it again under the same id is safe
+            (job_dir / "pid.json").unlink(missing_ok=True)
+            self._place(job_dir, job_id)
+            return "pending"
         self._kill_leftovers(job_id)  # the worker died: its phase tree must not outlive it
         return "lost"
 
@@ -160,6 +212,14 @@ class LocalBackend:
         self._reap(job_id)
 
     def close(self) -> None:
+        for spare in self._spares:  # idle, holding no job: stopping them is safe
+            with contextlib.suppress(OSError):
+                spare.kill()
+                spare.stdin.close()
+        for spare in self._spares:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                spare.wait(timeout=5)
+        self._spares = []
         for job_id in list(self._children):
             if (self.job_dir(job_id) / "result.json").exists():
                 self._reap(job_id)  # finished: let it exit; running jobs stay detached
