@@ -317,6 +317,9 @@ class Study:
         target = rounds or self.config.search.rounds
         self._check_ideas_file()  # bad input fails before anything is recorded
         self.ensure_started()
+        warm_up = getattr(self.backend, "warm_up", None)
+        if warm_up is not None:
+            warm_up()  # workers start their interpreters while the first round is proposed
         if self.config.prep:
             self.prepare()
         while not self.stop.soft:
@@ -544,8 +547,10 @@ class Study:
                                      "backend, then `ratchet run` resumes the study") from None
                 self.trouble = f"{problem}; retry {attempt}/{BACKEND_TRIES - 1} in {delay:g}s"
                 self.log(f"warning: {self.trouble}")
-                if self._last_progress is not None:  # the live view shows it while we wait
-                    self.progress(replace(self._last_progress, message=self.trouble))
+                # the live view shows it while we wait
+                last = self._last_progress or Progress(round=self.ledger.get("round") or 1,
+                                                       rounds=self.ledger.get("round") or 1)
+                self.progress(replace(last, message=self.trouble))
                 time.sleep(delay)
                 delay = min(delay * 2, 60.0)
             else:

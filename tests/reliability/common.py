@@ -16,7 +16,7 @@ from ratchet.ledger import Ledger
 
 # forty values of X (1.25 among them); the score (X - 1.25)^2 is a pure function of X, so
 # every run of the same study has one right answer
-CHOICES = "[" + ", ".join(f"{-2.0 + 0.1625 * i:.4f}" for i in range(40)) + "]"
+CHOICES = "[" + ", ".join(f"{-2.0 + 0.1625 * i:.4f}" for i in range(60)) + "]"
 
 SOLUTION = '''
 """Editable."""

@@ -22,6 +22,7 @@ from ratchet.jobspec import RESULT_MARKER
 LABELS = ["proposed", "recorded", "submit-recorded", "spawned", "submitted",
           "result-recorded", "verdicts", "judged"]
 KILLS = 20
+ROUNDS = 26
 
 
 def schedule(seed: int = 20240607) -> list[tuple[str, float]]:
@@ -57,14 +58,15 @@ def outcome(repo) -> dict:
 
 @pytest.mark.slow
 def test_driver_killed_at_20_points_resumes_to_the_same_result(tmp_path):
-    reference = deterministic_repo(tmp_path / "reference")
+    # enough rounds that the study is still running at the 20th kill, however fast it is
+    reference = deterministic_repo(tmp_path / "reference", rounds=ROUNDS)
     done = start_run(reference)
     _, err = done.communicate(timeout=180)
     assert done.returncode == 0, err
     expected = outcome(reference)
-    assert len(expected["candidates"]) == 32  # 16 rounds x 2, baseline included
+    assert len(expected["candidates"]) == 2 * ROUNDS  # K = 2, baseline included
 
-    repo = deterministic_repo(tmp_path / "faulted")
+    repo = deterministic_repo(tmp_path / "faulted", rounds=ROUNDS)
     killed = []
     for label, arg in schedule():
         if label == "time":

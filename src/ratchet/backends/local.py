@@ -139,6 +139,10 @@ class LocalBackend:
                 return spare
         return None
 
+    def warm_up(self) -> None:
+        """Start standby workers now (the study calls this before its first round)."""
+        self._top_up_spares()
+
     def _top_up_spares(self) -> None:
         if not self.standby:
             return
