@@ -122,7 +122,7 @@ def main() -> None:
     if args.record:
         results = ROOT / "bench" / "RESULTS.md"
         stamp = time.strftime("%Y-%m-%d")
-        block = (f"\n## Fan-out (bench/fanout.py), {stamp}\n\n"
+        block = (f"\n### run, {stamp}\n\n"
                  f"Command: `.venv/bin/python bench/fanout.py --sleep {args.sleep} --record`\n\n"
                  f"{text}\n")
         with results.open("a") as fh:
