@@ -187,6 +187,15 @@ class Search(Strict):
     mode: Literal["rounds", "rolling"] = "rounds"
     seed: int = 0
 
+    @field_validator("mode")
+    @classmethod
+    def _mode_available(cls, mode: str) -> str:
+        # Part of the config interface, not built yet: refuse it rather than quietly
+        # running rounds under another name.
+        if mode == "rolling":
+            raise ValueError("'rolling' is not available yet; use 'rounds'")
+        return mode
+
 
 KnobValue = int | float | str | bool | None
 
