@@ -18,7 +18,7 @@ install: $(STAMP)
 
 # The main job: an end-to-end study on the bundled CPU kernel example (no API key needed).
 demo: $(STAMP)
-	bash scripts/demo.sh
+	bash scripts/run_example.sh kernel-cpu
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -31,7 +31,7 @@ bench: $(STAMP)
 
 # The tinygpt example needs PyTorch (CPU build, pinned so pip takes the local wheel).
 tinygpt: $(STAMP)
-	bash scripts/tinygpt.sh
+	bash scripts/run_example.sh tinygpt
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -317,6 +317,7 @@ class Study:
         target = rounds or self.config.search.rounds
         self._check_ideas_file()  # bad input fails before anything is recorded
         self.ensure_started()
+        self.proposer  # noqa: B018  (built now: its config errors come before any job)
         warm_up = getattr(self.backend, "warm_up", None)
         if warm_up is not None:
             warm_up()  # workers start their interpreters while the first round is proposed
