@@ -260,6 +260,7 @@ class Backend(Strict):
     log_limit_mb: float = Field(default=16.0, gt=0)
     sandbox: Literal["auto", "bwrap", "none"] = "auto"
     keep_workdirs: Literal["none", "kept", "all"] = "kept"  # job work dirs kept after judging
+    standby_workers: bool = True  # local: start the next jobs' workers ahead of time
     gpu_hourly_usd: float = Field(default=0.0, ge=0)
     cpu_hourly_usd: float = Field(default=0.0, ge=0)
     # engine-specific sections are validated by the backend that reads them

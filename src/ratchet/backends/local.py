@@ -64,6 +64,9 @@ def plan_slots(slots: int | None, gpus: list[str] | None = None) -> list[Slot]:
     return plan
 
 
+STANDBY_DELAY_S = 0.4
+
+
 class LocalBackend:
     name = "local"
 
@@ -79,6 +82,7 @@ class LocalBackend:
         # run, so the next round's jobs start in milliseconds instead of ~0.3 s each.
         self.standby = getattr(backend_config, "standby_workers", True)
         self._spares: list[subprocess.Popen] = []
+        self._last_placed = 0.0
 
     def describe(self) -> str:
         return f"local: {len(self.slots)} slots ({', '.join(s.name for s in self.slots)})"
@@ -101,6 +105,7 @@ class LocalBackend:
         return spec.job_id
 
     def _place(self, job_dir: Path, job_id: str) -> None:
+        self._last_placed = time.monotonic()
         spare = self._take_spare()
         if spare is not None:
             # pid.json first: a driver killed before the hand-over leaves a job that never
@@ -141,10 +146,14 @@ class LocalBackend:
 
     def warm_up(self) -> None:
         """Start standby workers now (the study calls this before its first round)."""
-        self._top_up_spares()
+        self._top_up_spares(now=True)
 
-    def _top_up_spares(self) -> None:
+    def _top_up_spares(self, now: bool = False) -> None:
         if not self.standby:
+            return
+        # Not while jobs are starting: their interpreters and ours would fight for the
+        # cores and slow the very jobs being timed. A second later they are running.
+        if not now and time.monotonic() - self._last_placed < STANDBY_DELAY_S:
             return
         self._spares = [p for p in self._spares if p.poll() is None]
         while len(self._spares) < len(self.slots):
