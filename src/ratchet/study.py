@@ -1007,7 +1007,3 @@ def _force_remove(func, path, exc_info) -> None:  # noqa: ARG001
         os.chmod(os.path.dirname(path), 0o755)
         os.chmod(path, 0o755)
         func(path)
-
-
-def shell_quote(args: list[str]) -> str:
-    return " ".join(shlex.quote(a) for a in args)
