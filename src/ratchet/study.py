@@ -701,12 +701,19 @@ class Study:
             slot=result.slot,
             queue_s=result.queue_seconds,
             run_s=run_s,
-            cost_usd=self._cost(run_s),
+            cost_usd=self._cost(run_s) + self._proposal_cost(cand),
             finished_at=time.time(),
             reasons=result.reason or None,
             result=json.loads(result.to_json()),
         )
         fault_point("result-recorded")
+
+    @staticmethod
+    def _proposal_cost(cand: Candidate) -> float:
+        """What proposing it cost (an LLM's tokens), so `cost_usd` is the whole bill."""
+        usage = (cand.params or {}).get("llm") if isinstance(cand.params, dict) else None
+        cost = usage.get("cost_usd") if isinstance(usage, dict) else None
+        return float(cost) if isinstance(cost, int | float) else 0.0
 
     def _cost(self, run_s: float) -> float:
         backend = self.config.backend
