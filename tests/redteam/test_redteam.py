@@ -218,12 +218,13 @@ def test_printing_a_fake_metric_from_run(template, tmp_path):
     branch = cheat(repo, "fake-metric", {"train.py": """
         print("correct: true")
         print("time_ms: 0.0001")
-    """, "solution.py": SOLUTION.replace("# the honest", "# still slow; the honest")})
+    """, "solution.py": SOLUTION.replace("DELAY = 0.2", "DELAY = 0.3")})
     verdict = judge(repo, branch)
-    # the fake line is ignored: the metric is the evaluator's, and it is no better
+    # the fake line is ignored: the metric is the evaluator's, and it is worse (the
+    # cheat is genuinely slower, so timing noise cannot make it win)
     assert verdict["status"] == "discard"
     assert verdict["metric"] > 100
-    assert "no improvement" in verdict["reasons"] or "within margin" in verdict["reasons"]
+    assert "no improvement" in verdict["reasons"]
 
 
 @pytest.mark.parametrize("mode", ["auto", "none"])
@@ -342,7 +343,7 @@ def test_moving_the_study_branch_from_inside(template, tmp_path, mode):
         me = "refs/ratchet/redteam/" + os.environ["RATCHET_CANDIDATE"]
         for ref in ("refs/heads/ratchet/redteam", "refs/ratchet/redteam/c0000"):
             subprocess.run(["git", "-C", repo, "update-ref", ref, me])
-    """, "solution.py": SOLUTION.replace("# the honest", "# (unchanged) the honest")})
+    """, "solution.py": SOLUTION.replace("DELAY = 0.2", "DELAY = 0.3")})
     verdict = judge(repo, branch)
     assert verdict["status"] in ("rejected", "discard")
     if mode == "none" or not sandbox.bwrap_works():
