@@ -734,11 +734,14 @@ class Study:
         spec.holdout_only = True
         spec.reuse_workdir = str(self.backend.job_dir(cand.job_id) / "work")
         self.ledger.event("holdout-submitted", cand.id, job_id=spec.job_id)
-        self.backend.submit(spec)
-        while self.backend.status(spec.job_id) in ("pending", "running"):
+        # through _call like every other backend call: a flaky backend is retried and
+        # surfaced, not mistaken for a candidate that overfit
+        self._call("submit", lambda: self.backend.submit(spec), cand.id)
+        while self._call("status", lambda: self.backend.status(spec.job_id),
+                         cand.id) in ("pending", "running"):
             time.sleep(POLL_S)
-        held = self.backend.result(spec.job_id) or JobResult(
-            job_id=spec.job_id, outcome="error", reason="hold-out job lost")
+        held = self._call("result", lambda: self.backend.result(spec.job_id), cand.id) or \
+            JobResult(job_id=spec.job_id, outcome="error", reason="hold-out job lost")
         if held.outcome == "ok":
             self.ledger.update(cand.id, "holdout", holdout=held.holdout)
         return held
