@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from ratchet.backends import JobState
+from ratchet.backends import Backend, JobState
 from ratchet.faults import fault_point
 from ratchet.jobspec import JobResult, JobSpec, Slot
 
@@ -67,7 +67,7 @@ def plan_slots(slots: int | None, gpus: list[str] | None = None) -> list[Slot]:
 STANDBY_DELAY_S = 0.4
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     name = "local"
 
     def __init__(self, state_dir: Path, backend_config=None) -> None:
@@ -89,6 +89,19 @@ class LocalBackend:
 
     def job_dir(self, job_id: str) -> Path:
         return self.jobs_dir / job_id
+
+    # -- Backend hooks: jobs run on this machine -------------------------------------------
+
+    def sandbox_mode(self, setting: str) -> str:
+        from ratchet import sandbox
+
+        return sandbox.choose(setting)  # decided once here rather than by every worker
+
+    def work_dirs(self, job_id: str) -> list[Path]:
+        return [self.job_dir(job_id) / "work", self.job_dir(job_id) / "tmp"]
+
+    def holdout_workdir(self, job_id: str) -> str | None:
+        return str(self.job_dir(job_id) / "work")  # the hold-out reuses the built tree
 
     # -- verbs ----------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet import gitrepo
-from ratchet.backends import BackendError, JobState
+from ratchet.backends import Backend, BackendError, JobState
 from ratchet.backends.engine import (
     DEADLINE_GRACE_S,
     JobRecord,
@@ -95,8 +95,9 @@ class _Transient(Exception):
     pass
 
 
-class RayBackend:
+class RayBackend(Backend):
     name = "ray"
+    holdout_in_job = True  # today the hold-out runs inside every job here (issue 13)
 
     def __init__(self, state_dir: Path, backend_config=None) -> None:
         raw = getattr(backend_config, "ray", None) or {}

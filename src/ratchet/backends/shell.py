@@ -36,7 +36,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet import gitrepo
-from ratchet.backends import BackendError, JobState
+from ratchet.backends import Backend, BackendError, JobState
 from ratchet.backends.engine import (
     DEADLINE_GRACE_S,
     JobRecord,
@@ -128,8 +128,9 @@ class _CallFailed(Exception):
         self.output = output
 
 
-class ShellBackend:
+class ShellBackend(Backend):
     name = "shell"
+    holdout_in_job = True  # today the hold-out runs inside every job here (issue 13)
 
     def __init__(self, state_dir: Path, backend_config=None) -> None:
         self.cfg = load_shell_config(getattr(backend_config, "shell", None) or {})
