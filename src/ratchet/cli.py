@@ -163,6 +163,7 @@ def run(
     finally:
         study.close()
     _print_summary(study)
+    _write_progress(study)
     if study.stop.soft:
         err.print("stopped; run `ratchet run` again to resume")
 
@@ -392,6 +393,92 @@ def report(repo: RepoOption = Path(".")) -> None:
     study = open_study(repo)
     path = write_report(study)
     console.print(f"wrote {path}")
+    _write_progress(study)
+    study.close()
+
+
+# -- hand-off: progress.png, log, diff, export (logic in progress / history / export) ------
+
+
+def _write_progress(study: Study) -> None:
+    """progress.png next to results.tsv (a view of the ledger, like results.tsv)."""
+    from ratchet.ledger import Ledger
+    from ratchet.progress import write_progress_png
+
+    ledger = Ledger(study.state_dir / "ledger.db")
+    try:
+        path = write_progress_png(study.repo, ledger, study.config.metric.name,
+                                  study.config.metric.goal)
+    finally:
+        ledger.close()
+    if path is not None:
+        err.print(f"wrote {path}")
+
+
+@app.command("log")
+def log_(
+    kept: Annotated[bool, typer.Option("--kept", help="only kept candidates")] = False,
+    status: Annotated[str | None, typer.Option(
+        "--status", help="only this status: keep, discard, crash, rejected, ...")] = None,
+    round_: Annotated[int | None, typer.Option("--round", help="only this round")] = None,
+    repo: RepoOption = Path("."),
+) -> None:
+    """One line per candidate, like git log --oneline: id, commit, status, metric, gain, description."""
+    from ratchet.history import HistoryError, log_line, select
+
+    study = open_study(repo)
+    try:
+        cands = select(study.ledger.candidates(), kept=kept, status=status, round=round_)
+    except HistoryError as exc:
+        fail(str(exc))
+    metric = study.config.metric.name
+    sys.stdout.write("".join(log_line(c, metric) + "\n" for c in cands))
+    study.close()
+
+
+@app.command("diff")
+def diff_(
+    a: Annotated[str, typer.Argument(help="candidate id or commit, `incumbent` or `baseline`")],
+    b: Annotated[str, typer.Argument(help="candidate id or commit, `incumbent` or `baseline`")],
+    repo: RepoOption = Path("."),
+) -> None:
+    """The diff from A to B: two candidates, or a candidate and the incumbent or baseline."""
+    from ratchet.history import HistoryError, diff
+
+    study = open_study(repo)
+    try:
+        rev_a, rev_b, text = diff(study.repo, study.ledger, a, b)
+    except HistoryError as exc:
+        fail(str(exc))
+    err.print(f"diff {rev_a.label} {rev_a.commit[:7]} -> {rev_b.label} {rev_b.commit[:7]}"
+              + ("" if text else ": no difference"))
+    if text:
+        sys.stdout.write(text + "\n")
+    study.close()
+
+
+@app.command("export")
+def export_(
+    name: Annotated[str, typer.Argument(help="the branch to create")],
+    squash: Annotated[bool, typer.Option("--squash", help="one commit with the whole story")] = False,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing branch NAME")] = False,
+    repo: RepoOption = Path("."),
+) -> None:
+    """Create branch NAME from the study start: one commit per kept step (HEAD untouched)."""
+    from ratchet.export import ExportError, StudyView, export
+
+    study = open_study(repo)
+    view = StudyView(study.repo, study.ledger, study.name, study.config.metric.name,
+                     study.config.metric.goal)
+    try:
+        done = export(view, name, squash=squash, force=force)
+    except ExportError as exc:
+        fail(str(exc))
+    steps = f"{len(done.steps)} kept step{'s' * (len(done.steps) != 1)}"
+    how = "squashed into 1 commit" if squash else f"{len(done.commits)} commit(s)"
+    console.print(f"branch {name} at {done.tip[:7]}: {steps}, {how}, on the study start "
+                  f"{str(study.ledger.get('pinned'))[:7]}; its tree is the incumbent's"
+                  + (f" (replaced {done.replaced[:7]})" if done.replaced else ""), soft_wrap=True)
     study.close()
 
 
