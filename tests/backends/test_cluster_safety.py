@@ -1,0 +1,52 @@
+"""The test clusters are safe on a shared host: ours never touches anyone else's."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import psutil
+import pytest
+import ray_cluster
+
+pytestmark = pytest.mark.ray
+
+
+def _busy(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_test_cluster_leaves_a_cluster_on_the_default_ports_running():
+    pytest.importorskip("ray.job_submission", reason="needs ray[default]")
+    if _busy(6379) or _busy(8265):
+        pytest.skip("Ray's default ports are taken on this host (not by us)")
+    other = ray_cluster.start(default_ports=True)  # "someone else's" cluster
+    try:
+        # its long-lived processes (workers come and go on their own)
+        others = [p for p in ray_cluster._ours(other) if os.getpgid(p.pid) == other["pid"]]
+        assert len(others) >= 3, others  # ray start, gcs_server, raylet, dashboard...
+        ours = ray_cluster.start()
+        try:
+            assert ours["ports"]["port"] not in (6379, other["ports"]["port"])
+            assert ours["ports"]["dashboard-port"] != 8265
+            # every listener of ours is on loopback
+            pids = {p.pid for p in ray_cluster._ours(ours)}
+            listening = [c for c in psutil.net_connections("tcp")
+                         if c.status == psutil.CONN_LISTEN and c.pid in pids]
+            assert listening
+            assert all(c.laddr.ip in ("127.0.0.1", "::ffff:127.0.0.1") for c in listening), \
+                listening
+            assert not pids & {p.pid for p in others}
+        finally:
+            ray_cluster.stop(ours)
+        assert not ray_cluster._alive(ray_cluster._ours(ours))  # ours is gone entirely
+        # ... and the other one still runs, every process of it, and answers
+        assert ray_cluster.head_alive(other)
+        assert len(ray_cluster._alive(others)) == len(others)
+        from ray.job_submission import JobSubmissionClient
+
+        JobSubmissionClient(other["address"]).list_jobs()
+    finally:
+        ray_cluster.stop(other)
+    assert not ray_cluster._alive(others)
