@@ -13,27 +13,49 @@ import typer
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
-from ratchet import gitrepo
+from ratchet import __version__, gitrepo
 from ratchet.config import ConfigError, load_config
 from ratchet.ledger import Candidate
 from ratchet.study import Progress, Study, StudyError
 
+# Every string we print is literal text: help, errors, descriptions and reasons often
+# hold brackets ("[prep] run", "[tune.knobs]") or colons that rich would read as markup
+# or emoji codes. So no markup in help (plain click help) and none on our consoles.
+# soft_wrap: a line is never cut at rich's 80-column default when piped; the terminal
+# (whatever its width) wraps it.
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
+    rich_markup_mode=None,
     help="Autoresearch that only moves forward: propose, verify, keep or revert.",
 )
-console = Console()
-err = Console(stderr=True)
+console = Console(markup=False, emoji=False, highlight=False, soft_wrap=True)
+err = Console(stderr=True, markup=False, emoji=False, highlight=False, soft_wrap=True)
 
 RepoOption = Annotated[Path, typer.Option("--repo", "-C", help="research repository")]
 
 
 def fail(message: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        console.print(f"ratchet {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True, help="print the version and exit"
+    )] = False,
+) -> None:
+    """Autoresearch that only moves forward: propose, verify, keep or revert."""
 
 
 def open_study(repo: Path, **kwargs) -> Study:
@@ -69,7 +91,7 @@ def _guard(fn):
 def init(
     template: Annotated[str, typer.Option(help="kernel | train | blank")] = "blank",
     repo: RepoOption = Path("."),
-    force: Annotated[bool, typer.Option(help="overwrite existing files")] = False,
+    force: Annotated[bool, typer.Option("--force", help="overwrite existing files")] = False,
 ) -> None:
     """Write ratchet.toml, program.md and a starter task into REPO."""
     from ratchet.templates import write_template
@@ -86,9 +108,9 @@ def init(
 @app.command()
 def prep(
     repo: RepoOption = Path("."),
-    force: Annotated[bool, typer.Option(help="prepare again even if cached")] = False,
+    force: Annotated[bool, typer.Option("--force", help="prepare again even if cached")] = False,
 ) -> None:
-    """Run [prep] once into the shared read-only cache."""
+    """Run [prep] run once into the shared read-only cache ($RATCHET_DATA)."""
     study = open_study(repo)
     if study.config.prep is None:
         fail("ratchet.toml has no [prep] section (add `[prep] run = \"python prepare.py\"`)")
@@ -251,7 +273,9 @@ def wait(
 
 @app.command()
 def status(
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="one JSON object: study, round, incumbent, counts, costs, sandbox"
+    )] = False,
     repo: RepoOption = Path("."),
 ) -> None:
     """The study at a glance: incumbent, counts, running jobs, costs, sandbox."""
@@ -353,7 +377,8 @@ def show(
     if cand is None:
         fail(f"no candidate {candidate!r} in this study")
     metric = study.config.metric.name
-    console.print(f"[bold]{cand.id}[/] {cand.kind} round {cand.round}: {cand.description}")
+    console.print(Text.assemble((cand.id, "bold"),
+                                f" {cand.kind} round {cand.round}: {cand.description}"))
     console.print(f"commit {cand.commit_sha}  parent {cand.parent}", highlight=False)
     console.print(f"status {cand.status}" + (f": {cand.reasons}" if cand.reasons else ""),
                   highlight=False)

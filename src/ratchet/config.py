@@ -6,9 +6,12 @@ overnight study's config should cost seconds, not a night.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import re
 import tomllib
+import types
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -288,8 +291,9 @@ class Config(Strict):
                 raise ValueError(
                     f"tune.knobs: {key!r} is in {file!r}, which is not in task.editable"
                 )
-        if self.search.proposer == "tune" and not self.tune.knobs:
-            raise ValueError("search.proposer = 'tune' needs at least one [tune.knobs] entry")
+        # Whether the chosen proposer has what it needs (knobs for `tune`, models for
+        # `llm`) is checked when the proposer is built: `ratchet submit` / `wait` and
+        # `ratchet run --proposer P` must not be judged by a proposer they do not use.
         return self
 
     @property
@@ -315,12 +319,56 @@ def matches_any(path: str, globs: list[str]) -> bool:
 # loading
 
 
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The section model that holds the key at `loc` (None if it is not a section)."""
+    model: Any = Config
+    for part in loc[:-1]:
+        if typing.get_origin(model) is dict:  # `part` is a key of a table of sections
+            model = _section_type(typing.get_args(model)[1])
+            continue
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = next((f for n, f in model.model_fields.items()
+                      if part in (n, f.alias)), None)
+        if field is None:
+            return None
+        model = _section_type(field.annotation)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _section_type(annotation: Any) -> Any:
+    """Unwrap `X | None` and `dict[str, X]` down to a model class, if there is one."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        models = [a for a in typing.get_args(annotation)
+                  if isinstance(a, type) and issubclass(a, BaseModel)]
+        return models[0] if models else None
+    return annotation
+
+
+def _keys_of(model: type[BaseModel]) -> list[str]:
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _suggestion(error: dict[str, Any]) -> str | None:
+    """For an unknown key, the known key it most probably meant ('editabel' -> 'editable')."""
+    loc = error["loc"]
+    model = _model_at(loc) if loc else None
+    if model is None or not isinstance(loc[-1], str):
+        return None
+    close = difflib.get_close_matches(loc[-1], _keys_of(model), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def _describe(error: dict[str, Any]) -> str:
     location = ".".join(str(part) for part in error["loc"] if part != "__root__")
     message = error["msg"]
     message = message.removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
+        meant = _suggestion(error)
         message = "unknown key (check the spelling; see the README for the keys)"
+        if meant is not None:
+            message = f"unknown key; did you mean {meant!r}? (check the spelling)"
     elif error["type"] == "missing":
         message = "required key is missing"
     elif error["type"].endswith("_type") or error["type"].endswith("_parsing"):
@@ -332,8 +380,17 @@ def parse_config(data: dict[str, Any], source: str = CONFIG_FILE) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        more = len(exc.errors()) - 1
+        errors = exc.errors()
+        # A misspelt key shows up twice: as an unknown key and, when it was required, as
+        # a missing one. The misspelling is the cause, so it is named first, and the
+        # "missing" error it explains is not counted as another problem.
+        unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+        explained = {(*e["loc"][:-1], meant) for e in unknown
+                     if (meant := _suggestion(e)) is not None}
+        errors = unknown + [e for e in errors if e["type"] != "extra_forbidden"
+                            and not (e["type"] == "missing" and tuple(e["loc"]) in explained)]
+        first = errors[0]
+        more = len(errors) - 1
         suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
         raise ConfigError(f"{source}: {_describe(first)}{suffix}") from None
 

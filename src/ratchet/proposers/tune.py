@@ -3,10 +3,16 @@
 The ledger is the source of truth, not Optuna's storage: on start (and on resume) the
 judged history is replayed into an in-memory study, and each round's sampler is seeded
 from (seed, round), so a resumed study proposes exactly what an uninterrupted one would.
+
+The tuner never proposes a candidate whose editable files are byte-identical to the
+incumbent's or to any earlier candidate's (the baseline included): identity is decided
+on the files' contents, not on the knob values a candidate was recorded with, because the
+baseline and submitted commits carry no knob values at all.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from pathlib import Path
@@ -22,7 +28,7 @@ from optuna.trial import TrialState, create_trial
 
 from ratchet import gitrepo
 from ratchet.candidate import Proposal
-from ratchet.config import Config, Knob
+from ratchet.config import Config, Knob, matches_any
 from ratchet.ledger import Candidate
 from ratchet.proposers import ProposalContext, ProposerError
 from ratchet.proposers.knobs import KnobError, find_knob, format_value, set_knob
@@ -41,7 +47,50 @@ def distribution(knob: Knob) -> BaseDistribution:
 
 
 def _hashable(value: object) -> object:
-    return round(value, 12) if isinstance(value, float) else value
+    # type-tagged: True == 1 in Python, but `INPLACE = True` and `INPLACE = 1` differ
+    return (type(value).__name__, round(value, 12) if isinstance(value, float) else value)
+
+
+class EditableFiles:
+    """The editable files of commits as {path: blob id}; cached, since commits never change.
+
+    Two candidates with the same map are the same experiment, whatever produced them.
+    """
+
+    def __init__(self, repo: Path, globs: list[str]) -> None:
+        self.repo = repo
+        self.globs = globs
+        self._cache: dict[str, dict[str, str]] = {}
+        self._format: str | None = None
+
+    def of(self, commit: str) -> dict[str, str]:
+        if commit not in self._cache:
+            listing = gitrepo.git_bytes(self.repo, "ls-tree", "-r", "-z", "--full-tree", commit)
+            files = {}
+            for entry in listing.decode("utf-8", "replace").split("\0"):
+                meta, _, path = entry.partition("\t")
+                if path and matches_any(path, self.globs):
+                    files[path] = meta.split()[2]
+            self._cache[commit] = files
+        return self._cache[commit]
+
+    def blob_id(self, content: bytes) -> str:
+        """The id git gives these bytes (computed here: no process per proposal)."""
+        if self._format is None:
+            try:
+                self._format = gitrepo.git(self.repo, "rev-parse", "--show-object-format")
+            except gitrepo.GitError:
+                self._format = "sha1"
+        digest = hashlib.sha256 if self._format == "sha256" else hashlib.sha1
+        return digest(b"blob %d\0" % len(content) + content).hexdigest()
+
+    def signature(self, files: dict[str, str]) -> frozenset:
+        return frozenset(files.items())
+
+    def proposed(self, base: str, changed: dict[str, bytes]) -> frozenset:
+        files = dict(self.of(base))
+        files.update({path: self.blob_id(content) for path, content in changed.items()})
+        return self.signature(files)
 
 
 class TuneProposer:
@@ -54,9 +103,14 @@ class TuneProposer:
     name = "tune"
 
     def __init__(self, config: Config, history: list[Candidate]) -> None:  # noqa: ARG002
+        if not config.tune.knobs:
+            raise ProposerError("search.proposer = 'tune' needs at least one [tune.knobs] "
+                                'entry, e.g. "kernel.py:BLOCK" = { choices = [32, 64] }')
         self.config = config
         self.knobs = dict(config.tune.knobs)
         self.distributions = {key: distribution(knob) for key, knob in self.knobs.items()}
+        self._files: EditableFiles | None = None
+        self._values_cache: dict[str, dict[str, object] | None] = {}
 
     def _key(self, params: dict) -> tuple:
         return tuple(_hashable(params.get(k)) for k in sorted(self.knobs))
@@ -69,13 +123,31 @@ class TuneProposer:
             seed=seed, n_startup_trials=min(10, max(4, 2 * k)), constant_liar=True
         )
 
-    def _study(self, history: list[Candidate], sampler) -> optuna.Study:
+    def _params_of(self, repo: Path, cand: Candidate) -> dict[str, object] | None:
+        """The knob values a candidate ran with: recorded, or read from its commit (the
+        baseline and submitted commits have none recorded)."""
+        if cand.params:
+            return cand.params
+        if cand.kind not in ("baseline", "candidate") or not cand.commit_sha:
+            return None
+        if cand.commit_sha not in self._values_cache:
+            try:
+                values = self.current_values(repo, cand.commit_sha)
+            except ProposerError:
+                values = None  # a commit without the knobs: it says nothing about them
+            self._values_cache[cand.commit_sha] = values
+        return self._values_cache[cand.commit_sha]
+
+    def _study(self, repo: Path, history: list[Candidate], sampler) -> optuna.Study:
         direction = "minimize" if self.config.metric.goal == "minimize" else "maximize"
         study = optuna.create_study(direction=direction, sampler=sampler)
         for cand in sorted(history, key=lambda c: c.seq):
-            if not cand.params or not cand.is_judged:
+            if not cand.is_judged:
                 continue
-            params = {k: v for k, v in cand.params.items() if k in self.distributions}
+            recorded = self._params_of(repo, cand)
+            if not recorded:
+                continue
+            params = {k: v for k, v in recorded.items() if k in self.distributions}
             if len(params) != len(self.distributions):
                 continue
             ok = (cand.metric is not None and math.isfinite(cand.metric)
@@ -106,10 +178,17 @@ class TuneProposer:
         return values
 
     def propose(self, k: int, ctx: ProposalContext) -> list[Proposal]:
+        if self._files is None:
+            self._files = EditableFiles(ctx.repo, list(self.config.task.editable))
         current = self.current_values(ctx.repo, ctx.incumbent)
-        seen = {self._key(c.params) for c in ctx.history if c.params}
+        seen = {self._key(p) for c in ctx.history if (p := self._params_of(ctx.repo, c))}
         seen.add(self._key(current))
-        study = self._study(ctx.history, self._sampler(ctx.round, k))
+        # every experiment so far, by content: the incumbent, the baseline, every
+        # candidate that got a commit (kept, discarded, crashed or rejected)
+        tried = {self._files.signature(self._files.of(ctx.incumbent))}
+        tried.update(self._files.signature(self._files.of(c.commit_sha))
+                     for c in ctx.history if c.commit_sha)
+        study = self._study(ctx.repo, ctx.history, self._sampler(ctx.round, k))
         proposals: list[Proposal] = []
         asks = 0
         while len(proposals) < k and asks < MAX_ASKS_PER_CANDIDATE * k:
@@ -122,6 +201,11 @@ class TuneProposer:
                 continue
             seen.add(key)
             files = self._rewrite(ctx.repo, ctx.incumbent, params)
+            signature = self._files.proposed(ctx.incumbent, files)
+            if signature in tried:  # same bytes as an earlier experiment: not new
+                study.tell(trial, state=TrialState.PRUNED)
+                continue
+            tried.add(signature)
             changed = {
                 name: value for name, value in params.items()
                 if _hashable(value) != _hashable(current.get(name))
