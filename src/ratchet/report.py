@@ -25,10 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from ratchet import gitrepo
+from ratchet.fingerprint import fingerprint_key, software_key
+from ratchet.history import Share, kept_steps, success_shares
 from ratchet.ledger import Candidate
 
 REPORT_DIR = "report"
 DIFF_LIMIT = 200_000  # characters of the incumbent's diff shown; the rest is cut, and said so
+# extra metrics that say how close a kernel is to its roofline bound, in percent
+# (ratchet.kernels' sweep prints `roofline_pct`; the others are common spellings)
+ROOFLINE_KEYS = ("roofline_pct", "pct_of_roofline", "pct_of_bound", "roofline_percent")
 
 # status -> colour; plots and table badges agree
 COLORS = {
@@ -65,6 +70,8 @@ pre .del { color: #b71c1c; background: #ffebee; display: inline-block; min-width
 pre .hunk { color: #6a1b9a; }
 .plot { background: #fff; border: 1px solid #e0e0e0; max-width: 100%; }
 .note { color: #616161; font-style: italic; }
+.warn { color: #b71c1c; font-weight: 600; }
+h3 { font-size: 15px; margin: 14px 0 6px; }
 .scroll { overflow-x: auto; }
 """
 
@@ -91,18 +98,25 @@ def render(study: Any) -> str:
     metric = study.config.metric.name
     goal = study.config.metric.goal
     plots, plot_note = _plots(cands, metric, goal)
+    hosts = Machines(cands)
     sections = [
         _header(study, cands, metric, goal),
+        _machine_warning(hosts),
         "<h2>Metric over candidates</h2>",
         plots.get("metric") or f'<p class="note">{_e(plot_note)}</p>',
         _counts(cands),
+        "<h2>Success shares</h2>",
+        _shares(cands),
+        _roofline(study, cands, metric, goal),
         "<h2>Candidates</h2>",
-        _candidate_table(cands, metric, Path(study.state_dir)),
+        _candidate_table(cands, metric, Path(study.state_dir), hosts),
         "<h2>Phase durations</h2>",
         plots.get("phases", ""),
         _phase_table(cands),
         "<h2>Incumbent</h2>",
         _incumbent(study, cands, metric),
+        "<h2>Machines</h2>",
+        _machines(hosts),
         "<h2>Costs</h2>",
         _costs(cands, ledger.get("created")),
         _dispatch(study),
@@ -239,11 +253,12 @@ def _log_href(log: Any, state_dir: Path) -> str | None:
     return "../" + "/".join(rel.parts)
 
 
-def _candidate_table(cands: list[Candidate], metric: str, state_dir: Path) -> str:
+def _candidate_table(cands: list[Candidate], metric: str, state_dir: Path,
+                     hosts: Machines) -> str:
     if not cands:
         return '<p class="note">no candidates.</p>'
     head = ["id", "round", "commit", "status", metric, "gain", "margin", "noise", "hold-out",
-            "phases", "description", "reasons"]
+            "phases", "description", "reasons", "machine"]
     rows, classes = [], []
     for c in cands:
         desc = _e(c.description)
@@ -262,9 +277,148 @@ def _candidate_table(cands: list[Candidate], metric: str, state_dir: Path) -> st
             _td(_phase_cell(c, state_dir)),
             _td(desc, "text"),
             _td(_e(c.reasons), "text"),
+            _td(hosts.cell(c)),
         ])
         classes.append("keep" if c.status == "keep" else "")
     return _table(head, rows, classes)
+
+
+class Machines:
+    """Which machine measured each result, by hardware (`fingerprint_key`).
+
+    The baseline's machine is M1, the reference: a result measured on other hardware
+    is flagged wherever it is shown, because its metric is not comparable with the
+    baseline's or the incumbent's.
+    """
+
+    def __init__(self, cands: list[Candidate]) -> None:
+        self.fingerprints: dict[str, dict[str, str]] = {}
+        for c in cands:
+            fp = (c.result or {}).get("fingerprint")
+            if isinstance(fp, dict) and fp:
+                self.fingerprints[c.id] = {str(k): str(v) for k, v in fp.items()}
+        order = sorted(cands, key=lambda c: (c.kind != "baseline", c.seq))
+        keys = [fingerprint_key(self.fingerprints[c.id]) for c in order if c.id in self.fingerprints]
+        self.labels = {key: f"M{i}" for i, key in enumerate(dict.fromkeys(keys), 1)}
+        self.reference = keys[0] if keys else None
+
+    def key(self, cand: Candidate) -> str | None:
+        fp = self.fingerprints.get(cand.id)
+        return fingerprint_key(fp) if fp else None
+
+    def elsewhere(self, cand: Candidate) -> bool:
+        """Measured on hardware other than the baseline's."""
+        key = self.key(cand)
+        return key is not None and key != self.reference
+
+    def cell(self, cand: Candidate) -> str:
+        key = self.key(cand)
+        if key is None:
+            return ""
+        label = f'<span title="{_e(key)}">{_e(self.labels[key])}</span>'
+        if self.elsewhere(cand):
+            label += ' <b class="warn">other hardware than the baseline: not comparable</b>'
+        return label
+
+
+def _machine_warning(hosts: Machines) -> str:
+    if len(hosts.labels) < 2:
+        return ""
+    names = ", ".join(f"{label} ({key})" for key, label in hosts.labels.items())
+    return (f'<p class="warn">Results from {len(hosts.labels)} different machines: {_e(names)}. '
+            "A metric measured on other hardware than the baseline's is not comparable with it; "
+            "those rows are flagged in the candidate table (see Machines).</p>")
+
+
+def _machines(hosts: Machines) -> str:
+    if not hosts.fingerprints:
+        return '<p class="note">no result records its machine (results from an older ratchet).</p>'
+    variants: dict[tuple[str, str], list[str]] = {}
+    for cand_id, fp in hosts.fingerprints.items():
+        variants.setdefault((fingerprint_key(fp), software_key(fp)), []).append(cand_id)
+    rows = []
+    for (key, software), ids in sorted(variants.items(), key=lambda kv: (hosts.labels[kv[0][0]], kv[1][0])):
+        shown = ", ".join(ids[:12]) + (f" … (+{len(ids) - 12})" if len(ids) > 12 else "")
+        rows.append([
+            _td(_e(hosts.labels[key]) + (" (baseline's)" if key == hosts.reference else "")),
+            _td(_e(key), "text"),
+            _td(_e(software), "text"),
+            _td(str(len(ids)), "num"),
+            _td(_e(shown), "text"),
+        ])
+    out = _table(["machine", "hardware", "driver and libraries", "results", "candidates"], rows)
+    same_hw = {k for k, _ in variants}
+    if len(variants) > len(same_hw):
+        out += ('<p class="warn">Software versions changed during the study on the same hardware: '
+                "a driver or library change can move timings by more than the noise.</p>")
+    return out
+
+
+def _shares(cands: list[Candidate]) -> str:
+    """Kept / discarded / crashed / rejected shares by proposer and by idea."""
+    by_proposer = success_shares(cands, "proposer")
+    if not by_proposer:
+        return '<p class="note">no candidate proposed yet.</p>'
+    out = ["<h3>By proposer</h3>", _share_table("proposer", by_proposer)]
+    by_idea = success_shares(cands, "idea")
+    if any(s.name != "(no queued idea)" for s in by_idea):
+        out += ["<h3>By idea</h3>", _share_table("idea", by_idea)]
+    else:
+        out.append('<p class="note">no candidate came from a queued idea (ratchet idea, ideas.md).</p>')
+    return "".join(out)
+
+
+def _share_table(name: str, shares: list[Share]) -> str:
+    def cell(share: Share, status: str) -> str:
+        n = share.counts.get(status, 0)
+        return _td(f"{n} ({share.share(status) * 100:.0f}%)" if share.judged else str(n), "num")
+
+    rows = []
+    for share in shares:
+        reasons = sorted(share.reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+        rows.append([
+            _td(_e(share.name), "text"),
+            _td(str(sum(share.counts.values())), "num"),
+            cell(share, "keep"), cell(share, "discard"), cell(share, "crash"), cell(share, "rejected"),
+            _td("<br>".join(f"{_e(r)} ×{n}" for r, n in reasons[:6]), "text"),
+        ])
+    return _table([name, "candidates", "kept", "discarded", "crashed", "rejected",
+                   "crash and rejection reasons"], rows)
+
+
+def roofline_pct(cand: Candidate) -> float | None:
+    """The candidate's % of roofline, from the first extra metric that reports it."""
+    for key in ROOFLINE_KEYS:
+        value = (cand.extra or {}).get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+    return None
+
+
+def _roofline(study: Any, cands: list[Candidate], metric: str, goal: str) -> str:
+    """The incumbent's % of roofline after each kept step: how far from the bound it is."""
+    baseline = next((c for c in cands if c.kind == "baseline"), None)
+    path = ([baseline] if baseline is not None else []) + [s.cand for s in kept_steps(study.ledger)]
+    path = [c for c in path if roofline_pct(c) is not None]
+    if not path:
+        return ""
+    rows = []
+    for c in path:
+        pct = roofline_pct(c) or 0.0
+        rows.append([
+            _td(_e(c.id) + (" (baseline)" if c.kind == "baseline" else "")),
+            _td(_num(c.metric), "num"),
+            _td(f"{pct:.1f}%", "num"),
+            _td(f"{100 / pct:.2f}×" if pct > 0 else "", "num"),
+            _td(_e(c.description), "text"),
+        ])
+    now = roofline_pct(path[-1]) or 0.0
+    first = roofline_pct(path[0]) or 0.0
+    summary = (f"The incumbent {_e(path[-1].id)} runs at <b>{now:.1f}%</b> of the roofline"
+               + (f" (started at {first:.1f}%)" if len(path) > 1 else "")
+               + (f": {100 / now:.2f}× from the bound." if now > 0 else "."))
+    return ("<h2>Roofline</h2>" f"<p>{summary}</p>"
+            + _table(["step", metric, "% of roofline", "distance to the bound", "description"], rows))
 
 
 def _phase_table(cands: list[Candidate]) -> str:
