@@ -80,3 +80,43 @@ def test_not_a_git_repo(tmp_path):
     proc = ratchet(tmp_path, "run")
     assert proc.returncode == 2
     assert "not a git repository" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "mutate,needle",
+    [
+        (lambda t: t.replace("editable =", "editabel ="),
+         "ratchet.toml: task.editabel: unknown key; did you mean 'editable'?"),
+        (lambda t: t.replace("[task.metric]", "[task.metrik]"),
+         "ratchet.toml: task.metrik: unknown key; did you mean 'metric'?"),
+        (lambda t: t.replace("{ choices", "{ choises"),
+         "ratchet.toml: tune.knobs.solution.py:X.choises: unknown key; did you mean "
+         "'choices'?"),
+        (lambda t: t.replace("[search]", "[serach]"),
+         "ratchet.toml: serach: unknown key; did you mean 'search'?"),
+    ],
+)
+def test_misspelt_key_is_named_first_with_what_it_meant(mutate, needle):
+    with pytest.raises(ConfigError) as info:
+        load(mutate(config_text()))
+    message = str(info.value)
+    assert message.startswith(needle), message
+    # the required key it explains is not reported as a second problem
+    assert "missing" not in message
+    if "choises" not in needle:  # (a knob with no choices is a problem of its own)
+        assert "more problem" not in message
+
+
+def test_misspelling_comes_before_other_problems():
+    text = config_text().replace("editable =", "editabel =").replace("rounds = 3",
+                                                                      "rounds = -1")
+    with pytest.raises(ConfigError) as info:
+        load(text)
+    assert str(info.value).startswith("ratchet.toml: task.editabel: unknown key")
+    assert "(and 1 more problem)" in str(info.value)
+
+
+def test_tune_without_knobs_is_valid_config():
+    """`submit` / `wait` use no proposer; the knobs are checked when the tuner is built."""
+    cfg = load(config_text(knobs=""))
+    assert cfg.search.proposer == "tune" and not cfg.tune.knobs
