@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,9 @@ class JobResult:
     queue_seconds: float = 0.0
     sandbox: str = "none"
     violations: list[str] = field(default_factory=list)
+    # where the metrics came from: "channel" (the pipe only the trusted evaluator holds)
+    # or "stdout" (printed lines: unprotected from code running in the evaluator's process)
+    metrics_source: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -199,20 +203,134 @@ class JobResult:
         return None
 
 
+def _parse_line(line: str) -> tuple[str, Any] | None:
+    name, sep, raw = line.partition(":")
+    name, raw = name.strip(), raw.strip()
+    if not sep or not name or " " in name or not raw or len(name) > 64:
+        return None
+    lowered = raw.lower()
+    if lowered in ("true", "false"):
+        return name, lowered == "true"
+    try:
+        return name, float(raw.split()[0])
+    except ValueError:
+        return None
+
+
+def metric_lines(text: str) -> list[tuple[str, Any]]:
+    """Every `name: value` line, in order (a name may appear more than once)."""
+    return [found for line in text.splitlines() if (found := _parse_line(line))]
+
+
 def parse_metrics(text: str) -> dict[str, Any]:
-    """`name: value` lines -> {name: float|bool|str}; the last occurrence wins."""
-    values: dict[str, Any] = {}
-    for line in text.splitlines():
-        name, sep, raw = line.partition(":")
-        name, raw = name.strip(), raw.strip()
-        if not sep or not name or " " in name or not raw or len(name) > 64:
-            continue
-        lowered = raw.lower()
-        if lowered in ("true", "false"):
-            values[name] = lowered == "true"
+    """`name: value` lines -> {name: float|bool}; the last occurrence wins."""
+    return dict(metric_lines(text))
+
+
+# ---------------------------------------------------------------------------------------
+# reading an evaluation: the trusted channel first, the log and $RATCHET_RESULT after it
+
+CHANNEL = "channel"  # the metrics came through the pipe only the evaluator holds
+STDOUT = "stdout"  # printed lines (and $RATCHET_RESULT): anything in the process can print
+
+
+def _as_logged(value: Any) -> Any:
+    """A value as it reads once printed (`name: value`), so echoes compare equal."""
+    if isinstance(value, bool | int | float):
+        return value
+    found = _parse_line(f"x: {value}")
+    return found[1] if found else value
+
+
+def same_value(a: Any, b: Any) -> bool:
+    a, b = _as_logged(a), _as_logged(b)
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return a == b or math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)
+    return a == b
+
+
+@dataclass
+class MetricsReading:
+    metrics: dict[str, Any]
+    source: str  # CHANNEL | STDOUT
+    tampering: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)  # ambiguous extras left out
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, bool | int | float | str)
+
+
+def read_channel(data: bytes) -> tuple[list[tuple[str, Any]], list[str]]:
+    """The channel's JSON lines -> ((name, value) in order, problems)."""
+    found, problems = [], []
+    for raw in data.splitlines():
+        if not raw.strip():
             continue
         try:
-            values[name] = float(raw.split()[0])
+            obj = json.loads(raw)
         except ValueError:
+            obj = None
+        if not isinstance(obj, dict):
+            problems.append("an unreadable line reached the trusted metric channel")
             continue
-    return values
+        found.extend((str(k), v) for k, v in obj.items() if _scalar(v))
+    return found, problems
+
+
+def collect_metrics(
+    *,
+    channel: bytes,
+    log_text: str,
+    result_file: dict[str, Any] | None,
+    critical: set[str],
+) -> MetricsReading:
+    """Merge what an evaluation reported, and say where it disagrees with itself.
+
+    With the channel used, it alone gives the metrics; a printed line or a
+    `$RATCHET_RESULT` key that disagrees with it is tampering. Without it (an evaluator
+    that only prints, the documented interface), the printed lines give the metrics and
+    `$RATCHET_RESULT` may add names but never change one; a critical name (the metric,
+    `correct`) reported twice with different values is tampering, any other such name is
+    left out as ambiguous.
+    """
+    from_channel, problems = read_channel(channel)
+    printed = metric_lines(log_text)
+    filed = [(k, v) for k, v in (result_file or {}).items()
+             if isinstance(k, str) and isinstance(v, int | float | bool)]
+    reading = MetricsReading(metrics={}, source=CHANNEL if from_channel or problems else STDOUT,
+                             tampering=list(problems))
+    if reading.source == CHANNEL:
+        for name, value in from_channel:
+            if name not in reading.metrics:
+                reading.metrics[name] = value
+            elif not same_value(reading.metrics[name], value):
+                reading.tampering.append(
+                    f"{name} reported twice on the trusted channel "
+                    f"({reading.metrics[name]!r} then {value!r})")
+        for where, pairs in (("printed", printed), ("$RATCHET_RESULT", filed)):
+            for name, value in pairs:
+                if name in reading.metrics and not same_value(reading.metrics[name], value):
+                    reading.tampering.append(
+                        f"{where} {name} = {value!r} disagrees with the trusted channel "
+                        f"({reading.metrics[name]!r})")
+        return reading
+    seen: dict[str, list[Any]] = {}
+    for name, value in printed:
+        seen.setdefault(name, []).append(value)
+    for name, value in filed:
+        seen.setdefault(name, []).append(value)
+    for name, values in seen.items():
+        if all(same_value(values[0], v) for v in values[1:]):
+            reading.metrics[name] = values[0]
+        elif name in critical:
+            shown = ", ".join(repr(v) for v in dict.fromkeys(values))
+            reading.tampering.append(f"{name} reported more than once with different "
+                                     f"values ({shown})")
+        else:
+            reading.dropped.append(name)
+    return reading

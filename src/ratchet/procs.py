@@ -164,6 +164,7 @@ def run_capped(
     should_stop=lambda: False,
     reap_all_descendants: bool = True,
     file_size_limit_bytes: int | None = None,
+    pass_fds: tuple[int, ...] = (),
 ) -> tuple[int | None, bool, CappedLog, float]:
     """Run argv in a fresh session; return (exit code, timed_out, log, seconds).
 
@@ -181,6 +182,7 @@ def run_capped(
         stderr=subprocess.STDOUT,
         start_new_session=True,
         preexec_fn=_limits(memory_limit_bytes, file_size_limit_bytes),
+        pass_fds=pass_fds,  # every other descriptor is closed in the child
     )
     drainer = threading.Thread(target=log.drain, args=(proc.stdout,), daemon=True)
     drainer.start()

@@ -17,16 +17,18 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 from ratchet import sandbox
 from ratchet.jobspec import (
     RESULT_MARKER,
+    STDOUT,
     JobResult,
     JobSpec,
     PhaseResult,
-    parse_metrics,
+    collect_metrics,
     scrub_env,
     sha256,
 )
@@ -132,6 +134,54 @@ def data_digest(root: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------
+# the trusted metric channel (the evaluator's side is ratchet.channel)
+
+METRICS_FD_ENV = "RATCHET_METRICS_FD"
+CHANNEL_LIMIT = 1 << 20  # bytes; an evaluator reports a few lines
+
+
+class MetricPipe:
+    """One trusted phase's metric pipe: the phase gets the write end, we drain the other.
+
+    Drained by a thread while the phase runs, so an evaluator never blocks on a full pipe.
+    Both ends are created non-inheritable; only the phase we start receives the write end
+    (`pass_fds`), never build / smoke / run.
+    """
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        self.data = bytearray()
+        self.overflow = False
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.read_fd, 1 << 16)
+            except OSError:
+                return
+            if not chunk:
+                return
+            room = CHANNEL_LIMIT - len(self.data)
+            self.data += chunk[:max(room, 0)]
+            self.overflow |= len(chunk) > room
+
+    def close_writer(self) -> None:
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+
+    def finish(self) -> bytes:
+        """Call once the phase's whole process tree is gone: EOF comes at once."""
+        self.close_writer()
+        self._thread.join(timeout=5)
+        with contextlib.suppress(OSError):
+            os.close(self.read_fd)
+        return bytes(self.data)
+
+
+# ---------------------------------------------------------------------------------------
 # the job
 
 
@@ -146,15 +196,27 @@ class Job:
         self.deadline = 0.0
         self.env: dict[str, str] = {}
         self.sandbox_kind = "none"
+        self.channel_data: dict[str, bytes] = {}  # trusted phase -> what its pipe carried
+
+    def _fresh_eval_dir(self) -> Path:
+        """$RATCHET_RESULT's directory, recreated: nothing an earlier phase left counts."""
+        eval_dir = self.job_dir / "eval"
+        if eval_dir.is_symlink() or eval_dir.is_file():
+            eval_dir.unlink()
+        elif eval_dir.exists():
+            shutil.rmtree(eval_dir)
+        eval_dir.mkdir()
+        return eval_dir
 
     def phase(self, name: str, command: str, *, trusted: bool = False) -> PhaseResult:
         env = dict(self.env)
         result_file = self.job_dir / "eval" / f"{name}.json"
+        pipe: MetricPipe | None = None
         if trusted:
-            result_file.parent.mkdir(exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):
-                result_file.unlink()
+            result_file = self._fresh_eval_dir() / f"{name}.json"
             env["RATCHET_RESULT"] = str(result_file)
+            pipe = MetricPipe()
+            env[METRICS_FD_ENV] = str(pipe.write_fd)
             env["RATCHET_REPEAT"] = name.rpartition(".")[2] if "." in name else "1"
             if self.spec.holdout_dir and name.startswith("holdout"):
                 env["RATCHET_HOLDOUT"] = self.spec.holdout_dir
@@ -170,17 +232,22 @@ class Job:
             if self.spec.holdout_dir and not name.startswith("holdout") else [],
             readonly=self.spec.readonly_paths,
         )
-        code, timed_out, log, seconds = run_capped(
-            argv,
-            cwd=self.work,
-            env=env,
-            log_path=self.logs / f"{name}.log",
-            deadline=self.deadline,
-            log_limit=self.spec.log_limit_bytes,
-            memory_limit_bytes=self.spec.memory_limit_bytes,
-            should_stop=lambda: _stop_requested,
-            file_size_limit_bytes=self.spec.file_size_limit_bytes,
-        )
+        try:
+            code, timed_out, log, seconds = run_capped(
+                argv,
+                cwd=self.work,
+                env=env,
+                log_path=self.logs / f"{name}.log",
+                deadline=self.deadline,
+                log_limit=self.spec.log_limit_bytes,
+                memory_limit_bytes=self.spec.memory_limit_bytes,
+                should_stop=lambda: _stop_requested,
+                file_size_limit_bytes=self.spec.file_size_limit_bytes,
+                pass_fds=(pipe.write_fd,) if pipe else (),
+            )
+        finally:
+            if pipe is not None:  # run_capped killed the phase's whole tree: EOF is due
+                self.channel_data[name] = pipe.finish()
         phase = PhaseResult(
             name=name,
             command=command,
@@ -237,24 +304,33 @@ class Job:
         failure = self.check_phase(phase) or self.check_integrity(after=name)
         if failure:
             return {}, failure
-        metrics = parse_metrics(Path(phase.log).read_text(errors="replace"))
         json_file = self.job_dir / "eval" / f"{name}.json"
-        if json_file.is_file():
+        filed = None
+        if json_file.is_file() and not json_file.is_symlink():
             with contextlib.suppress(ValueError, OSError):
                 data = json.loads(json_file.read_text())
-                if isinstance(data, dict):
-                    metrics.update(
-                        {k: v for k, v in data.items() if isinstance(v, int | float | bool)}
-                    )
+                filed = data if isinstance(data, dict) else None
+        reading = collect_metrics(
+            channel=self.channel_data.get(name, b""),
+            log_text=Path(phase.log).read_text(errors="replace"),
+            result_file=filed,
+            critical={self.spec.metric, "correct"},
+        )
+        if not self.result.metrics_source or reading.source == STDOUT:
+            self.result.metrics_source = reading.source  # the weakest source of the job
+        if reading.tampering:
+            reason = "tampering: " + "; ".join(dict.fromkeys(reading.tampering))
+            self.result.violations.append(reason)
+            return reading.metrics, self.fail("violation", name, f"{name}: {reason}")
+        metrics = reading.metrics
         if metrics.get("correct") is False:
             return metrics, self.fail("failed", name, f"{name}: evaluator reported correct: false")
         value = metrics.get(self.spec.metric)
         if not isinstance(value, int | float) or isinstance(value, bool) or value != value:
-            return metrics, self.fail(
-                "failed",
-                name,
-                f"{name} printed no '{self.spec.metric}: <number>' line",
-            )
+            why = (f"{name} printed no '{self.spec.metric}: <number>' line"
+                   if reading.source == STDOUT else
+                   f"{name} reported no number for '{self.spec.metric}' on the trusted channel")
+            return metrics, self.fail("failed", name, why)
         return metrics, None
 
     def run(self) -> JobResult:
@@ -330,7 +406,10 @@ def build_env(spec: JobSpec, job_dir: Path, work: Path, slot) -> dict[str, str]:
     env["RATCHET_WORKDIR"] = str(work)
     if spec.data_dir:
         env["RATCHET_DATA"] = spec.data_dir
-    env.pop("RATCHET_HOLDOUT", None)
+    # names only the worker sets, for trusted phases alone: never inherited from whoever
+    # started us (a worker started from inside another evaluation, say)
+    for name in ("RATCHET_HOLDOUT", "RATCHET_RESULT", METRICS_FD_ENV, "RATCHET_REPEAT"):
+        env.pop(name, None)
     if slot is not None:
         env.update(slot.env)
         if slot.cpus:

@@ -102,16 +102,6 @@ def compute(xs):
 FAST_SOLUTION = SOLUTION.replace("DELAY = 0.2", "DELAY = 0.0")
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory):
-    """A study whose baseline has been measured; each test works on a copy."""
-    base = tmp_path_factory.mktemp("redteam")
-    holdout = base / "holdout-data"
-    holdout.mkdir()
-    (holdout / "holdout.json").write_text(json.dumps([[3, 4, 5], [-7, 11], [2] * 33]))
-    return base, holdout
-
-
 def new_study(template, tmp_path, sandbox_mode="auto") -> Path:
     _, holdout = template
     repo = make_repo(tmp_path / "repo", {
