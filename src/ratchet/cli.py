@@ -93,16 +93,27 @@ def init(
     repo: RepoOption = Path("."),
     force: Annotated[bool, typer.Option("--force", help="overwrite existing files")] = False,
 ) -> None:
-    """Write ratchet.toml, program.md and a starter task into REPO."""
-    from ratchet.templates import write_template
+    """Write ratchet.toml, program.md and a starter task into REPO (git init if needed)."""
+    import shlex
 
+    from ratchet.templates import init_repository, repository_root_or_none, write_template
+
+    dest = repo.resolve()
     try:
-        written = write_template(template, repo.resolve(), force=force)
-    except (ValueError, FileExistsError) as exc:
+        existing = repository_root_or_none(dest)
+        written = write_template(template, dest, force=force)
+        if existing is None:
+            init_repository(dest)
+    except (ValueError, FileExistsError, gitrepo.GitError) as exc:
         fail(str(exc))
     for path in written:
         console.print(f"wrote {path}")
-    console.print("next: git add -A && git commit -m 'ratchet task' && ratchet run")
+    if existing is None:
+        console.print(f"initialised an empty git repository in {dest}")
+    # the next step is printed to be pasted as it is, from where the user stands
+    cd = "" if dest == Path.cwd().resolve() else f"cd {shlex.quote(str(dest))} && "
+    paths = " ".join(shlex.quote(str(p.relative_to(dest))) for p in written)
+    console.print(f"next: {cd}git add {paths} && git commit -m 'ratchet task' && ratchet run")
 
 
 @app.command()

@@ -9,6 +9,8 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+from ratchet import gitrepo
+
 TEMPLATES = ("kernel", "train", "blank")
 
 
@@ -50,3 +52,34 @@ def write_template(name: str, dest: Path, force: bool = False) -> list[Path]:
         path.write_bytes(content)
         written.append(path)
     return written
+
+
+def repository_root_or_none(dest: Path) -> Path | None:
+    """The repository `dest` is the root of, or None when `dest` is in no repository.
+
+    ratchet reads `ratchet.toml` from a repository's root, so a `dest` inside another
+    repository would get a task that `ratchet run` never finds: that is an error here,
+    before anything is written.
+    """
+    probe = dest
+    while not probe.exists():  # a directory init is about to create: ask its parent
+        probe = probe.parent
+    if not gitrepo.is_repo(probe):
+        return None
+    top = gitrepo.toplevel(probe)
+    if top.resolve() != dest.resolve():
+        raise ValueError(
+            f"{dest} is inside the git repository {top}, and ratchet reads ratchet.toml "
+            f"from a repository's root: run `ratchet init` in {top}, or `git init {dest}` "
+            "first to make it a repository of its own"
+        )
+    return top
+
+
+def init_repository(dest: Path) -> None:
+    """`git init`: a study starts from a commit, so the task needs a repository.
+
+    Nothing is committed here: the user commits the task (the printed next step), so
+    nothing enters their history unseen.
+    """
+    gitrepo.git(dest, "init", "-q")
