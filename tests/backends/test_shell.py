@@ -56,13 +56,11 @@ def shell_section(tmp_path: Path, preset: str, **extra: str) -> str:
         f'stage_dir = "{tmp_path / "stage"}"',
         f'data_dir = "{tmp_path / "shared-data"}"',
         f'python = "{sys.executable}"',
-        "poll = 0.25",
-        "id_wait = 20",
-        "backoff = 0.05",
-        "call_timeout = 20",
         PRESET_VARS[preset],
     ]
-    lines += [f"{k} = {v}" for k, v in extra.items()]
+    values = {"poll": "0.25", "id_wait": "20", "backoff": "0.05", "call_timeout": "20",
+              "gone_grace": "1", **extra}
+    lines += [f"{k} = {v}" for k, v in values.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -180,3 +178,54 @@ def test_config_errors_name_the_key():
                              "vars": {"sbatch_args": "--gres=gpu:1"}})
     assert cfg.vars["sbatch_args"] == "--gres=gpu:1"
     assert cfg.states["COMPLETED"] == "succeeded"
+
+
+def test_poll_asks_the_engine_once_per_tick(tmp_path, engine):
+    engine(no_accounting=True)
+    repo = make_task(tmp_path, backend="shell", parallel=3, rounds=1, sleep=0.5, prep=False,
+                     extra=shell_section(tmp_path, "slurm", poll="0.01"))
+    study = Study(repo)
+    try:
+        study.ensure_started()
+        cands = study._propose_round(1)
+        specs = [study.job_spec(c) for c in cands]
+    finally:
+        study.close()
+    backend = ShellBackend(repo / ".ratchet", load_config(repo).backend)
+    ids = [backend.submit(spec) for spec in specs]
+    assert len(ids) == 3
+    ticks, deadline = 0, time.monotonic() + 60
+    while True:
+        states = backend.poll(ids)
+        ticks += 1
+        if all(s == "done" for s in states.values()):
+            break
+        assert time.monotonic() < deadline, states
+        time.sleep(0.2)
+    asked = [c for c in calls(engine.state) if c["tool"] == "squeue" and c["verb"] == "status"]
+    assert 1 <= len(asked) <= ticks  # one squeue per tick for all three jobs
+    assert all("--me" in c["argv"] for c in asked)
+    # a job that left the queue with its result in its log is finished: no sacct at all
+    assert not [c for c in calls(engine.state) if c["tool"] == "sacct"]
+    for job_id in ids:
+        result = backend.result(job_id)
+        assert result.outcome == "ok" and result.metric is not None
+
+
+def test_accounting_disabled_is_an_answer_not_a_retry_storm(tmp_path, engine):
+    # a job vanishes with its node on a Slurm without accounting: sacct says so once,
+    # the study goes on (the job is rerun), and nothing is retried serially
+    engine(no_accounting=True, lose=["c0001-0"])
+    repo = make_task(tmp_path, backend="shell", parallel=2, rounds=1, sleep=0.3, prep=False,
+                     extra=shell_section(tmp_path, "slurm"))
+    study = Study(repo)
+    try:
+        study.run()
+        cands = {c.id: c for c in study.ledger.candidates()}
+    finally:
+        study.close()
+    assert cands["c0001"].attempt == 1 and cands["c0001"].status in ("keep", "discard")
+    assert len([c for c in calls(engine.state) if c["tool"] == "sacct"]) == 1
+    log = (repo / ".ratchet/shell/backend.log").read_text()
+    assert "accounting storage is disabled" in log
+    assert "retrying" not in log

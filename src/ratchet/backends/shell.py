@@ -74,7 +74,11 @@ class ShellConfig(BaseModel):
     status: str
     status_json: str | None = None  # state = this (dotted) field of JSON output
     status_regex: str | None = None  # state = group 'state' (or 1); default: first word
-    status_fallback: str | None = None  # asked when status no longer knows the job
+    status_all: str | None = None  # ONE call giving every job's state ({ids}: all ids)
+    status_all_regex: str | None = None  # ... one match per job: groups 'id' and 'state'
+    status_fallback: str | None = None  # asked when the queue no longer lists the job
+    fallback_unavailable_regex: str | None = None  # its "I keep no records" answer
+    gone_grace: Duration = 10.0  # a job off the queue may take this long to show its log
     missing_regex: str | None = None  # a failing call whose output says "no such job"
     states: dict[str, str] = {}
     logs: str
@@ -86,7 +90,7 @@ class ShellConfig(BaseModel):
     queue_timeout: Duration = 3600.0
     retries: int = Field(default=1, ge=0, le=10)
     call_timeout: Duration = 60.0
-    call_attempts: int = Field(default=4, ge=1)
+    call_attempts: int = Field(default=1, ge=1)  # >1: tries per call (the study retries)
     backoff: Duration = 1.0
     poll: Duration = 2.0
 
@@ -110,7 +114,8 @@ def load_shell_config(raw: dict) -> ShellConfig:
         if ours not in STATES:
             raise ConfigError(f"backend.shell.states.{engine_state}: {ours!r} is not one of "
                               f"{', '.join(STATES)}")
-    for key in ("id_regex", "id_list_regex", "status_regex", "missing_regex"):
+    for key in ("id_regex", "id_list_regex", "status_regex", "status_all_regex",
+                "missing_regex", "fallback_unavailable_regex"):
         pattern = getattr(cfg, key)
         if pattern:
             try:
@@ -138,6 +143,8 @@ class ShellBackend(Backend):
         self.stage_root = Path(self.cfg.stage_dir).expanduser()
         self.remote_root = self.cfg.remote_stage_dir or str(self.stage_root)
         self._seen: dict[str, tuple[float, JobState]] = {}
+        self._gone_since: dict[str, float] = {}  # job id -> when it left the queue
+        self._fallback_unavailable = False  # the fallback said it keeps no records
         self.max_attempts = self.cfg.retries + 1
 
     def describe(self) -> str:
@@ -312,35 +319,103 @@ class ShellBackend(Backend):
         return job_id
 
     def status(self, job_id: str) -> JobState:
-        if self.store.cached_result(job_id) is not None:
-            return "done"
-        seen = self._seen.get(job_id)
-        if seen and time.monotonic() - seen[0] < self.cfg.poll:
-            return seen[1]
-        try:
-            state = self._status(job_id)
-        except BackendError as exc:  # the engine's CLI keeps failing: wait, and say so
-            self.store.note(f"{job_id}: {exc}; will ask again")
-            state = seen[1] if seen else "pending"
-        self._seen[job_id] = (time.monotonic(), state)
-        return state
+        return self.poll([job_id])[job_id]
+
+    def poll(self, job_ids: list[str]) -> dict[str, JobState]:
+        """Every job's state from ONE engine call (`status_all`: squeue, sky jobs queue);
+        logs only for jobs that left the queue. A failing call raises BackendError (the
+        study retries with backoff); nothing here retries or sleeps."""
+        now = time.monotonic()
+        states: dict[str, JobState] = {}
+        ask: list[tuple[str, JobRecord]] = []
+        for job_id in job_ids:
+            seen = self._seen.get(job_id)
+            if self.store.cached_result(job_id) is not None:
+                states[job_id] = "done"
+            elif seen and now - seen[0] < self.cfg.poll:
+                states[job_id] = seen[1]
+            else:
+                record = self.store.get(job_id)
+                if record is None:
+                    states[job_id] = "lost"
+                elif not record.engine_id and not self._learn_id(record):
+                    states[job_id] = self._no_id_yet(record)
+                else:
+                    ask.append((job_id, record))
+        if ask:
+            if self.cfg.status_all:
+                listed = self._list_states(ask)
+            else:
+                listed = {r.engine_id: self._engine_state(self._name(j), r.engine_id)
+                          for j, r in ask}
+            for job_id, record in ask:
+                states[job_id] = self._judge(job_id, record, listed.get(record.engine_id))
+                self._seen[job_id] = (now, states[job_id])
+        return states
+
+    def _learn_id(self, record: JobRecord) -> bool:
+        found = self._find_id(self._name(record.job_id))
+        if found:
+            record.engine_id = found
+            self.store.put(record)
+        return bool(found)
+
+    def _no_id_yet(self, record: JobRecord) -> JobState:
+        if time.time() - record.submitted_at > self.cfg.id_wait:
+            record.lost = "the engine never listed the job"
+            self.store.put(record)
+            return "lost"
+        return "pending"
+
+    def _list_states(self, ask: list[tuple[str, JobRecord]]) -> dict[str, EngineState]:
+        """One call for all jobs: engine id -> our state, for the jobs the engine lists."""
+        ids = ",".join(r.engine_id for _, r in ask if r.engine_id)
+        _, out = self._run("status_all", {**self._values("", ""), "ids": ids})
+        states = {k.upper(): v for k, v in self.cfg.states.items()}
+        found: dict[str, EngineState] = {}
+        if self.cfg.status_all_regex:
+            for match in re.finditer(self.cfg.status_all_regex, out, re.MULTILINE):
+                found[_group(match, "id")] = states.get(_group(match, "state").upper(),
+                                                        "running")
+            return found
+        for _, record in ask:  # one listing, parsed per job (e.g. status_regex with {id})
+            raw = self._parse_state(out, record.engine_id)
+            if raw:
+                found[record.engine_id] = states.get(raw.upper(), "running")
+        return found
 
     def _engine_state(self, name: str, engine_id: str) -> EngineState | None:
-        values = self._values(name, engine_id)
-        for key in ("status", "status_fallback"):
-            if not getattr(self.cfg, key):
-                continue
-            try:
-                ok, out = self._run(key, values, missing_ok=True)
-            except BackendError:
-                if key == "status":
-                    raise
-                ok, out = False, ""  # e.g. sacct without accounting: no second opinion
-            raw = self._parse_state(out, engine_id) if ok else None
-            if raw:
-                states = {k.upper(): v for k, v in self.cfg.states.items()}
-                return states.get(raw.upper(), "running")  # unknown: still running
-        return None  # the engine does not know the job (any more)
+        """One job's state from `status` alone (None: the engine does not list it)."""
+        ok, out = self._run("status", self._values(name, engine_id), missing_ok=True)
+        raw = self._parse_state(out, engine_id) if ok else None
+        if not raw:
+            return None
+        states = {k.upper(): v for k, v in self.cfg.states.items()}
+        return states.get(raw.upper(), "running")  # unknown: still running
+
+    def _fallback_state(self, name: str, engine_id: str) -> EngineState | None:
+        """The second opinion (sacct) on a job the queue forgot, where the engine keeps
+        one. "Accounting storage is disabled" is an answer, not trouble: asked once."""
+        if not self.cfg.status_fallback or self._fallback_unavailable:
+            return None
+        try:
+            ok, out = self._run("status_fallback", self._values(name, engine_id),
+                                missing_ok=True)
+        except BackendError as exc:
+            text = str(exc)
+            if self.cfg.fallback_unavailable_regex and re.search(
+                    self.cfg.fallback_unavailable_regex, text):
+                self._fallback_unavailable = True
+                self.store.note("status_fallback is unavailable on this engine "
+                                f"({text[-120:].strip()}); the queue and the job's log "
+                                "decide alone")
+                return None
+            raise
+        raw = self._parse_state(out, engine_id) if ok else None
+        if not raw:
+            return None
+        states = {k.upper(): v for k, v in self.cfg.states.items()}
+        return states.get(raw.split()[0].upper(), "running")
 
     def _parse_state(self, out: str, engine_id: str) -> str | None:
         if self.cfg.status_json:
@@ -358,39 +433,37 @@ class ShellBackend(Backend):
         words = out.split()
         return words[0] if words else None
 
-    def _status(self, job_id: str) -> JobState:
-        record = self.store.get(job_id)
-        if record is None:
-            return "lost"
+    def _judge(self, job_id: str, record: JobRecord, state: EngineState | None) -> JobState:
+        """Our state for one job, given what the engine listed (None: not listed)."""
         name = self._name(job_id)
-        if not record.engine_id:
-            found = self._find_id(name)
-            if not found:
-                if time.time() - record.submitted_at > self.cfg.id_wait:
-                    record.lost = "the engine never listed the job"
-                    self.store.put(record)
-                    return "lost"
-                return "pending"
-            record.engine_id = found
-            self.store.put(record)
-        state = self._engine_state(name, record.engine_id)
         if state in ("pending", "running"):
+            self._gone_since.pop(job_id, None)
             reason = overdue(record, state, self.cfg.queue_timeout, self.store, time.time())
             return self._stop(record, name, reason, "timeout") if reason else state
-        # finished (or forgotten by the engine): the log decides
+        # finished, or left the queue: the job's log decides (its last line is the
+        # worker's result); no second call when it is there
         logs = self._logs(name, record.engine_id)
         worker = parse_result(logs)
         if record.stop_reason:
             self.store.cache_result(job_id, stopped_result(record, worker), logs)
             return "done"
-        if worker is None:
-            record.lost = (f"engine state {state}, no worker result in the log"
-                           if state else "the engine no longer knows the job")
-            self.store.put(record)
-            self.store.note(f"{job_id} ({record.engine_id}): lost: {record.lost}")
-            return "lost"
-        self.store.cache_result(job_id, add_engine_queue(worker, record), logs)
-        return "done"
+        if worker is not None:
+            self._gone_since.pop(job_id, None)
+            self.store.cache_result(job_id, add_engine_queue(worker, record), logs)
+            return "done"
+        if state is None:  # not listed, no result (yet): ask the fallback, then wait a bit
+            fallback = self._fallback_state(name, record.engine_id)
+            if fallback in ("pending", "running"):
+                return fallback
+            first = self._gone_since.setdefault(job_id, time.monotonic())
+            if fallback is None and time.monotonic() - first < self.cfg.gone_grace:
+                return "running"  # a shared filesystem may show the log's end late
+            state = fallback
+        record.lost = (f"engine state {state}, no worker result in the log"
+                       if state else "the engine no longer knows the job")
+        self.store.put(record)
+        self.store.note(f"{job_id} ({record.engine_id}): lost: {record.lost}")
+        return "lost"
 
     def _logs(self, name: str, engine_id: str | None) -> str:
         try:

@@ -1,6 +1,7 @@
 """Command templates for the shell backend: one dict per engine, overridable key by key.
 
 Placeholders (Python `str.format`): `{name}` the job's name, `{id}` the engine's id,
+`{ids}` every polled job's engine id, comma-separated (in `status_all`),
 `{stage}` the job's staged directory as the job sees it, `{local_stage}` the same
 directory on this machine, `{command}` / `{command_q}` the job command (raw / shell
 quoted), `{python}`, and every key of `[backend.shell.vars]`. In the `*_regex` keys
@@ -20,9 +21,17 @@ SLURM = {
     "submit": "sbatch --parsable --job-name {name} --output {stage}/engine.log "
               "--chdir {stage} {sbatch_args} {stage}/job.sh",
     "id_regex": r"^(?P<id>\d+)",
+    # a submit whose answer was lost: the job is found by name before submitting again
+    "id_command": "squeue -h --me -o '%i %j'",
+    "id_list_regex": r"(?m)^\s*(?P<id>\d+)\s+{name}\s*$",
+    # one call per tick for every job; a job that left the queue is judged by its log
+    "status_all": "squeue -h --me -o '%i %T'",
+    "status_all_regex": r"^\s*(?P<id>\d+)\s+(?P<state>[A-Z_]+)",
     "status": "squeue -h -j {id} -o %T",
-    # squeue forgets finished jobs; sacct remembers them where accounting is set up
+    # squeue forgets finished jobs; sacct remembers them where accounting is set up,
+    # and says so once where it is not (then the job's log alone decides)
     "status_fallback": "sacct -n -X -P -j {id} -o State",
+    "fallback_unavailable_regex": r"(?i)accounting storage is disabled",
     "missing_regex": r"Invalid job id",
     "states": {
         "PENDING": "pending", "CONFIGURING": "pending", "REQUEUED": "pending",
@@ -69,6 +78,7 @@ SKYPILOT = {
     "submit": "sky jobs launch -n {name} -d -y {local_stage}/task.yaml",
     "id_command": "sky jobs queue",
     "id_list_regex": r"(?m)^\s*(?P<id>\d+)\s+\S+\s+{name}\s",
+    "status_all": "sky jobs queue",  # one listing, parsed per job with status_regex
     "status": "sky jobs queue",
     "status_regex": r"(?m)^\s*{id}\s+\S+\s+\S+\s+(?:.*?\s)?(?P<state>PENDING|SUBMITTED|STARTING|"
                     r"RUNNING|RECOVERING|CANCELLING|SUCCEEDED|CANCELLED|FAILED\w*)\b",
