@@ -1,6 +1,7 @@
 """The slurm preset against a real single-node Slurm (opt-in: RATCHET_TEST_SLURM=1).
 
-Start one with `scripts/slurm_local.sh install && scripts/slurm_local.sh start`.
+Start one with `scripts/slurm_local.sh install && scripts/slurm_local.sh start` (its
+config is found through SLURM_CONF, set here from RATCHET_SLURM_DIR when unset).
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 from tasks import make_task, summary
@@ -18,6 +20,13 @@ pytestmark = pytest.mark.skipif(
     os.environ.get("RATCHET_TEST_SLURM") != "1" or not shutil.which("sbatch"),
     reason="set RATCHET_TEST_SLURM=1 with a running Slurm (scripts/slurm_local.sh start)",
 )
+
+
+@pytest.fixture(autouse=True)
+def slurm_conf(monkeypatch):
+    conf = Path(os.environ.get("RATCHET_SLURM_DIR", "/tmp/ratchet-slurm")) / "slurm.conf"
+    if "SLURM_CONF" not in os.environ and conf.is_file():
+        monkeypatch.setenv("SLURM_CONF", str(conf))
 
 
 def test_study_on_real_slurm(tmp_path):
