@@ -2,13 +2,12 @@
 
 A real git repo, a real `ratchet run` through the CLI with the agent proposer, where
 a small executable stands in for the coding agent and carries out the ideas queued
-with `ratchet idea`. Four rounds of two (the baseline takes a slot of the first) give
-a known story:
+with `ratchet idea`. One candidate a round (so the order is known) gives the story:
 
-    round 1: baseline, set X to 2.0 (keep)
-    round 2: set X to 5.0 (discard), set X to 1.5 (keep)
-    round 3: edit the evaluator (rejected: protected path), set X to 1.4 (keep)
-    round 4: make it crash (crash), no idea left: the agent's own X = 3.5 (discard)
+    baseline (round 1), then one idea a round: set X to 2.0 (keep), set X to 5.0
+    (discard), set X to 1.5 (keep), edit the evaluator (rejected: protected path),
+    set X to 1.4 (keep), make it crash (crash), and with no idea left the agent's own
+    X = 3.5 (discard).
 
 The study is built once per test session (it costs a few seconds of CPU) and only
 read afterwards; tests that write (export) use their own branch names.
@@ -121,7 +120,7 @@ def _build(root: Path) -> HandoffStudy:
     repo = make_repo(root / "r", {
         "ratchet.toml": config_text(
             task=TASK,
-            search='[search]\nproposer = "agent"\nparallel = 2\nrounds = 4\n',
+            search='[search]\nproposer = "agent"\nparallel = 1\nrounds = 8\n',
             knobs=agent_section,
         ),
         "evaluate.py": EVALUATOR,

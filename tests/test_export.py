@@ -49,8 +49,8 @@ def test_export_writes_one_commit_per_kept_step_and_the_incumbents_tree(study):
     messages = [git(repo, "log", "-1", "--format=%B", c) for c in commits]
     assert messages[0].splitlines()[0] == "X = 2.0: closer to the optimum"
     assert "score: 0.5625 (minimize) from 3.0625 (c0000): gain +2.5 (+81.63%)" in messages[0]
-    assert "score: 0.0625 (minimize) from 0.5625 (c0001): gain +0.5 (+88.89%)" in messages[1]
-    assert "score: 0.0225 (minimize) from 0.0625 (c0003): gain +0.04 (+64.00%)" in messages[2]
+    assert f"score: 0.0625 (minimize) from 0.5625 ({kept[0].id}): gain +0.5 (+88.89%)" in messages[1]
+    assert f"score: 0.0225 (minimize) from 0.0625 ({kept[1].id}): gain +0.04 (+64.00%)" in messages[2]
     for message, cand, idea in zip(messages, kept, KEPT, strict=True):
         assert f"idea: {idea}" in message and "proposed by: agent" in message
         assert f"candidate {cand.id}, round {cand.round}" in message

@@ -94,7 +94,7 @@ def log_line(cand: Candidate, metric: str) -> str:
     if cand.kind != "candidate":
         text = f"({cand.kind}) {text}".rstrip()
     if cand.status in ("crash", "rejected", "cancelled") and cand.reasons:
-        text += f" [{_one_line(cand.reasons)[:120]}]"
+        text += f" [{_one_line(cand.reasons)[:160]}]"
     return f"{cand.id} {cand.short or '-------':7} {cand.status:9} {value:16} {gain:12} {text}".rstrip()
 
 
