@@ -254,3 +254,120 @@ def test_report_without_matplotlib_is_tables_only_and_reads_dispatch_json(tmp_pa
     assert "&lt;img src=x onerror=alert(1)&gt;" in page
     for cand in Ledger(repo / ".ratchet" / "ledger.db").candidates():
         assert f'<span id="{cand.id}">{cand.id}</span>' in page
+
+
+# ---------------------------------------------------------------------------------------
+# machines, success shares and roofline, on the shared hand-off study (tests/handoff_study.py)
+
+
+@pytest.fixture(scope="module")
+def handoff(tmp_path_factory):
+    from handoff_study import handoff_study
+
+    return handoff_study(tmp_path_factory)
+
+
+def report_rows(repo: Path) -> tuple[Tables, str]:
+    proc = ratchet(repo, "report")
+    assert proc.returncode == 0, proc.stderr
+    raw = (repo / ".ratchet" / "report" / "index.html").read_text()
+    dom = Tables()
+    dom.feed(raw)
+    return dom, raw
+
+
+def section(raw: str, title: str) -> str:
+    start = raw.index(f"<h2>{title}</h2>")
+    end = raw.find("<h2>", start + 4)
+    return raw[start:end if end > 0 else None]
+
+
+def test_report_shows_success_shares_by_proposer_and_idea_and_the_roofline(handoff):
+    dom, raw = report_rows(handoff.repo)
+    by_first = {row[0]: row for row in dom.rows if row}
+    # 7 proposals by the agent: 3 kept, 2 discarded, 1 crashed, 1 rejected (with its reason)
+    agent = by_first["agent"]
+    assert agent[:6] == ["agent", "7", "3 (43%)", "2 (29%)", "1 (14%)", "1 (14%)"]
+    assert "rejected: touches protected path evaluate.py ×1" in agent[6]
+    assert "crash: evaluate failed: exit code N" in agent[6]
+    # and per idea: each queued idea's own outcome; the agent's own attempt apart
+    assert by_first["set X to 1.4"][:3] == ["set X to 1.4", "1", "1 (100%)"]
+    assert by_first["set X to 5.0"][:4] == ["set X to 5.0", "1", "0 (0%)", "1 (100%)"]
+    assert by_first["edit the evaluator"][5] == "1 (100%)"
+    assert by_first["(no queued idea)"][:4] == ["(no queued idea)", "1", "0 (0%)", "1 (100%)"]
+    assert "By proposer" in raw and "By idea" in raw
+
+    # the evaluator prints roofline_pct = 100 / (1 + 10 score): 3.2% at the start, 81.6% now
+    roof = section(raw, "Roofline")
+    kept = [handoff.by_idea()[i] for i in ("set X to 2.0", "set X to 1.5", "set X to 1.4")]
+    assert f"The incumbent {kept[-1].id} runs at <b>81.6%</b> of the roofline (started at 3.2%)" in roof
+    assert "1.22× from the bound" in roof  # 100 / 81.63
+    steps = [row for row in dom.rows if row and row[0].split(" ")[0] in {"c0000", *(c.id for c in kept)}
+             and len(row) == 5]
+    assert [row[2] for row in steps] == ["3.2%", "15.1%", "61.5%", "81.6%"]
+
+
+def test_report_shows_each_results_machine(handoff):
+    """Each result records the machine that measured it (JobResult.fingerprint), shown in the report."""
+    from ratchet.fingerprint import fingerprint_key, machine_fingerprint, software_key
+
+    dom, raw = report_rows(handoff.repo)
+    machines = section(raw, "Machines")
+    here = machine_fingerprint()
+    assert html_escape(fingerprint_key(here)) in machines
+    assert html_escape(software_key(here)) in machines
+    measured = [c for c in handoff.ledger() if c.result and c.result.get("fingerprint")]
+    assert len(measured) >= 6  # every candidate that ran (the rejected one never ran)
+    row = next(r for r in dom.rows if r and r[0] == "M1 (baseline's)")
+    assert row[3] == str(len(measured))
+    assert "Results from" not in raw  # one machine: nothing flagged
+
+
+def html_escape(text: str) -> str:
+    import html
+
+    return html.escape(text, quote=True)
+
+
+def test_results_from_other_hardware_are_flagged_not_compared_silently(handoff, tmp_path):
+    """A result measured on another machine (say a Ray node with another GPU) is flagged."""
+    repo = tmp_path / "copy"
+    shutil.copytree(handoff.repo, repo, symlinks=True)
+    ledger = Ledger(repo / ".ratchet" / "ledger.db")
+    cands = ledger.candidates()
+    base = {"arch": "x86_64", "cpu": "EPYC 9654", "cores": "192", "gpu": "8x NVIDIA H100 80GB HBM3",
+            "gpu_driver": "550.54.15", "python": "3.11.7", "torch": "2.5.1"}
+    odd = handoff.by_idea()["set X to 5.0"]
+    upgraded = handoff.by_idea()["set X to 1.5"]
+    for cand in cands:
+        fp = dict(base)
+        if cand.id == odd.id:
+            fp["gpu"] = "8x NVIDIA A100-SXM4-80GB"
+        if cand.id == upgraded.id:
+            fp["torch"] = "2.6.0"
+        ledger.update(cand.id, result={**(cand.result or {}), "fingerprint": fp})
+    ledger.close()
+
+    dom, raw = report_rows(repo)
+    assert "Results from 2 different machines" in raw
+    assert "8x NVIDIA A100-SXM4-80GB" in raw
+    header = next(row for row in dom.rows if row[:4] == ["id", "round", "commit", "status"])
+    col = header.index("machine")
+    rows = {row[0]: row for row in dom.rows if row and row[0].startswith("c0")}
+    assert rows[odd.id][col] == "M2 other hardware than the baseline: not comparable"
+    assert rows[upgraded.id][col] == "M1"  # same hardware, other torch: same machine...
+    assert "Software versions changed during the study" in section(raw, "Machines")  # ...noted
+    machines = [row for row in dom.rows if row and row[0] in ("M1 (baseline's)", "M2")]
+    assert sorted((row[0], row[3]) for row in machines) == [
+        ("M1 (baseline's)", "1"), ("M1 (baseline's)", str(len(cands) - 2)), ("M2", "1")]
+
+
+@needs_chromium
+def test_new_sections_render_in_a_browser(handoff, tmp_path):
+    report_rows(handoff.repo)
+    page = handoff.repo / ".ratchet" / "report" / "index.html"
+    dom = Tables()
+    dom.feed(chromium(page, tmp_path, "--dump-dom").stdout)
+    by_first = {row[0]: row for row in dom.rows if row}
+    assert by_first["agent"][:3] == ["agent", "7", "3 (43%)"]
+    assert "M1 (baseline's)" in by_first
