@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 RESULT_MARKER = "RATCHET-WORKER-RESULT: "
+CONFIG_FILE = "ratchet.toml"  # pinned with the protected files at study start
 
 # Environment variables a candidate may always see. Everything else is dropped unless
 # the config names it (task.env), and secrets are dropped even then.
@@ -59,14 +60,62 @@ def is_secret(name: str) -> bool:
     )
 
 
-def scrub_env(env: dict[str, str], extra_allowed: list[str]) -> dict[str, str]:
-    """Allow-list the environment a candidate sees; secrets never pass."""
+def scrub_env(env: dict[str, str], extra_allowed: list[str],
+              deny: set[str] | frozenset[str] = frozenset()) -> dict[str, str]:
+    """Allow-list the environment a candidate sees; secrets and `deny` never pass, even
+    when allow-listed by name or prefix (`RATCHET_LLM_KEY` holding an API key)."""
     allowed = set(ENV_ALLOW) | set(extra_allowed)
     return {
         key: value
         for key, value in env.items()
         if (key in allowed or key.startswith(ENV_ALLOW_PREFIXES)) and not is_secret(key)
+        and key not in deny
     }
+
+
+# What a worker process itself needs to start (its interpreter and `import ratchet`);
+# a worker gets these and the candidate allow-list, never the driver's whole environment.
+WORKER_ENV_EXTRA = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONNOUSERSITE",
+                    "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED")
+
+
+def worker_env(env: dict[str, str]) -> dict[str, str]:
+    """The environment to start a worker with: no secrets, no RATCHET_* names (the
+    backend forwards the ones a candidate may see through the spec, after the config's
+    declared key names are taken out), nothing the candidate allow-list lacks."""
+    return {key: value for key, value in scrub_env(env, list(WORKER_ENV_EXTRA)).items()
+            if not key.startswith("RATCHET_")}
+
+
+def declared_env_names(config_toml: bytes | str | None) -> set[str]:
+    """Names of environment variables a ratchet.toml declares as holding keys: the value
+    of every `*_env` key (`api_key_env = "RATCHET_LLM_KEY"`) at any depth."""
+    import tomllib
+
+    if not config_toml:
+        return set()
+    try:
+        text = config_toml.decode() if isinstance(config_toml, bytes) else config_toml
+        data = tomllib.loads(text)
+    except (ValueError, UnicodeDecodeError):
+        return set()
+    names: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if str(key).endswith("_env"):
+                    if isinstance(value, str):
+                        names.add(value)
+                    elif isinstance(value, list):
+                        names.update(v for v in value if isinstance(v, str))
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(data)
+    return names
 
 
 def sha256(data: bytes) -> str:
@@ -129,8 +178,14 @@ class JobSpec:
     file_size_limit_bytes: int | None = None  # RLIMIT_FSIZE of every phase
     slot_lock_dir: str | None = None
     slots: list[Slot] = field(default_factory=list)
-    sandbox: str = "auto"  # auto | bwrap | none
+    sandbox: str = "auto"  # auto | bwrap | pidns | none
     readonly_paths: list[str] = field(default_factory=list)
+    env_deny: list[str] = field(default_factory=list)  # never passed on, whatever allows it
+
+    def denied_env(self) -> set[str]:
+        """`env_deny` and every key name the study's pinned ratchet.toml declares."""
+        pinned = self.protected.get(CONFIG_FILE)
+        return set(self.env_deny) | declared_env_names(pinned.content() if pinned else None)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)

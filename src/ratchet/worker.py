@@ -393,7 +393,8 @@ def _tail(log: Path, lines: int = 3) -> str:
 
 
 def build_env(spec: JobSpec, job_dir: Path, work: Path, slot) -> dict[str, str]:
-    env = scrub_env(dict(os.environ), spec.env_allow)
+    denied = spec.denied_env()
+    env = scrub_env(dict(os.environ), spec.env_allow, denied)
     # `python` in a command means the interpreter ratchet runs under (its venv), even if
     # that venv is not activated.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
@@ -408,7 +409,8 @@ def build_env(spec: JobSpec, job_dir: Path, work: Path, slot) -> dict[str, str]:
         env["RATCHET_DATA"] = spec.data_dir
     # names only the worker sets, for trusted phases alone: never inherited from whoever
     # started us (a worker started from inside another evaluation, say)
-    for name in ("RATCHET_HOLDOUT", "RATCHET_RESULT", METRICS_FD_ENV, "RATCHET_REPEAT"):
+    for name in ("RATCHET_HOLDOUT", "RATCHET_RESULT", METRICS_FD_ENV, "RATCHET_REPEAT",
+                 *denied):
         env.pop(name, None)
     if slot is not None:
         env.update(slot.env)

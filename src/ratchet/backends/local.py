@@ -22,7 +22,7 @@ import psutil
 
 from ratchet.backends import Backend, JobState
 from ratchet.faults import fault_point
-from ratchet.jobspec import JobResult, JobSpec, Slot
+from ratchet.jobspec import JobResult, JobSpec, Slot, scrub_env, worker_env
 
 
 def visible_gpus() -> list[str]:
@@ -65,6 +65,15 @@ def plan_slots(slots: int | None, gpus: list[str] | None = None) -> list[Slot]:
 
 
 STANDBY_DELAY_S = 0.4
+
+
+def forwarded_env(spec: JobSpec) -> dict[str, str]:
+    """What a candidate may see of the driver's environment beyond the basic allow-list
+    (task.env names, RATCHET_* settings), minus secrets and the config's declared key
+    names. Workers start from a scrubbed environment, so it travels in the spec."""
+    passed = scrub_env(dict(os.environ), spec.env_allow, spec.denied_env())
+    return {k: v for k, v in passed.items()
+            if k in spec.env_allow or k.startswith("RATCHET_")}
 
 
 class LocalBackend(Backend):
@@ -113,6 +122,7 @@ class LocalBackend(Backend):
         job_dir.mkdir(parents=True, exist_ok=True)
         spec.slots = self.slots
         spec.slot_lock_dir = str(self.lock_dir)
+        spec.env_set = {**forwarded_env(spec), **spec.env_set}
         spec.write(job_dir / "spec.json")
         self._place(job_dir, spec.job_id)
         return spec.job_id
@@ -135,6 +145,7 @@ class LocalBackend(Backend):
         with (job_dir / "worker.log").open("ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "ratchet.worker", str(job_dir)],
+                env=worker_env(dict(os.environ)),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -172,6 +183,7 @@ class LocalBackend(Backend):
         while len(self._spares) < len(self.slots):
             self._spares.append(subprocess.Popen(
                 [sys.executable, "-m", "ratchet.worker", "--standby"],
+                env=worker_env(dict(os.environ)),  # never the driver's keys
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
