@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ratchet import __version__, gitrepo
+from ratchet import __version__, gitrepo, views
 from ratchet.config import ConfigError, load_config
 from ratchet.ledger import Candidate
 from ratchet.study import Progress, Study, StudyError
@@ -67,7 +67,8 @@ def open_study(repo: Path, **kwargs) -> Study:
             fail(f"{repo}: not a git repository (run `git init` and commit your files first)")
         top = gitrepo.toplevel(repo)
         config = load_config(top)
-        return Study(top, config, log=lambda m: err.print(m, highlight=False), **kwargs)
+        kwargs.setdefault("log", lambda m: err.print(m))
+        return Study(top, config, **kwargs)
     except (ConfigError, StudyError, gitrepo.GitError) as exc:
         fail(str(exc))
     raise AssertionError
@@ -130,24 +131,79 @@ def prep(
     study.close()
 
 
-def _progress_table(p: Progress) -> Table:
-    table = Table(title=f"round {min(p.round, p.rounds)}/{p.rounds}", title_justify="left",
-                  show_edge=False)
-    table.add_column("candidate")
-    table.add_column("state")
-    table.add_column("elapsed", justify="right")
-    table.add_column("description", overflow="fold")
-    for cand_id, description, elapsed, state in p.running:
-        table.add_row(cand_id, state, f"{elapsed:.1f}s", description[:70])
-    best = "—" if p.best is None else f"{p.best:.6g}"
-    counts = p.counts
-    table.caption = (
-        f"best so far {best}   kept {counts.get('keep', 0)}  discarded {counts.get('discard', 0)}"
-        f"  crashed {counts.get('crash', 0)}  rejected {counts.get('rejected', 0)}"
-    )
-    if p.message:  # infrastructure trouble being retried
-        table.caption += f"\n{p.message}"
-    return table
+class RunView:
+    """What `ratchet run` shows while it runs.
+
+    In a terminal: a live area (one status line, the running jobs, backend trouble) that
+    never wraps, so redrawing it leaves nothing behind; above it, each judged round stays
+    on screen once, with every verdict. Elsewhere (a log file, a pipe): only the judged
+    rounds and the trouble lines, each printed once.
+    """
+
+    def __init__(self) -> None:
+        self.metric = ""
+        self.live: Live | None = None
+        self.study: Study | None = None
+        self.next_round: int | None = None  # the first round not yet printed
+        self.rounds = 0  # the study's target
+        self.trouble = ""
+
+    def attach(self, study: Study, rounds: int | None) -> None:
+        self.study = study
+        self.rounds = rounds or study.config.search.rounds
+        self.metric = study.config.metric.name
+        self.next_round = study.ledger.get("round") or 1
+
+    def renderable(self, p: Progress) -> Group:
+        parts: list = [Text(views.status_line(p.round, p.rounds, p.best, self.metric,
+                                              p.counts), no_wrap=True, overflow="ellipsis")]
+        if p.running:  # no job, no table: an empty table would leave a bare header
+            table = Table(show_edge=False, box=None, pad_edge=False)
+            table.add_column("candidate", no_wrap=True)
+            table.add_column("state", no_wrap=True)
+            table.add_column("elapsed", justify="right", no_wrap=True)
+            table.add_column("description", no_wrap=True, overflow="ellipsis")
+            for cand_id, description, elapsed, state in p.running:
+                table.add_row(cand_id, state, f"{elapsed:.1f}s", description)
+            parts.append(table)
+        if p.message:  # infrastructure trouble being retried
+            parts.append(Text(p.message, style="yellow", no_wrap=True, overflow="ellipsis"))
+        return Group(*parts)
+
+    def note(self, message: str) -> None:
+        """The study's log lines. While the live area is up they go through its console,
+        which prints them above it; a write to the terminal behind its back would leave
+        copies of the live area on screen."""
+        if self.live is not None:
+            self.live.console.print(message)
+        else:
+            err.print(message)
+
+    def update(self, p: Progress) -> None:
+        self.rounds = p.rounds or self.rounds
+        self.print_judged(before=p.round)
+        if self.live is not None:
+            self.live.update(self.renderable(p))
+        elif p.message != self.trouble:
+            self.trouble = p.message
+            if p.message:
+                err.print(p.message)
+
+    def print_judged(self, before: int | None = None) -> None:
+        """Print every round that is fully judged and not printed yet."""
+        if self.study is None or self.next_round is None:
+            return
+        ledger = self.study.ledger
+        last = (ledger.get("round") or 1) if before is None else before - 1
+        out = self.live.console if self.live is not None else console
+        while self.next_round <= last:
+            cands = ledger.candidates(round=self.next_round)
+            if not cands or not all(c.is_judged for c in cands):
+                return
+            rounds = max(self.rounds, self.next_round)
+            for line in views.round_lines(cands, self.next_round, rounds, self.metric):
+                out.print(line)
+            self.next_round += 1
 
 
 @app.command()
@@ -159,23 +215,10 @@ def run(
     backend: Annotated[str | None, typer.Option(help="local | ray | shell")] = None,
 ) -> None:
     """Run (or resume) the study: rounds of K candidates, keep the best, revert the rest."""
-    live: Live | None = None
-    last_line = [""]
-
-    def show(p: Progress) -> None:
-        if live is not None:
-            live.update(_progress_table(p))
-            return
-        running = ", ".join(f"{c}({s})" for c, _, _, s in p.running)
-        line = (f"round {min(p.round, p.rounds)}/{p.rounds} running [{running}] best "
-                f"{'—' if p.best is None else f'{p.best:.6g}'}"
-                + (f" ({p.message})" if p.message else ""))
-        if line != last_line[0]:
-            last_line[0] = line
-            err.print(line, highlight=False, markup=False)
-
+    view = RunView()
     study = open_study(repo, backend=backend, proposer=proposer, parallel=parallel,
-                       progress=show)
+                       progress=view.update, log=view.note)
+    view.attach(study, rounds)
 
     def on_sigint(signum, frame) -> None:  # noqa: ARG001
         study.stop.request()
@@ -189,10 +232,17 @@ def run(
     try:
         if console.is_terminal:
             with Live(console=console, refresh_per_second=4, transient=True) as live_view:
-                live = live_view
-                _guard(lambda: study.run(rounds=rounds))
+                view.live = live_view
+                try:
+                    _guard(lambda: study.run(rounds=rounds))
+                finally:
+                    view.print_judged()  # the last round stays on screen
+                    view.live = None
         else:
-            _guard(lambda: study.run(rounds=rounds))
+            try:
+                _guard(lambda: study.run(rounds=rounds))
+            finally:
+                view.print_judged()
     finally:
         study.close()
     _print_summary(study)
@@ -304,7 +354,7 @@ def status(
     summary = {
         "study": study.name,
         "started": study.started,
-        "round": ledger.get("round"),
+        "round": views.rounds_done(ledger.get("round"), cands),  # run so far, not the next
         "incumbent": ledger.get("incumbent"),
         "incumbent_id": ledger.get("incumbent_id"),
         "metric": metric,
@@ -387,20 +437,12 @@ def show(
     cand = study.ledger.find(candidate)
     if cand is None:
         fail(f"no candidate {candidate!r} in this study")
-    metric = study.config.metric.name
-    console.print(Text.assemble((cand.id, "bold"),
-                                f" {cand.kind} round {cand.round}: {cand.description}"))
-    console.print(f"commit {cand.commit_sha}  parent {cand.parent}", highlight=False)
-    console.print(f"status {cand.status}" + (f": {cand.reasons}" if cand.reasons else ""),
-                  highlight=False)
-    if cand.metric is not None:
-        console.print(f"{metric} {cand.metric:.6g}  samples {cand.samples}  holdout "
-                      f"{cand.holdout}  gain {cand.gain}  margin {cand.margin}  noise "
-                      f"{cand.noise}", highlight=False)
-    for phase in cand.phases or []:
-        console.print(f"  phase {phase['name']:10} exit {phase['exit_code']}  "
-                      f"{phase['seconds']:.2f}s" + ("  TIMED OUT" if phase["timed_out"] else ""),
-                      highlight=False)
+    if cand.kind in ("baseline", "incumbent") and cand.commit_sha:
+        parent = gitrepo.try_rev_parse(study.repo, f"{cand.commit_sha}^")
+    else:
+        parent = cand.parent
+    for line in views.show_lines(cand, study.config.metric.name, parent):
+        console.print(line)
     if cand.context_path:
         console.print(f"context the proposer saw: {cand.context_path}")
     if cand.commit_sha and cand.parent and cand.commit_sha != cand.parent:

@@ -36,3 +36,83 @@ def write_results_tsv(path: Path, ledger: Ledger, metric: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     tmp.replace(path)
+
+
+# ---------------------------------------------------------------------------------------
+# what the CLI prints: plain strings, so they are tested without a terminal
+
+
+def fmt(value: object) -> str:
+    """A number as a person reads it: 5.717, not 5.716999999999999; None as a dash."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(fmt(v) for v in value) + "]"
+    return str(value)
+
+
+def status_line(round_no: int, rounds: int, best: float | None, metric: str,
+                counts: dict[str, int]) -> str:
+    """The live view's one line: where the study is and how it is doing."""
+    return (
+        f"round {min(round_no, rounds)}/{rounds}   best so far {metric} {fmt(best)}   "
+        f"kept {counts.get('keep', 0)}  discarded {counts.get('discard', 0)}  "
+        f"crashed {counts.get('crash', 0)}  rejected {counts.get('rejected', 0)}"
+    )
+
+
+def round_lines(cands: list, round_no: int, rounds: int, metric: str) -> list[str]:
+    """A judged round as it stays on screen: its number once, then one line per verdict."""
+    lines = [f"round {round_no}/{max(rounds, round_no)}"]
+    width = max((len(c.id) for c in cands), default=5)
+    for cand in cands:
+        what = cand.description or cand.kind
+        value = f"{metric} {fmt(cand.metric)}" if cand.metric is not None else ""
+        why = ""
+        if cand.reasons and cand.status != "keep":
+            reasons = _clean(cand.reasons)
+            if len(reasons) > 100:
+                reasons = f"{reasons[:100]}… (ratchet show {cand.id})"
+            why = f"  ({reasons})"
+        lines.append(f"  {cand.id:<{width}} {cand.status:<9} {value:<22} {what}{why}")
+    return lines
+
+
+def rounds_done(ledger_round: int | None, cands: list) -> int:
+    """Rounds run so far: the ledger's counter points at the next round to run."""
+    if not ledger_round:
+        return 0
+    current = [c for c in cands if c.round == ledger_round]
+    return ledger_round if current else ledger_round - 1
+
+
+def show_lines(cand, metric: str, parent: str | None) -> list[str]:
+    """`ratchet show`'s header: what a candidate is, its verdict and its numbers.
+
+    `parent` is the commit it is compared against for a candidate, and the commit's own
+    git parent for the baseline (which is the study's start, not its own parent).
+    """
+    lines = [f"{cand.id} {cand.kind} round {cand.round}: {cand.description}"]
+    if cand.kind in ("baseline", "incumbent"):
+        start = " (the study's starting point)" if cand.kind == "baseline" else ""
+        lines.append(f"commit {cand.commit_sha}{start}  git parent {parent or 'none'}")
+    else:
+        lines.append(f"commit {cand.commit_sha}  parent {parent or '—'}")
+    lines.append(f"status {cand.status}" + (f": {cand.reasons}" if cand.reasons else ""))
+    if cand.metric is not None:
+        numbers = [f"{metric} {fmt(cand.metric)}"]
+        if cand.samples and len(cand.samples) > 1:
+            numbers.append(f"samples {fmt(cand.samples)}")
+        for name in ("holdout", "gain", "margin", "noise"):
+            value = getattr(cand, name)
+            if value is not None:  # a number that was never measured is not printed
+                numbers.append(f"{name} {fmt(value)}")
+        lines.append("  ".join(numbers))
+    for phase in cand.phases or []:
+        lines.append(f"  phase {phase['name']:10} exit {phase['exit_code']}  "
+                     f"{phase['seconds']:.2f}s" + ("  TIMED OUT" if phase["timed_out"] else ""))
+    return lines
