@@ -1,0 +1,41 @@
+"""Agent-driven mode needs no proposer (issue 12, item 7), through the real CLI."""
+
+from __future__ import annotations
+
+import json
+
+from helpers import SCORE_EVALUATOR, SCORE_SOLUTION, config_text, git, make_repo, ratchet
+
+
+def agent_repo(path):
+    """A task with the default proposer (tune) and no knobs: nothing for a tuner to do,
+    everything an agent driving `submit` / `wait` needs."""
+    return make_repo(path, {
+        "ratchet.toml": config_text(search="", knobs=""),
+        "evaluate.py": SCORE_EVALUATOR,
+        "solution.py": SCORE_SOLUTION,
+    })
+
+
+def test_submit_and_wait_never_build_a_proposer(tmp_path):
+    repo = agent_repo(tmp_path / "r")
+    git(repo, "checkout", "-q", "-b", "try-1")
+    (repo / "solution.py").write_text((repo / "solution.py").read_text()
+                                      .replace("X = 3.0", "X = 1.5"))
+    git(repo, "commit", "-qam", "x to 1.5")
+    submitted = ratchet(repo, "submit", "try-1")
+    assert submitted.returncode == 0, submitted.stderr
+    assert "tune" not in submitted.stderr
+    cand = submitted.stdout.split()[-1]
+    waited = ratchet(repo, "wait", cand, "--json")
+    assert waited.returncode == 0, waited.stderr
+    (line,) = [json.loads(x) for x in waited.stdout.splitlines()]
+    assert line["id"] == cand and line["status"] == "keep"
+    assert git(repo, "rev-parse", "ratchet/demo") == git(repo, "rev-parse", "try-1")
+
+
+def test_run_with_the_tuner_and_no_knobs_says_what_is_missing(tmp_path):
+    repo = agent_repo(tmp_path / "r")
+    proc = ratchet(repo, "run")
+    assert proc.returncode == 2
+    assert "search.proposer = 'tune' needs at least one [tune.knobs] entry" in proc.stderr
