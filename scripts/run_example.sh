@@ -13,7 +13,7 @@ rm -rf "${work:?}/$example"
 cp -r "$here/examples/$example" "$work/$example"
 cd "$work/$example"
 rm -rf data model.pt .ratchet results.tsv
-git init -q -b main
+git init -q
 git add -A
 git -c user.name=ratchet-demo -c user.email=demo@ratchet.invalid commit -qm "$example task"
 echo "== study in $PWD"
@@ -23,8 +23,11 @@ echo "== results.tsv"
 column -t -s $'\t' results.tsv 2>/dev/null || cat results.tsv
 branch="$(git for-each-ref --format='%(refname:short)' 'refs/heads/ratchet/' | head -n 1)"
 echo
-echo "== what was kept (git diff main $branch)"
-git --no-pager diff main "$branch"
+echo "== what was kept (git diff HEAD $branch)"
+git --no-pager diff HEAD "$branch"
 echo
 echo "== every candidate keeps a ref"
 git for-each-ref --format='%(refname)' refs/ratchet | head -20
+echo
+echo "== to look around (ratchet is in the venv, not on PATH):"
+echo "   source $venv/bin/activate && cd $PWD && ratchet status"
