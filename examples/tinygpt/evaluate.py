@@ -1,227 +1,370 @@
-"""Score model.pt on the validation bytes. Protected and trusted: candidates may not change it.
+"""Score model.pt2 on the validation bytes. Protected and trusted: candidates may not change it.
 
-Rebuilds the GPT from the hyperparameters saved in model.pt with this file's own copy of the
-model code (never train.py's, which the candidate controls), loads the weights strictly, and
-reports bits per byte on a fixed stretch of the val split (or the holdout split):
+The candidate's train.py may build any architecture; what it hands over is a `torch.export`
+program (a graph of aten operations plus its weights). This file never imports or runs
+candidate Python. Before `torch.export.load` sees the archive, it refuses everything in it
+that the loader would unpickle or evaluate (pickled tensors or objects, symbolic-shape
+expressions, guard code, compiled AOTInductor code); after loading, it allows only pure aten operators,
+so the graph cannot call a Python function, touch a file or keep state between calls.
 
-    python evaluate.py              # val_bpb: 2.345678 ...
-    python evaluate.py --holdout    # same metric name, holdout bytes
+Then it scores the program with its own data loading and loss, checks that the output at
+position t does not change when only inputs after t (or other sequences of the batch) change,
+and reports bits per byte on a fixed stretch of the val split (or the holdout split):
 
-Output is `name: value` lines. A checkpoint that does not fit this architecture, or whose
-score is not finite, prints `correct: false` (exit 0, the reason on stderr): the candidate is
-rejected, not crashed. A missing or unreadable model.pt exits 1.
+    python -I evaluate.py              # val_bpb: 2.345678 ...
+    python -I evaluate.py --holdout    # same metric name, holdout bytes
+
+(`-I` keeps the candidate's directory off `sys.path`; the first lines below do it too.)
+Output is `name: value` lines, sent through ratchet's trusted channel when a worker runs it.
+A program that cannot be loaded or run, has the wrong input or output shape or dtype, looks
+ahead, or scores a non-finite value prints `correct: false` and `reason: ...` (exit 0): the
+candidate is rejected. A missing model.pt2 or data file exits 1.
 """
 
-import argparse
-import math
 import os
-import resource
 import sys
-import time
-from pathlib import Path
 
-import numpy as np
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+# Nothing is ever imported from the candidate's directory: a numpy.py or train.py left there
+# must not run here. (`python -I` already leaves it out; this covers a plain `python`.)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+import argparse  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import operator  # noqa: E402
+import random  # noqa: E402
+import re  # noqa: E402
+import time  # noqa: E402
+import zipfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+try:
+    from ratchet.channel import report
+except ImportError:  # run by hand without ratchet installed: plain lines
+
+    def report(metrics, *, echo=True):  # noqa: ARG001
+        for name, value in metrics.items():
+            text = str(value).lower() if isinstance(value, bool) else value
+            print(f"{name}: {text}", flush=True)
+
 
 # Score exactly this many bytes, whatever the model's context length: every candidate is
-# measured on the same targets. 128 KiB keeps evaluation to a few seconds on one CPU core.
+# measured on the same targets. 128 KiB keeps evaluation to seconds on one CPU core.
 EVAL_BYTES = 128 * 1024
-WINDOWS_PER_BATCH = 64
 VOCAB_SIZE = 256
-CONFIG_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
-# Bounds on the architecture, so a candidate cannot make evaluation arbitrarily expensive.
-LIMITS = {"block_size": 4096, "n_layer": 48, "n_head": 64, "n_embd": 2048}
+MAX_FILE_BYTES = 2 * 1024**3
 MAX_PARAMS = 200_000_000
+MAX_CONTEXT = 4096
+MAX_BATCH = 256
+# Causality checks, each on a randomly chosen scoring batch (positions drawn by the OS).
+CHECKS = 4
+# Outputs that should not change may differ by float rounding at most.
+CHECK_TOLERANCE = 1e-3
 
 
-# ---------------------------------------------------------------- model
-# The reference architecture. train.py holds a copy; this one is the one that counts.
-class CausalSelfAttention(nn.Module):
-    def __init__(self, n_embd: int, n_head: int):
-        super().__init__()
-        self.n_head = n_head
-        self.qkv = nn.Linear(n_embd, 3 * n_embd)
-        self.proj = nn.Linear(n_embd, n_embd)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
-
-
-class MLP(nn.Module):
-    def __init__(self, n_embd: int):
-        super().__init__()
-        self.fc = nn.Linear(n_embd, 4 * n_embd)
-        self.proj = nn.Linear(4 * n_embd, n_embd)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(F.gelu(self.fc(x)))
-
-
-class Block(nn.Module):
-    def __init__(self, n_embd: int, n_head: int):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(n_embd)
-        self.attn = CausalSelfAttention(n_embd, n_head)
-        self.ln_2 = nn.LayerNorm(n_embd)
-        self.mlp = MLP(n_embd)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT(nn.Module):
-    def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int):
-        super().__init__()
-        self.block_size = block_size
-        self.wte = nn.Embedding(vocab_size, n_embd)
-        self.wpe = nn.Embedding(block_size, n_embd)
-        self.blocks = nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer))
-        self.ln_f = nn.LayerNorm(n_embd)
-        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """Logits of shape (B, T, vocab_size) for a (B, T) batch of byte ids."""
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)
-        for block in self.blocks:
-            x = block(x)
-        return self.lm_head(self.ln_f(x))
-
-
-# ---------------------------------------------------------------- checks
 class Rejected(Exception):
-    """The checkpoint is not a model this evaluator can honestly score."""
+    """The program is not one this evaluator can honestly score."""
 
 
-def check_config(config: object) -> dict[str, int]:
-    if not isinstance(config, dict) or set(config) != set(CONFIG_KEYS):
-        keys = sorted(config) if isinstance(config, dict) else type(config).__name__
-        raise Rejected(f"config must have exactly the keys {list(CONFIG_KEYS)}, got {keys}")
-    for key in CONFIG_KEYS:
-        value = config[key]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise Rejected(f"config[{key!r}] must be a positive int, got {value!r}")
-        if value > LIMITS.get(key, value):
-            raise Rejected(f"config[{key!r}] = {value} is over the limit {LIMITS[key]}")
-    if config["vocab_size"] != VOCAB_SIZE:
-        raise Rejected(f"vocab_size must be {VOCAB_SIZE} (bytes), got {config['vocab_size']}")
-    if config["n_embd"] % config["n_head"]:
-        raise Rejected(f"n_embd {config['n_embd']} is not divisible by n_head {config['n_head']}")
-    return {key: config[key] for key in CONFIG_KEYS}
+# ---------------------------------------------------------------- the archive, before loading
+FIXED_ENTRIES = {
+    "archive_format",
+    "archive_version",
+    "byteorder",
+    ".data/version",
+    ".data/serialization_id",
+    "models/model.json",
+    "data/sample_inputs/model.pt",
+    "data/weights/model_weights_config.json",
+    "data/constants/model_constants_config.json",
+}
+PAYLOADS = {  # config file -> (directory, the only payload file names torch reads raw)
+    "data/weights/model_weights_config.json": ("data/weights/", re.compile(r"weight_\d+")),
+    "data/constants/model_constants_config.json": ("data/constants/", re.compile(r"tensor_\d+")),
+}
+FQN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")
 
 
-def build_model(checkpoint: object) -> GPT:
-    if not isinstance(checkpoint, dict) or "config" not in checkpoint or "model" not in checkpoint:
-        raise Rejected("model.pt must be a dict with 'config' and 'model' (a state dict)")
-    config = check_config(checkpoint["config"])
-    model = GPT(**config)
-    n_params = sum(p.numel() for p in model.parameters())
+def check_archive(blob: bytes) -> None:
+    """Refuse what torch.export.load would unpickle or evaluate (it does both, unasked).
+
+    In this torch, the loader unpickles tensors and constants marked `use_pickle` (with
+    weights_only=False), custom and opaque objects, legacy weight files and, if its own
+    first try fails, a whole legacy archive; it passes symbolic-shape expressions to
+    sympy.sympify (which evaluates them); it loads AOTInductor shared libraries; and
+    `program.module()` compiles the archive's `guards_code` strings as Python.
+    """
+    try:
+        reader = torch._C.PyTorchFileReader(io.BytesIO(blob))
+        records = set(reader.get_all_records())
+        zip_names = zipfile.ZipFile(io.BytesIO(blob)).namelist()
+    except Exception as err:  # any unreadable archive is the same failure
+        raise Rejected(f"model.pt2 is not a torch.export archive: {type(err).__name__}") from None
+    # Both zip readers must see the same entries: the legacy fallback reads with zipfile.
+    prefixes = {name.split("/", 1)[0] for name in zip_names}
+    seen = {name.split("/", 1)[1] for name in zip_names if "/" in name}
+    if len(prefixes) != 1 or seen != records or len(zip_names) != len(records):
+        raise Rejected("model.pt2: its zip entries are ambiguous")
+
+    def read(name: str) -> bytes:
+        return reader.get_record(name)
+
+    allowed = set(FIXED_ENTRIES)
+    for config_name, (folder, payload_name) in PAYLOADS.items():
+        if config_name not in records:
+            raise Rejected(f"model.pt2 lacks {config_name}")
+        try:
+            entries = json.loads(read(config_name))["config"]
+        except (ValueError, KeyError, TypeError):
+            raise Rejected(f"model.pt2: {config_name} is not valid") from None
+        if not isinstance(entries, dict):
+            raise Rejected(f"model.pt2: {config_name} is not valid")
+        for fqn, entry in entries.items():
+            if not isinstance(entry, dict):
+                raise Rejected(f"model.pt2: {config_name} is not valid")
+            path_name = entry.get("path_name")
+            if entry.get("use_pickle") is not False:
+                raise Rejected(f"model.pt2: {fqn!r} is stored as a pickle (refused: pickles run code)")
+            if not isinstance(path_name, str) or not payload_name.fullmatch(path_name):
+                raise Rejected(f"model.pt2: {fqn!r} is not a plain tensor ({path_name!r})")
+            if not FQN.fullmatch(fqn) or "__" in fqn:
+                raise Rejected(f"model.pt2: bad tensor name {fqn!r}")
+            allowed.add(folder + path_name)
+    extra = [r for r in records if r not in allowed and not r.startswith("extra/")]
+    if extra:
+        raise Rejected(f"model.pt2 holds entries a plain exported program has not: {sorted(extra)[:3]}")
+    try:
+        graph = json.loads(read("models/model.json"))
+    except (RuntimeError, ValueError):
+        raise Rejected("model.pt2 has no readable models/model.json") from None
+    if graph.get("range_constraints") or _has_key(graph, {"as_expr", "expr_str"}):
+        raise Rejected("the program has symbolic shapes; export it with static shapes")
+    if graph.get("guards_code"):  # Python source that running the program would execute
+        raise Rejected("the program carries guard code (refused: it would run as Python)")
+    try:  # the loader falls back to an unrestricted unpickler when this fails
+        torch.load(io.BytesIO(read("data/sample_inputs/model.pt")), weights_only=True)
+    except Exception:
+        raise Rejected("model.pt2: its sample inputs are not plain tensors") from None
+
+
+def _has_key(node: object, keys: set[str]) -> bool:
+    if isinstance(node, dict):
+        return any(k in keys or _has_key(v, keys) for k, v in node.items())
+    if isinstance(node, list):
+        return any(_has_key(v, keys) for v in node)
+    return False
+
+
+# ---------------------------------------------------------------- the program, after loading
+def check_program(program: torch.export.ExportedProgram) -> tuple[int, int]:
+    """Only pure aten operators; one (B, T) int64 input; no state. Returns (B, T)."""
+    signature = program.graph_signature
+    if signature.buffers_to_mutate or signature.user_inputs_to_mutate:
+        raise Rejected("the program mutates its buffers or inputs (it must be a pure function)")
+    if len(signature.user_inputs) != 1 or len(signature.user_outputs) != 1:
+        raise Rejected("the program must take one tensor of byte ids and return one of logits")
+    for node in program.graph.nodes:
+        if not node.name.isidentifier():
+            raise Rejected(f"bad node name {node.name!r}")
+        # Keep only the tensor metadata: nothing the candidate wrote reaches generated code.
+        node.meta = {k: node.meta[k] for k in ("val", "tensor_meta") if k in node.meta}
+        if node.op in ("placeholder", "output"):
+            continue
+        if node.op != "call_function":
+            raise Rejected(f"the program uses {node.op} nodes; only aten operators are allowed")
+        if node.target is operator.getitem:
+            continue
+        target = node.target
+        if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
+            raise Rejected(f"operator {target!r} is not allowed (only aten operators)")
+        schema = target._schema
+        if schema.is_mutable or any(a.name == "filename" for a in schema.arguments):
+            raise Rejected(f"operator {target} is not allowed (mutates or touches files)")
+    n_params = sum(t.numel() for t in (*program.state_dict.values(), *program.constants.values())
+                   if isinstance(t, torch.Tensor))
     if n_params > MAX_PARAMS:
         raise Rejected(f"{n_params:,} parameters is over the limit {MAX_PARAMS:,}")
+    name = signature.user_inputs[0]
+    node = next(n for n in program.graph.nodes if n.op == "placeholder" and n.name == name)
+    val = node.meta.get("val")
+    shape = tuple(val.shape) if isinstance(val, torch.Tensor) else ()
+    if len(shape) != 2 or not all(type(d) is int for d in shape) or val.dtype != torch.int64:
+        raise Rejected(f"the input must be a static (batch, context) int64 tensor, got {val}")
+    batch, context = shape
+    if not (1 <= batch <= MAX_BATCH and 2 <= context <= MAX_CONTEXT):
+        raise Rejected(f"input shape {shape} is out of range (batch <= {MAX_BATCH}, "
+                       f"2 <= context <= {MAX_CONTEXT})")
+    return batch, context
+
+
+def load_program(path: Path, device: torch.device):
+    blob = path.read_bytes()
+    if len(blob) > MAX_FILE_BYTES:
+        raise Rejected(f"{path} is {len(blob):,} bytes, over the limit {MAX_FILE_BYTES:,}")
+    check_archive(blob)
     try:
-        # strict: every tensor must be there with the right shape, and nothing extra.
-        model.load_state_dict(checkpoint["model"], strict=True)
-    except (RuntimeError, TypeError, AttributeError) as err:
-        first = str(err).strip().splitlines()
-        detail = " ".join(line.strip() for line in first[:4])
-        raise Rejected(f"weights do not match the evaluator's GPT{config}: {detail}") from None
-    return model
+        program = torch.export.load(io.BytesIO(blob))
+    except Exception as err:
+        raise Rejected(f"torch.export.load failed: {type(err).__name__}: {str(err)[:200]}") from None
+    batch, context = check_program(program)
+    try:
+        if device.type != "cpu":
+            program = torch.export.passes.move_to_device_pass(program, device)
+        module = program.module()
+    except Exception as err:
+        raise Rejected(f"the program cannot be prepared: {type(err).__name__}: {str(err)[:200]}") from None
+    return module, batch, context, sum(p.numel() for p in program.state_dict.values())
 
 
 # ---------------------------------------------------------------- scoring
-@torch.no_grad()
-def bits_per_byte(model: GPT, data: np.ndarray) -> float:
-    """Mean cross-entropy in bits over the targets data[1 : EVAL_BYTES + 1].
+class Scorer:
+    """Runs the program on (batch, context) windows and checks each output."""
 
-    The bytes are cut into consecutive, non-overlapping windows of the model's context length
-    (the last one shorter), so the scored targets are the same for every model.
+    def __init__(self, module, batch: int, context: int, device: torch.device):
+        self.module, self.batch, self.context, self.device = module, batch, context, device
+
+    @torch.no_grad()
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            out = self.module(x.to(self.device))
+        except Exception as err:
+            raise Rejected(f"the program failed to run: {type(err).__name__}: {str(err)[:200]}") from None
+        expected = (self.batch, self.context, VOCAB_SIZE)
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise Rejected(f"the program returned {got}, expected logits of shape {expected}")
+        if not out.is_floating_point():
+            raise Rejected(f"the program returned {out.dtype} logits, expected a float dtype")
+        return out.float()
+
+
+def windows(tokens: torch.Tensor, context: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inputs, targets and a mask scoring each of the targets tokens[1 : EVAL_BYTES + 1] once.
+
+    Consecutive windows of the model's context; when that does not divide EVAL_BYTES, one
+    more window ends at the last target and scores only the targets not yet scored.
     """
-    if len(data) < EVAL_BYTES + 1:
-        raise SystemExit(f"evaluate.py: split has {len(data)} bytes, need {EVAL_BYTES + 1}")
-    tokens = torch.from_numpy(data[: EVAL_BYTES + 1].astype(np.int64))
-    T = model.block_size
-    n_full = EVAL_BYTES // T
-    batches = [
-        (range(i, min(i + WINDOWS_PER_BATCH, n_full)), T)
-        for i in range(0, n_full, WINDOWS_PER_BATCH)
-    ]
-    if EVAL_BYTES % T:  # the short last window
-        batches.append((range(n_full, n_full + 1), EVAL_BYTES % T))
+    starts = list(range(0, EVAL_BYTES - context + 1, context))
+    mask = torch.ones(len(starts), context, dtype=torch.bool)
+    tail = EVAL_BYTES - len(starts) * context
+    if tail:
+        starts.append(EVAL_BYTES - context)
+        last = torch.zeros(1, context, dtype=torch.bool)
+        last[0, context - tail :] = True
+        mask = torch.cat([mask, last])
+    x = torch.stack([tokens[s : s + context] for s in starts])
+    y = torch.stack([tokens[s + 1 : s + context + 1] for s in starts])
+    return x, y, mask
+
+
+def differs(a: torch.Tensor, b: torch.Tensor) -> bool:
+    scale = max(1.0, float(a.abs().max()))
+    return bool((a - b).abs().max() > CHECK_TOLERANCE * scale) or not torch.isfinite(b).all()
+
+
+def check_causal(run: Scorer, x: torch.Tensor, out: torch.Tensor, spare: torch.Tensor,
+                 rng: random.Random) -> None:
+    """Outputs up to t must not change when later inputs, or the other sequences, change.
+
+    The replacement bytes are real text from the split's unscored part, so a check looks
+    like any other batch to the program.
+    """
+    batch, context = x.shape
+    t = rng.randrange(context - 1)
+    swapped = x.clone()
+    for row in range(batch):
+        start = rng.randrange(len(spare) - context)
+        swapped[row, t + 1 :] = spare[start : start + context - t - 1]
+    if differs(out[:, : t + 1], run(swapped)[:, : t + 1]):
+        raise Rejected(f"not causal: outputs at positions <= {t} changed when only later inputs changed")
+    if batch > 1:
+        row = rng.randrange(batch)
+        others = x.clone()
+        for r in range(batch):
+            if r != row:
+                start = rng.randrange(len(spare) - context)
+                others[r] = spare[start : start + context]
+        if differs(out[row], run(others)[row]):
+            raise Rejected("not causal: one sequence's outputs changed when only the others changed")
+
+
+def bits_per_byte(run: Scorer, data: np.ndarray) -> float:
+    """Mean cross-entropy in bits over the targets data[1 : EVAL_BYTES + 1], causality-checked."""
+    if len(data) < EVAL_BYTES + 1 + 2 * run.context:
+        raise SystemExit(f"evaluate.py: split has {len(data)} bytes, need more than {EVAL_BYTES + 1}")
+    tokens = torch.from_numpy(data.astype(np.int64))
+    spare = tokens[EVAL_BYTES + 1 :]  # never scored: the source of replacement bytes
+    x, y, mask = windows(tokens, run.context)
+    n_batches = math.ceil(len(x) / run.batch)
+    pad = n_batches * run.batch - len(x)  # the last batch is filled with repeats, unscored
+    x = torch.cat([x, x[:pad]])
+    y = torch.cat([y, y[:pad]])
+    mask = torch.cat([mask, torch.zeros(pad, run.context, dtype=torch.bool)])
+    rng = random.SystemRandom()  # the program cannot predict which batches are checked
+    checked = set(rng.sample(range(n_batches), min(CHECKS, n_batches)))
     total_nats = 0.0
-    for windows, length in batches:
-        x = torch.stack([tokens[w * T : w * T + length] for w in windows])
-        y = torch.stack([tokens[w * T + 1 : w * T + length + 1] for w in windows])
-        logits = model(x).float()
-        total_nats += F.cross_entropy(
-            logits.reshape(-1, logits.size(-1)), y.reshape(-1), reduction="sum"
-        ).item()
+    for i in range(n_batches):
+        rows = slice(i * run.batch, (i + 1) * run.batch)
+        logits = run(x[rows])
+        if i == 0 and differs(logits, run(x[rows])):
+            raise Rejected("the program is not deterministic: the same input gave different outputs")
+        if i in checked:
+            check_causal(run, x[rows], logits, spare, rng)
+        nats = F.cross_entropy(
+            logits.reshape(-1, VOCAB_SIZE), y[rows].reshape(-1).to(logits.device), reduction="none"
+        )
+        total_nats += float(nats[mask[rows].reshape(-1).to(logits.device)].sum())
     return total_nats / EVAL_BYTES / math.log(2)
-
-
-def peak_memory_gb() -> float:
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    # Linux reports KiB, macOS bytes.
-    return rss / (1024**3 if sys.platform == "darwin" else 1024**2)
 
 
 def reject(reason: str) -> None:
     print(f"evaluate.py: rejected: {reason}", file=sys.stderr)
-    print("correct: false")
+    report({"correct": False, "reason": reason})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--holdout", action="store_true", help="score the holdout split")
-    parser.add_argument("--model", default="model.pt", help="checkpoint path (default model.pt)")
+    parser.add_argument("--model", default="model.pt2", help="exported program (default model.pt2)")
     args = parser.parse_args()
     if os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     model_path = Path(args.model)
     if not model_path.is_file():
-        sys.exit(f"evaluate.py: {model_path} not found (did train.py finish and save it?)")
+        sys.exit(f"evaluate.py: {model_path} not found (did train.py finish and export it?)")
     split = "holdout" if args.holdout else "val"
     data_path = Path(os.environ.get("RATCHET_DATA") or "data") / f"{split}.bin"
     if not data_path.is_file():
         sys.exit(f"evaluate.py: {data_path} not found; run `python prepare.py` first")
     data = np.fromfile(data_path, dtype=np.uint8)
 
+    t0 = time.perf_counter()
     try:
-        # weights_only: plain tensors and containers, never arbitrary pickled code.
-        checkpoint = torch.load(model_path, map_location="cpu", weights_only=True)
-    except Exception as err:  # any unreadable file is the same failure
-        sys.exit(f"evaluate.py: cannot read {model_path}: {type(err).__name__}: {err}")
-
-    try:
-        model = build_model(checkpoint)
+        module, batch, context, n_params = load_program(model_path, device)
+        bpb = bits_per_byte(Scorer(module, batch, context, device), data)
     except Rejected as err:
         reject(str(err))
         return
-    model.eval()
-    t0 = time.perf_counter()
-    bpb = bits_per_byte(model, data)
-    eval_seconds = time.perf_counter() - t0
     if not math.isfinite(bpb):
         reject(f"{split} bits per byte is not finite ({bpb})")
         return
-
     print("---")
-    print(f"val_bpb: {bpb:.6f}")
-    print("correct: true")
-    print(f"memory_gb: {peak_memory_gb():.3f}")
-    print(f"num_params: {sum(p.numel() for p in model.parameters())}")
-    train_seconds = checkpoint.get("train_seconds")
-    if isinstance(train_seconds, int | float) and not isinstance(train_seconds, bool):
-        print(f"train_seconds: {float(train_seconds):.1f}")
-    print(f"eval_seconds: {eval_seconds:.1f}")
-    print(f"eval_bytes: {EVAL_BYTES}")
+    report({
+        "val_bpb": round(bpb, 6),
+        "correct": True,
+        "num_params": n_params,
+        "context": context,
+        "eval_seconds": round(time.perf_counter() - t0, 2),
+        "eval_bytes": EVAL_BYTES,
+    })
 
 
 if __name__ == "__main__":
