@@ -1,4 +1,4 @@
-"""The tinygpt example end to end: prepare the bytes, train briefly, evaluate, reject a cheat.
+"""The tinygpt example end to end: prepare the bytes, train briefly, export, evaluate, reject.
 
 Real subprocesses, the example's own scripts, a temporary copy so nothing lands in the repo.
 Skipped where PyTorch is not installed (it is an optional, heavy dependency).
@@ -38,7 +38,7 @@ def metrics(output: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
-    """A copy of the example with prepared data and a model trained for 3 seconds."""
+    """A copy of the example with prepared data and a program trained for 3 seconds."""
     work = tmp_path_factory.mktemp("tinygpt")
     for name in ("prepare.py", "train.py", "evaluate.py", "ratchet.toml"):
         shutil.copy(EXAMPLE / name, work / name)
@@ -52,35 +52,36 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
     assert (work / "prepared" / "train.bin").stat().st_size == 4 * 1024 * 1024
     # A second run finds the data complete and leaves it alone.
     assert "already prepared" in run(["prepare.py"], work, env)
-    run(["train.py"], work, env)
-    assert (work / "model.pt").is_file()
+    trained = metrics(run(["train.py"], work, env))
+    assert (work / "model.pt2").is_file()
+    # The budget counts training steps only; on a CPU there is no MFU or GPU memory to report.
+    assert 2.5 < float(trained["train_seconds"]) < 10
+    assert float(trained["tokens_per_sec"]) > 0 and trained["device"] == "cpu"
+    assert "mfu_percent" not in trained
     return work, env
 
 
 def test_trained_model_scores_below_random(workdir):
     work, env = workdir
-    out = metrics(run(["evaluate.py"], work, env))
+    out = metrics(run(["-I", "evaluate.py"], work, env))
     assert out["correct"] == "true"
     bpb = float(out["val_bpb"])
     # A uniform guess over 256 byte values costs exactly 8 bits per byte.
     assert math.isfinite(bpb) and 0 < bpb < 8.0
-    assert int(out["num_params"]) > 0
-    assert float(out["memory_gb"]) > 0
-    assert 2.5 < float(out["train_seconds"]) < 10
+    assert int(out["num_params"]) == 141_056  # the CPU default, as before
+    assert out["context"] == "128"
 
-    holdout = metrics(run(["evaluate.py", "--holdout"], work, env))
+    holdout = metrics(run(["-I", "evaluate.py", "--holdout"], work, env))
     assert math.isfinite(float(holdout["val_bpb"])) and float(holdout["val_bpb"]) < 8.0
     assert holdout["val_bpb"] != out["val_bpb"]  # a different split, scored under one name
 
 
-def test_mismatched_architecture_is_rejected(workdir):
+def test_a_checkpoint_instead_of_a_program_is_rejected(workdir):
     work, env = workdir
-    checkpoint = torch.load(work / "model.pt", weights_only=True)
-    # Claim a wider model than the weights hold: the evaluator's GPT cannot load them.
-    checkpoint["config"]["n_embd"] *= 2
-    torch.save(checkpoint, work / "wrong.pt")
+    # The old format, a pickled state dict, is not something the evaluator will unpickle.
+    torch.save({"model": {"w": torch.zeros(2)}}, work / "checkpoint.pt2")
     proc = subprocess.run(
-        [sys.executable, "evaluate.py", "--model", "wrong.pt"],
+        [sys.executable, "-I", "evaluate.py", "--model", "checkpoint.pt2"],
         cwd=work,
         env=env,
         capture_output=True,
@@ -91,13 +92,13 @@ def test_mismatched_architecture_is_rejected(workdir):
     out = metrics(proc.stdout)
     assert out["correct"] == "false"
     assert "val_bpb" not in out
-    assert "do not match" in proc.stderr
+    assert "rejected" in proc.stderr and "reason: " in proc.stdout
 
 
 def test_missing_model_exits_nonzero(workdir):
     work, env = workdir
     proc = subprocess.run(
-        [sys.executable, "evaluate.py", "--model", "absent.pt"],
+        [sys.executable, "-I", "evaluate.py", "--model", "absent.pt2"],
         cwd=work,
         env=env,
         capture_output=True,
@@ -115,6 +116,8 @@ def test_config_declares_the_task():
     assert config["task"]["metric"] == {"name": "val_bpb", "goal": "minimize"}
     assert config["task"]["editable"] == ["train.py"]
     assert set(config["task"]["protected"]) == {"evaluate.py", "prepare.py"}
+    # The evaluator runs isolated: nothing in the candidate's directory is importable.
+    assert config["task"]["evaluate"].startswith("python -I ")
     source = (EXAMPLE / "train.py").read_text()
     for knob in config["tune"]["knobs"]:
         path, name = knob.split(":")
