@@ -1,7 +1,10 @@
 """Softmax kernels for the harness tests: one honest, one slow baseline, and one per cheat.
 
 Each cheat is a small, realistic version of something published reward-hacking
-write-ups describe; the tests assert the harness names it.
+write-ups describe; the tests assert the harness names it. The tests import this file
+for `make_inputs` and `reference`, and load it into a candidate process
+(`CandidateProcess(kernel_cases.__file__)`) whose functions are the candidates: stateful
+cheats are module-level instances there.
 """
 
 from __future__ import annotations
@@ -150,9 +153,63 @@ def ignores_out(x, out):
     return honest(x)
 
 
-def background_thread(x):
-    threading.Thread(target=time.sleep, args=(0.3,), name="cheat-worker", daemon=True).start()
+def early_return(x, out):
+    """Returns at once; a background thread writes the answer a little later."""
+
+    def work():
+        time.sleep(0.02)
+        honest_out(x, out)
+
+    threading.Thread(target=work, daemon=True).start()
+    return out
+
+
+def early_return_alloc(x):
+    """Hands back an array a background thread is still filling."""
+    out = np.zeros_like(x)
+
+    def work():
+        time.sleep(0.02)
+        out[...] = honest(x)
+
+    threading.Thread(target=work, daemon=True).start()
+    return out
+
+
+def memmap_result(x):
+    import tempfile
+
+    m = np.memmap(tempfile.mktemp(), dtype=x.dtype, mode="w+", shape=x.shape)
+    m[:] = honest(x)
+    return m
+
+
+def truncated(x):
+    return honest(x)[:, :-1]
+
+
+def with_nan(x):
+    out = honest(x)
+    out[-1, -1] = np.nan
+    return out
+
+
+def boom(x):
+    raise RuntimeError("kernel launch failed")
+
+
+SEEN = []
+
+
+def spy(x):
+    """Records what it was given (the test reads it back through `seen`)."""
+    SEEN.append((int(x.ctypes.data), x.copy()))
     return honest(x)
+
+
+def seen():
+    """Per call: pointer, all non-zero?, spread, checksum (small: replies are capped)."""
+    return [(ptr, bool(np.count_nonzero(v) == v.size), float(v.std()), float(v.sum())) for ptr, v in SEEN[:8]]
 
 
 def wrong_dtype(x):
@@ -175,3 +232,10 @@ class FastWhenTimed:
         if self.calls <= self.honest_calls or self.last is None or self.last.shape != x.shape:
             self.last = honest(x)
         return self.last
+
+
+stale_same_buffer = StaleSameBuffer()
+stale_copy = StaleCopy()
+cache_by_pointer = CacheByPointer()
+cache_by_id = CacheById()
+fast_when_timed = FastWhenTimed(honest_calls=8)

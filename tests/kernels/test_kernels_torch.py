@@ -1,15 +1,72 @@
-"""The same guards on torch tensors (CPU here; CUDA takes the same code paths plus events)."""
+"""The same guards on torch tensors (CPU here, in shared memory; CUDA goes by IPC handle).
+
+The candidates live in a module loaded into a real candidate process.
+"""
 
 from __future__ import annotations
+
+import textwrap
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from ratchet.kernels import bench, check  # noqa: E402
+from ratchet.kernels import CandidateProcess, bench, check, compare  # noqa: E402
 
 SHAPES = [{"rows": 4, "cols": 50}, {"rows": 16, "cols": 300}]
+
+CANDIDATES = '''
+import torch
+
+def honest(x):
+    return torch.softmax(x.float(), dim=-1).to(x.dtype)
+
+class Lazy(torch.Tensor):
+    pass
+
+def subclass(x):
+    return torch.softmax(x, -1).as_subclass(Lazy)
+
+def meta(x):
+    return torch.empty(x.shape, dtype=x.dtype, device="meta")
+
+CACHE = {}
+
+def by_pointer(x):
+    key = x.data_ptr()
+    if key not in CACHE:
+        CACHE[key] = torch.softmax(x, -1)
+    return CACHE[key].clone()
+
+def upcast(x):
+    return torch.softmax(x.float(), -1)
+
+def mutates(x):
+    return torch.softmax(x.mul_(1.0001), -1)
+
+def half_work(x):
+    """float16 compute for float32 inputs."""
+    return torch.softmax(x.half(), -1).float()
+
+def wraps_baseline(x):
+    """Slows down torch.softmax in its own process: the baseline runs elsewhere."""
+    import time
+    original = torch.softmax
+    def slow(*a, **k):
+        time.sleep(0.01)
+        return original(*a, **k)
+    torch.softmax = slow
+    return original(x, -1)
+'''
+
+
+@pytest.fixture(scope="module")
+def cand(tmp_path_factory):
+    path = tmp_path_factory.mktemp("torchcand") / "tk.py"
+    path.write_text(textwrap.dedent(CANDIDATES))
+    with CandidateProcess(path, timeout=120) as proc:
+        yield proc
 
 
 def make_inputs(shape, dtype, rng):
@@ -22,65 +79,54 @@ def reference(x):
     return torch.softmax(x, dim=-1)
 
 
-def run(candidate, dtypes=("float32", "bfloat16")):
-    return check(candidate, reference, make_inputs, SHAPES, dtypes=dtypes)
+def run(cand, name, dtypes=("float32", "bfloat16")):
+    return check(cand.function(name), reference, make_inputs, SHAPES, dtypes=dtypes)
 
 
-def test_honest_torch_kernel_passes_in_fp32_and_bf16():
-    report = run(lambda x: torch.softmax(x.float(), dim=-1).to(x.dtype))
+def reasons(report) -> str:
+    assert not report.ok
+    return " ".join(report.reasons())
+
+
+def test_honest_torch_kernel_passes_in_fp32_and_bf16(cand):
+    report = run(cand, "honest")
     assert report.ok, report.summary()
 
 
-def test_tensor_subclass_is_rejected():
-    class Lazy(torch.Tensor):
-        pass
-
-    reason = " ".join(run(lambda x: torch.softmax(x, -1).as_subclass(Lazy)).reasons())
-    assert "tensor subclass" in reason and "Lazy" in reason
+def test_tensor_subclass_and_meta_outputs_are_rejected(cand):
+    reason = reasons(run(cand, "subclass"))
+    assert "tk.Lazy, not a plain torch.Tensor" in reason
+    assert "on meta, not a dense tensor with data" in reasons(run(cand, "meta"))
 
 
-def test_meta_and_expanded_outputs_are_rejected():
-    assert "meta tensor" in " ".join(run(lambda x: torch.empty(x.shape, dtype=x.dtype, device="meta")).reasons())
-    assert "zero stride" in " ".join(run(lambda x: torch.softmax(x, -1)[:1].expand_as(x)).reasons())
+def test_pointer_cache_is_caught(cand):
+    assert "stale result" in reasons(run(cand, "by_pointer", dtypes=("float32",)))
 
 
-def test_output_aliasing_input_storage_is_caught():
-    reason = " ".join(run(lambda x: x.view(x.shape)).reasons())
-    assert "shares memory with input 0" in reason
+def test_wrong_dtype_silent_upcast_is_caught(cand):
+    assert "torch.float32 on cpu, expected (4, 50) torch.bfloat16" in reasons(run(cand, "upcast", dtypes=("bfloat16",)))
 
 
-def test_stale_buffer_and_pointer_cache_are_caught():
-    cache = {}
-
-    def by_pointer(x):
-        key = x.data_ptr()
-        if key not in cache:
-            cache[key] = torch.softmax(x, -1)
-        return cache[key].clone()
-
-    assert "stale result" in " ".join(run(by_pointer, dtypes=("float32",)).reasons())
-    last = []
-
-    def same_buffer(x):
-        if not last:
-            last.append(torch.softmax(x, -1))
-        return last[0]
-
-    assert "buffer it returned on an earlier call" in " ".join(run(same_buffer, dtypes=("float32",)).reasons())
+def test_float16_compute_for_float32_is_caught(cand):
+    assert "outside tolerance" in reasons(run(cand, "half_work", dtypes=("float32",)))
 
 
-def test_wrong_dtype_silent_upcast_is_caught():
-    reason = " ".join(run(lambda x: torch.softmax(x.float(), -1), dtypes=("bfloat16",)).reasons())
-    assert "dtype float32, expected bfloat16" in reason
+def test_input_mutation_is_caught_on_tensors(cand):
+    assert "modified input 0 in place" in reasons(run(cand, "mutates", dtypes=("float32",)))
 
 
-def test_input_mutation_is_caught_on_tensors():
-    reason = " ".join(run(lambda x: torch.softmax(x.mul_(1.0001), -1), dtypes=("float32",)).reasons())
-    assert "modified input 0 in place" in reason
+def test_bench_torch_cpu_tensors(cand):
+    r = bench(cand.function("honest"), make_inputs, {"rows": 64, "cols": 512}, reference=reference, max_time_s=0.2, min_reps=3)
+    assert r.ok, r.summary()
+    assert r.median_s > 0 and r.device == "cpu" and np.isfinite(r.iqr_s)
 
 
-def test_bench_torch_cpu_tensors():
-    x = torch.randn(64, 512)
-    r = bench(lambda t: torch.softmax(t, -1), (x,), cache="warm", max_time_s=0.2, min_reps=3)
-    assert r.ok and r.median_s > 0 and r.device == "cpu"
-    assert np.isfinite(r.iqr_s)
+def test_wrapping_the_library_the_baseline_calls_changes_nothing(cand):
+    """The candidate replaces torch.softmax in its process; the baseline runs in ours."""
+    shape = {"rows": 64, "cols": 512}
+    base = compare(lambda x: torch.softmax(x, -1), cand.function("honest"), make_inputs, shape, reference=reference, max_time_s=0.3, min_reps=3)
+    cheat = compare(lambda x: torch.softmax(x, -1), cand.function("wraps_baseline"), make_inputs, shape, reference=reference, max_time_s=0.3, min_reps=3)
+    assert cheat.ok
+    # the baseline was not slowed by 10 ms per call: it stays within a generous factor
+    assert cheat.a.median_s < 5 * base.a.median_s + 2e-3
+    assert cheat.speedup < 5

@@ -1,11 +1,17 @@
 """ratchet.kernels: the harness a kernel evaluator imports.
 
-Import this *before* the candidate's code: it captures the timer and comparison
-functions at import (guard.py) so that a candidate that patches them is caught.
-With torch, import torch first and call `capture_timers()` before importing the
-candidate, so torch's CUDA timers are captured too.
+The evaluator never imports the candidate. It starts it in a child process
+(`CandidateProcess`, from ratchet.isolate) and hands the harness a handle on its
+function; the checks, the clock, the baseline, the reference, the roofline and the
+metric report all stay in the evaluator's process:
+
+    import ratchet.kernels as rk
+    with rk.CandidateProcess("kernel.py") as cand:
+        report = rk.sweep(cand.function("softmax"), baseline, reference, make_inputs, shapes)
+    rk.emit(report)
 
 Rooms, one job each:
+- runner              how an implementation is called: in its process, or here (trusted)
 - correctness.check   is it right (float64 reference, every guard)
 - timing.bench/compare how fast, honestly (warm-up, SEM stop, cold cache, A/B interleave)
 - roofline            measured peaks, % of bound, bottleneck, impossible times
@@ -14,6 +20,8 @@ Rooms, one job each:
 - hardware            hardware.md / model.md context for proposers
 """
 
+from ..isolate import CandidateError, CandidateProcess, RemoteFunction
+from . import sweep  # the module, callable: rk.sweep(...) runs a sweep
 from .correctness import (
     DEFAULT_TOLERANCES,
     CaseResult,
@@ -56,8 +64,10 @@ from .roofline import (
     peaks_cache_path,
     save_peaks,
 )
+from .runner import LocalRunner, RemoteRunner, Runner
 from .sweep import (
     HOLDOUT_ENV,
+    PerShape,
     ShapeResult,
     SweepReport,
     emit,
@@ -65,7 +75,7 @@ from .sweep import (
     geomean,
     holdout_requested,
     load_holdout,
-    sweep,
+    ordered_metrics,
 )
 from .timing import BenchResult, CompareResult, bench, compare
 
@@ -74,12 +84,19 @@ __all__ = [
     "HOLDOUT_ENV",
     "MODEL_MD_TEMPLATE",
     "BenchResult",
+    "CandidateError",
+    "CandidateProcess",
     "CaseResult",
     "CheckReport",
     "CompareResult",
     "Dispatcher",
+    "LocalRunner",
+    "PerShape",
     "Peaks",
+    "RemoteFunction",
+    "RemoteRunner",
     "RooflinePoint",
+    "Runner",
     "ShapeResult",
     "SweepReport",
     "assess",
@@ -108,6 +125,7 @@ __all__ = [
     "load_peaks",
     "measure_peaks",
     "next_pow2",
+    "ordered_metrics",
     "peaks_cache_path",
     "results_from_sweeps",
     "save_peaks",

@@ -158,6 +158,27 @@ def shares_memory(a: Any, b: Any) -> bool:
     return False
 
 
+def equal(a: Any, b: Any) -> bool:
+    """Same values, fast (NaN never equals: use after a finiteness check)."""
+    if is_torch(a) and is_torch(b):
+        return bool(a.shape == b.shape and a.dtype == b.dtype and torch_module().equal(a, b))
+    if is_torch(a) or is_torch(b):
+        return False
+    return a.shape == b.shape and a.dtype == b.dtype and bool(np.array_equal(a, b))
+
+
+def clean(x: Any) -> bool:
+    """Fast check: no poison value left and (floats) no NaN/Inf anywhere."""
+    if is_floating(x):
+        if is_torch(x):
+            return bool(torch_module().isfinite(x).all())
+        return bool(np.isfinite(x).all())
+    value = poison_value(x)
+    if is_torch(x):
+        return not bool((x == value).any())
+    return not bool((x == value).any())
+
+
 def poison_value(x: Any) -> float | int:
     if is_floating(x):
         return float("nan")

@@ -1,36 +1,36 @@
 """Is the candidate right? `check()` runs it against a float64 reference with every guard on.
 
-Each guard closes a hole that kernels written by people or models have slipped through
-(see shared/notes/kernel-verification.md):
+The candidate runs in its own process (`ratchet.isolate`); this module, the reference
+and every comparison run in the trusted evaluator. Each guard closes a hole that kernels
+written by people or models have slipped through (see shared/notes/kernel-verification.md):
 
 - fresh seeded random inputs every trial, with a random scale and offset, never zeros;
-  odd trials reuse the previous trial's buffers with *new values written in place*, so
-  a result cache keyed on input pointer or id returns a stale answer and fails;
-- the reference runs on float64 copies of the very same inputs; tolerances per dtype;
-  a relative error-norm check beside the per-element one (tiny outputs cannot pass
-  by hiding under atol); NaN/Inf never pass; shape and dtype must match exactly;
-- order candidate -> reference -> candidate; the two candidate outputs must agree
-  (non-determinism, reading leftover memory) and the second must not be the first's
-  buffer returned again;
-- an output buffer passed with out= is poisoned (NaN / sentinel) and checked fully
-  written; inputs are compared with copies afterwards; outputs must not alias inputs;
-- results must be plain, materialised arrays (no subclasses, memmaps, lazy iterators,
-  broadcast views, meta tensors); background threads left running are reported;
-- the timer/comparison functions are verified after each case (guard.py).
+  odd trials write the new values into the previous trial's buffers, so a result cache
+  keyed on input pointer returns a stale answer and fails;
+- the reference runs here on float64 copies of the very same inputs; tolerances per
+  dtype; a relative error-norm check beside the per-element one; NaN/Inf never pass;
+- outputs land in buffers the harness owns, with the exact shape and dtype expected;
+  they are poisoned (NaN / sentinel) before every call and must be fully written; they
+  are read back the moment the call answers, and must not change afterwards (work left
+  running on a thread or stream after the answer fails);
+- the candidate runs twice on the same inputs and must give bit-identical outputs;
+- inputs are compared with the harness's private copies afterwards;
+- a returned value must be a plain, materialised array (no subclass, lazy object, meta
+  tensor): the child copies it into the harness's buffer inside the call.
 
 The report says, per shape and dtype, which guard fired and why.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from . import arrays, guard
+from . import arrays
+from .runner import CallFailed, Runner, Slot, as_runner, fill, new_slot, sync_all
 
 # dtype -> (rtol, atol). fp32 ~1e-4, tf32 ~3e-4, fp16/bf16 ~1e-2, fp8 ~1e-1, integers exact.
 DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
@@ -122,53 +122,8 @@ class _Fail(Exception):
     """A guard fired; the trial stops with this reason."""
 
 
-def _describe(x: Any) -> str:
-    return f"{'tensor' if arrays.is_torch(x) else 'array'}{tuple(x.shape)} {arrays.dtype_name(x)}"
-
-
-def _call(
-    fn: Callable[..., Any],
-    inputs: tuple[Any, ...],
-    out_factory: Callable[[Shape, str, tuple[Any, ...]], Any] | None,
-    shape: Shape,
-    dtype: str,
-    allow_threads: bool,
-    who: str,
-) -> tuple[Any, ...]:
-    """Run fn once with the guards that wrap a single call; returns its outputs."""
-    before = set(threading.enumerate())
-    try:
-        if out_factory is not None:
-            buffers = arrays.as_tuple(out_factory(shape, dtype, inputs))
-            for b in buffers:
-                arrays.poison_(b)
-            result = fn(*inputs, out=buffers[0] if len(buffers) == 1 else buffers)
-            returned = arrays.as_tuple(result) if result is not None else buffers
-            if any(r is not b for r, b in zip(returned, buffers, strict=False)) or len(returned) != len(buffers):
-                raise _Fail(f"{who} returned a new array instead of filling the out= buffer it was given")
-            outputs = buffers
-        else:
-            outputs = arrays.as_tuple(fn(*inputs))
-    except _Fail:
-        raise
-    except Exception as exc:  # the candidate's failure is a finding, not a harness crash
-        raise _Fail(f"{who} raised {type(exc).__name__}: {exc}") from exc
-    for o in outputs:
-        problem = arrays.materialisation_problem(o)
-        if problem:
-            raise _Fail(f"{who}: {problem}")
-    arrays.synchronize(outputs)
-    if not allow_threads:
-        extra = [t for t in threading.enumerate() if t not in before and t.is_alive()]
-        if extra:
-            raise _Fail(
-                f"{who} left {len(extra)} background thread(s) running ({', '.join(t.name for t in extra)}): "
-                "work off the measured path"
-            )
-    return outputs
-
-
-def _expected_dtype(spec: str | Callable[[str, int], str] | None, dtype: str, ref_out: Any, index: int) -> str:
+def expected_dtype_of(spec: str | Callable[[str, int], str] | None, dtype: str, ref_out: Any, index: int) -> str:
+    """The dtype output `index` must have: integers as the reference's, floats as `dtype`."""
     if not arrays.is_floating(ref_out):
         return arrays.dtype_name(ref_out)
     if spec is None:
@@ -176,50 +131,62 @@ def _expected_dtype(spec: str | Callable[[str, int], str] | None, dtype: str, re
     return spec if isinstance(spec, str) else spec(dtype, index)
 
 
-def _validate_outputs(
-    outputs: tuple[Any, ...],
+OutFactory = Callable[[Shape, str, tuple[Any, ...]], Any]
+
+
+def output_specs(
     refs: tuple[Any, ...],
     inputs: tuple[Any, ...],
+    shape: Shape,
     dtype: str,
     expected_dtype: str | Callable[[str, int], str] | None,
-    poisoned: bool,
-    allow_inplace: bool,
-    who: str,
-) -> list[np.ndarray]:
-    """Count, shape, dtype, finiteness, unwritten elements, aliasing; returns float64 copies."""
-    if len(outputs) != len(refs):
-        raise _Fail(f"{who} returned {len(outputs)} output(s), the reference {len(refs)}")
-    copies = []
-    for i, (out, ref) in enumerate(zip(outputs, refs, strict=True)):
-        want_dtype = _expected_dtype(expected_dtype, dtype, ref, i)
-        if tuple(out.shape) != tuple(ref.shape):
-            raise _Fail(f"{who} output {i} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
-        if arrays.dtype_name(out) != want_dtype:
-            raise _Fail(f"{who} output {i} has dtype {arrays.dtype_name(out)}, expected {want_dtype}")
-        if not allow_inplace:
-            for j, inp in enumerate(inputs):
-                if arrays.is_array(inp) and arrays.shares_memory(out, inp):
-                    raise _Fail(f"{who} output {i} shares memory with input {j} (aliases its input)")
+    out: OutFactory | None,
+) -> list[tuple[tuple[int, ...], str]]:
+    """(shape, dtype) of each output buffer: from the out= factory, else from the reference."""
+    if out is not None:
+        return [(tuple(b.shape), arrays.dtype_name(b)) for b in arrays.as_tuple(out(shape, dtype, inputs))]
+    return [(tuple(r.shape), expected_dtype_of(expected_dtype, dtype, r, i)) for i, r in enumerate(refs)]
+
+
+def snapshot(slot: Slot) -> tuple[Any, ...]:
+    """Private copies of the slot's outputs, taken right after the call answered."""
+    outs = tuple(arrays.clone(o) for o in slot.output_views())
+    arrays.synchronize(outs)
+    return outs
+
+
+def unwritten_or_bad(outputs: tuple[Any, ...], who: str) -> None:
+    """Poison left (not fully written) or NaN/Inf in any output."""
+    for i, out in enumerate(outputs):
+        if arrays.clean(out):
+            continue
         value = arrays.to_numpy64(out)
-        if poisoned:
-            unwritten = arrays.count_poisoned(out)
-            if unwritten:
-                raise _Fail(
-                    f"{who} left {unwritten} of {value.size} elements of the out= buffer {i} unwritten "
-                    "(still the poison value)"
-                )
+        unwritten = arrays.count_poisoned(out)
+        if unwritten:
+            nan = " or NaN" if arrays.is_floating(out) else ""
+            raise _Fail(
+                f"{who} left {unwritten} of {value.size} elements of output {i} unwritten (still the poison value{nan})"
+            )
         if arrays.is_floating(out):
             bad = ~np.isfinite(value)
             if bad.any():
                 raise _Fail(f"{who} output {i} has {int(bad.sum())} NaN/Inf values (of {value.size})")
-        copies.append(value)
-    return copies
 
 
-def _inputs_unchanged(inputs: tuple[Any, ...], snapshot: tuple[Any, ...], who: str) -> None:
-    for j, (now, then) in enumerate(zip(inputs, snapshot, strict=True)):
-        if arrays.is_array(now) and not arrays.same_bits(now, then):
-            changed = int((arrays.to_numpy64(now) != arrays.to_numpy64(then)).sum()) if tuple(now.shape) == tuple(then.shape) else -1
+def changed_after_answer(slot: Slot, taken: tuple[Any, ...], who: str) -> None:
+    """Outputs that changed after the call answered: it answered before the work was done."""
+    for i, (now, then) in enumerate(zip(slot.output_views(), taken, strict=True)):
+        if not arrays.equal(now, then):
+            raise _Fail(
+                f"{who} output {i} changed after the call had answered: work left running "
+                "(a background thread or another stream) after the call returned"
+            )
+
+
+def inputs_unchanged(slot: Slot, fresh: tuple[Any, ...], who: str) -> None:
+    for j, (now, then) in enumerate(zip(slot.input_views(), fresh, strict=True)):
+        if arrays.is_array(now) and not (arrays.equal(now, then) or arrays.same_bits(now, then)):
+            changed = int((arrays.to_numpy64(now) != arrays.to_numpy64(then)).sum())
             raise _Fail(f"{who} modified input {j} in place ({changed} elements changed)")
 
 
@@ -246,14 +213,15 @@ def _compare(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> tup
     return reasons, max_abs, max_rel, rel_norm
 
 
-def _fresh_inputs(
+def fresh_inputs(
     make_inputs: MakeInputs,
     shape: Shape,
     dtype: str,
     rng: np.random.Generator,
-    perturb: bool,
-    scale_range: tuple[float, float],
+    perturb: bool = True,
+    scale_range: tuple[float, float] = (1e-2, 16.0),
 ) -> tuple[Any, ...]:
+    """make_inputs(shape, dtype, rng), then a random scale and offset per floating input."""
     inputs = arrays.as_tuple(make_inputs(shape, dtype, rng))
     if perturb:
         lo, hi = np.log(scale_range[0]), np.log(scale_range[1])
@@ -264,22 +232,44 @@ def _fresh_inputs(
     return inputs
 
 
-def _reuse_buffers(previous: tuple[Any, ...], fresh: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Write the fresh values into the previous trial's buffers: same pointers, new data."""
-    if len(previous) != len(fresh):
-        return fresh
-    out = []
-    for old, new in zip(previous, fresh, strict=True):
-        if arrays.is_array(old) and arrays.is_array(new) and tuple(old.shape) == tuple(new.shape) and arrays.dtype_name(old) == arrays.dtype_name(new) and arrays.device_of(old) == arrays.device_of(new):
-            arrays.copy_into(old, new)
-            out.append(old)
-        else:
-            out.append(new)
-    return tuple(out)
+def verify_outputs(
+    got: tuple[Any, ...],
+    refs64: Sequence[np.ndarray],
+    rtol: float | None,
+    atol: float | None,
+    tolerances: Mapping[str, tuple[float, float]] | None,
+    result: CaseResult | None = None,
+) -> list[str]:
+    """Tolerance check of each output against the float64 reference; reasons (empty: ok)."""
+    problems = []
+    for i, (o, want) in enumerate(zip(got, refs64, strict=True)):
+        rt, at = tolerance(arrays.dtype_name(o), tolerances)
+        rt = rt if rtol is None else rtol
+        at = at if atol is None else atol
+        reasons, max_abs, max_rel, rel_norm = _compare(arrays.to_numpy64(o), want, rt, at)
+        if result is not None:
+            result.max_abs_err = max(result.max_abs_err, max_abs)
+            result.max_rel_err = max(result.max_rel_err, max_rel)
+            result.rel_norm_err = max(result.rel_norm_err, rel_norm)
+        if reasons:
+            problems.append((f"output {i}: " if len(got) > 1 else "") + "; ".join(reasons))
+    return problems
+
+
+def reference_outputs(reference: Callable[..., Any], fresh: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[np.ndarray]]:
+    """The reference on float64 copies: (raw outputs, float64 numpy copies)."""
+    try:
+        refs = arrays.as_tuple(reference(*(arrays.upcast(x) for x in fresh)))
+    except Exception as exc:
+        raise _Fail(f"reference raised {type(exc).__name__}: {exc} (harness or make_inputs problem)") from exc
+    ref64 = [arrays.to_numpy64(r) for r in refs]
+    if any(not np.isfinite(r).all() for r in ref64 if r.dtype == np.float64):
+        raise _Fail("reference produced NaN/Inf for these inputs (make_inputs/scale_range problem)")
+    return refs, ref64
 
 
 def check_case(
-    candidate: Callable[..., Any],
+    candidate: Any,
     reference: Callable[..., Any],
     make_inputs: MakeInputs,
     shape: Shape,
@@ -290,94 +280,87 @@ def check_case(
     rtol: float | None = None,
     atol: float | None = None,
     tolerances: Mapping[str, tuple[float, float]] | None = None,
-    out: Callable[[Shape, str, tuple[Any, ...]], Any] | None = None,
+    out: OutFactory | None = None,
     perturb: bool = True,
     scale_range: tuple[float, float] = (1e-2, 16.0),
     expected_dtype: str | Callable[[str, int], str] | None = None,
     exact_repeat: bool = True,
     allow_inplace: bool = False,
-    allow_threads: bool = False,
     holdout: bool = False,
     case_index: int = 0,
 ) -> CaseResult:
-    """All trials of one (shape, dtype); stops at the first trial a guard fails."""
+    """All trials of one (shape, dtype); stops at the first trial a guard fails.
+
+    `candidate`: a `RemoteFunction` (runs in its candidate process), a Runner, or a
+    trusted callable (runs here, unprotected: for baselines and tests).
+    """
+    runner = as_runner(candidate)
+    mode = "out" if out is not None else "return"
     result = CaseResult(shape=dict(shape), dtype=dtype, ok=True, reasons=[], trials=0, holdout=holdout)
-    previous_inputs: tuple[Any, ...] | None = None
-    previous_out: list[np.ndarray] | None = None
-    held: list[Any] = []  # earlier outputs kept alive, so their memory cannot be handed out again
-    for trial in range(trials):
-        rng = np.random.default_rng([seed, case_index, trial])
-        try:
-            inputs = _fresh_inputs(make_inputs, shape, dtype, rng, perturb, scale_range)
-            if trial % 2 == 1 and previous_inputs is not None:
-                inputs = _reuse_buffers(previous_inputs, inputs)
-            snapshot = tuple(arrays.clone(x) if arrays.is_array(x) else x for x in inputs)
-
-            first = _call(candidate, inputs, out, shape, dtype, allow_threads, "candidate")
-            _inputs_unchanged(inputs, snapshot, "candidate")
-
+    slot: Slot | None = None
+    slots: list[Slot] = []
+    previous: list[np.ndarray] | None = None
+    try:
+        for trial in range(trials):
+            rng = np.random.default_rng([seed, case_index, trial])
             try:
-                refs = arrays.as_tuple(reference(*(arrays.upcast(x) for x in inputs)))
-            except Exception as exc:
-                raise _Fail(f"reference raised {type(exc).__name__}: {exc} (harness or make_inputs problem)") from exc
-            _inputs_unchanged(inputs, snapshot, "reference")
-            ref64 = [arrays.to_numpy64(r) for r in refs]
-            if any(not np.isfinite(r).all() for r in ref64 if r.dtype == np.float64):
-                raise _Fail("reference produced NaN/Inf for these inputs (make_inputs/scale_range problem)")
-
-            first64 = _validate_outputs(first, refs, inputs, dtype, expected_dtype, out is not None, allow_inplace, "candidate")
-            second = _call(candidate, inputs, out, shape, dtype, allow_threads, "candidate (second run)")
-            _inputs_unchanged(inputs, snapshot, "candidate (second run)")
-            second64 = _validate_outputs(second, refs, inputs, dtype, expected_dtype, out is not None, allow_inplace, "candidate (second run)")
-            for i, o in enumerate(second):
-                for earlier in (*first, *held):
-                    if arrays.is_array(earlier) and arrays.shares_memory(o, earlier) and out is None:
+                fresh = fresh_inputs(make_inputs, shape, dtype, rng, perturb, scale_range)
+                refs, ref64 = reference_outputs(reference, fresh)
+                if slot is None or trial % 2 == 0:  # odd trials: same buffers, new values
+                    slot = new_slot(runner, fresh, output_specs(refs, fresh, shape, dtype, expected_dtype, out))
+                    slots.append(slot)
+                first = _run_once(runner, slot, fresh, mode, allow_inplace, "candidate")
+                second = _run_once(runner, slot, fresh, mode, allow_inplace, "candidate (second run)")
+                for i, (a, b) in enumerate(zip(first, second, strict=True)):
+                    if exact_repeat and not (arrays.equal(a, b) or arrays.same_bits(a, b)):
+                        diff = float(np.abs(arrays.to_numpy64(a) - arrays.to_numpy64(b)).max())
                         raise _Fail(
-                            f"candidate output {i} is the buffer it returned on an earlier call "
-                            "(stale output reuse: earlier results get overwritten)"
+                            f"two runs on the same inputs disagree in output {i} (max diff {diff:.3g}): "
+                            "non-deterministic or reading stale memory"
                         )
-            for i, (a, b) in enumerate(zip(first64, second64, strict=True)):
-                if exact_repeat and not np.array_equal(a, b):
-                    raise _Fail(
-                        f"two runs on the same inputs disagree in output {i} (max diff {float(np.abs(a - b).max()):.3g}): "
-                        "non-deterministic or reading stale memory"
-                    )
-            for i, (got, want, o) in enumerate(zip(second64, ref64, second, strict=True)):
-                rt, at = tolerance(arrays.dtype_name(o), tolerances)
-                rt = rt if rtol is None else rtol
-                at = at if atol is None else atol
-                reasons, max_abs, max_rel, rel_norm = _compare(got, want, rt, at)
-                result.max_abs_err = max(result.max_abs_err, max_abs)
-                result.max_rel_err = max(result.max_rel_err, max_rel)
-                result.rel_norm_err = max(result.rel_norm_err, rel_norm)
                 if not exact_repeat:
-                    reasons += [f"first run: {r}" for r in _compare(first64[i], want, rt, at)[0]]
+                    reasons = verify_outputs(first, ref64, rtol, atol, tolerances, result)
+                    if reasons:
+                        raise _Fail("first run: " + "; ".join(reasons))
+                reasons = verify_outputs(second, ref64, rtol, atol, tolerances, result)
                 if reasons:
-                    if previous_out is not None and i < len(previous_out) and previous_out[i].shape == got.shape and np.array_equal(previous_out[i], got):
+                    got64 = [arrays.to_numpy64(o) for o in second]
+                    if previous is not None and all(p.shape == g.shape and np.array_equal(p, g) for p, g in zip(previous, got64, strict=False)):
                         reasons.append(
                             "output is identical to the previous trial's output: a stale result "
                             "(cached by input pointer/id, or work skipped)"
                         )
-                    where = f"output {i}: " if len(second64) > 1 else ""
-                    raise _Fail(where + "; ".join(reasons))
-            previous_inputs, previous_out = inputs, second64
-            if out is None:
-                held = [*first, *second]
-        except _Fail as fail:
-            result.ok = False
-            result.reasons.append(f"trial {trial}: {fail}")
+                    raise _Fail("; ".join(reasons))
+                previous = [arrays.to_numpy64(o) for o in second]
+            except _Fail as fail:
+                result.ok = False
+                result.reasons.append(f"trial {trial}: {fail}")
+                result.trials = trial + 1
+                break
             result.trials = trial + 1
-            break
-        result.trials = trial + 1
-    tampered = guard.verify_timers()
-    if tampered:
-        result.ok = False
-        result.reasons += tampered
+    finally:
+        runner.release(slots)
     return result
 
 
+def _run_once(runner: Runner, slot: Slot, fresh: tuple[Any, ...], mode: str, allow_inplace: bool, who: str) -> tuple[Any, ...]:
+    """Fill, poison, one call, read back; the guards of a single call."""
+    fill(slot, fresh)
+    sync_all([slot])
+    try:
+        runner.run([slot], mode)
+    except CallFailed as exc:
+        raise _Fail(f"{who} failed: {exc}") from exc
+    taken = snapshot(slot)
+    unwritten_or_bad(taken, who)
+    if not allow_inplace:
+        inputs_unchanged(slot, fresh, who)
+    changed_after_answer(slot, taken, who)
+    return taken
+
+
 def check(
-    candidate: Callable[..., Any],
+    candidate: Any,
     reference: Callable[..., Any],
     make_inputs: MakeInputs,
     shapes: Iterable[Shape],
@@ -394,7 +377,6 @@ def check(
     expected_dtype: str | Callable[[str, int], str] | None = None,
     exact_repeat: bool = True,
     allow_inplace: bool = False,
-    allow_threads: bool = False,
     holdout: Iterable[Shape] = (),
 ) -> CheckReport:
     """Check `candidate` against `reference` on every shape x dtype (then hold-out shapes).
@@ -404,7 +386,8 @@ def check(
     random (perturb=False to opt out, e.g. for probabilities). The reference gets float64
     copies. With `out=factory(shape, dtype, inputs)` the candidate is called as
     candidate(*inputs, out=buffer) and must fill the (poisoned) buffer; otherwise it
-    returns its output(s). `rtol`/`atol` override every dtype, `tolerances` some dtypes.
+    returns its output(s), which are copied into the harness's buffers. `candidate` is a
+    `RemoteFunction` from a `ratchet.isolate.CandidateProcess` (or a trusted callable). `rtol`/`atol` override every dtype, `tolerances` some dtypes.
     """
     report = CheckReport()
     options = dict(
@@ -419,7 +402,6 @@ def check(
         expected_dtype=expected_dtype,
         exact_repeat=exact_repeat,
         allow_inplace=allow_inplace,
-        allow_threads=allow_threads,
     )
     index = 0
     for is_holdout, group in ((False, shapes), (True, holdout)):

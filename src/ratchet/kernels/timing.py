@@ -1,40 +1,61 @@
-"""Honest timing: `bench()` for one function, `compare()` for two, interleaved.
+"""Honest timing: `bench()` for one implementation, `compare()` for two, interleaved.
 
-The rules, each from a way published kernel timings went wrong:
-- warm-up calls first, so JIT compilation, autotuning and module loading stay out;
-- repeat until the standard error of the mean is under `target_sem` (1%) or a time cap;
-  report the median and IQR (robust to the odd preempted sample), not the minimum;
-- decide warm vs cold cache on purpose (`cache=`): "flush" writes a buffer larger than
-  the last-level cache before every call, "rotate" cycles through enough input sets
-  that together exceed it, "warm" does neither and says so in the result;
-- inputs are touched (one element changed) between calls, outside the timed region,
-  so a result cache keyed on input content misses;
-- on CUDA: device events *and* a device-wide synchronize, with a host wall clock around
-  the same region as a cross-check (events on one stream miss work on other streams);
-  optional CUDA-graph replay for launch-bound kernels;
-- the clock is the one captured when the harness was imported (guard.py) and the
-  timers are verified after the run; a patched timer makes the result untrusted.
+The clock is this (trusted) process's, around a request that runs N calls back to back in
+the candidate process (or here, for the trusted baseline). The rules, each from a way
+published kernel timings went wrong or were gamed:
+
+- **check what you time**: every timed batch's outputs are read back the moment it
+  answers; every call's output must be fully written (outputs are poisoned before each
+  batch) and must not change afterwards; a random sample of the calls (`verify` per
+  batch, chosen here with OS randomness after the batch ran, so the candidate cannot
+  predict it) is compared with the float64 reference, inputs included;
+- **fresh inputs**: before every batch every input is refilled with fresh random data
+  from `make_inputs`, outside the timed region, so no result cache can hit;
+- **no memo within a batch**: the N calls of a batch use N distinct input/output buffer
+  sets, so remembering the last call gains nothing;
+- **indistinguishable**: checks, warm-ups and timed batches are the same request;
+  nothing tells the candidate which calls are timed or verified;
+- **amortised**: N is chosen so a request lasts well beyond the request round trip; the
+  median round trip of an empty request (measured after every batch) is subtracted and
+  reported as host overhead; on CUDA the child synchronizes the device before answering,
+  or (`cuda_graph=True`) captures the N calls in one CUDA graph whose replay is timed;
+- warm-up batches first (JIT, autotune); repeat until the standard error of the mean is
+  under `target_sem` or `max_time_s`; report the median, the IQR and the SEM; a result
+  that missed the SEM target says so (`converged`), it is never passed off as exact;
+- A/B comparisons alternate ABBA on the same fresh inputs, so drift hits both sides.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from . import arrays, guard
-from .hardware import llc_bytes
-
-CacheMode = Literal["flush", "rotate", "warm"]
-Inputs = Sequence[Any]
+from .correctness import (
+    MakeInputs,
+    OutFactory,
+    Shape,
+    _Fail,
+    changed_after_answer,
+    fresh_inputs,
+    inputs_unchanged,
+    output_specs,
+    reference_outputs,
+    snapshot,
+    unwritten_or_bad,
+    verify_outputs,
+)
+from .runner import CallFailed, Runner, Slot, as_runner, fill, new_slot, sync_all
 
 
 @dataclass
 class BenchResult:
-    """Per-call times of one function and the statistics a judge needs."""
+    """Per-call times of one implementation and the statistics a judge needs."""
 
     name: str
     times_s: list[float]
@@ -43,13 +64,13 @@ class BenchResult:
     mean_s: float
     sem_rel: float
     reps: int
-    inner: int
+    calls: int
     warmup: int
     converged: bool
-    cache: str
     device: str
     timer: str
-    host_median_s: float | None = None
+    request_overhead_s: float = 0.0
+    verified: int = 0
     reasons: list[str] = field(default_factory=list)
 
     @property
@@ -60,11 +81,24 @@ class BenchResult:
     def time_ms(self) -> float:
         return self.median_s * 1e3
 
+    @property
+    def sem_s(self) -> float:
+        """Standard error of the per-call time, in seconds."""
+        return self.sem_rel * self.mean_s if math.isfinite(self.sem_rel) else math.inf
+
+    @property
+    def host_overhead_per_call_s(self) -> float:
+        """The request round trip each call carried (subtracted from `median_s`)."""
+        return self.request_overhead_s / max(1, self.calls)
+
     def summary(self) -> str:
-        status = "ok" if self.ok else "UNTRUSTED: " + "; ".join(self.reasons)
+        status = "ok" if self.ok else "FAILED: " + "; ".join(self.reasons)
+        precision = f"sem {self.sem_rel * 100:.2f}%" + ("" if self.converged else " (IMPRECISE: SEM target missed)")
         return (
-            f"{self.name}: median {self.median_s * 1e3:.4f} ms, IQR {self.iqr_s * 1e3:.4f} ms, "
-            f"sem {self.sem_rel * 100:.2f}% over {self.reps} reps ({self.cache}, {self.timer}) {status}"
+            f"{self.name}: median {self.median_s * 1e3:.4f} ms/call, IQR {self.iqr_s * 1e3:.4f} ms, {precision}, "
+            f"{self.reps} batches x {self.calls} calls ({self.timer}; request overhead "
+            f"{self.request_overhead_s * 1e6:.1f} us = {self.host_overhead_per_call_s * 1e6:.2f} us/call, "
+            f"{self.verified} timed calls verified) {status}"
         )
 
     def to_dict(self, with_samples: bool = False) -> dict[str, Any]:
@@ -72,6 +106,7 @@ class BenchResult:
         if not with_samples:
             d.pop("times_s")
         d["ok"] = self.ok
+        d["host_overhead_per_call_s"] = self.host_overhead_per_call_s
         return arrays.jsonable(d)
 
 
@@ -81,10 +116,11 @@ class CompareResult:
 
     a: BenchResult
     b: BenchResult
-    speedup: float  # median(a) / median(b): > 1 means b is faster
-    ratio_median: float  # median over pairs of time_b / time_a
+    speedup: float  # time_a / time_b: > 1 means b is faster
+    ratio_median: float
     ratio_q25: float
     ratio_q75: float
+    speedup_sem_rel: float = math.inf
 
     @property
     def ok(self) -> bool:
@@ -92,14 +128,22 @@ class CompareResult:
 
     @property
     def significant(self) -> bool:
-        """The middle half of paired ratios lies entirely on one side of 1."""
+        """The middle half of paired ratios excludes 1: the difference is not noise."""
         return self.ratio_q75 < 1.0 or self.ratio_q25 > 1.0
+
+    def summary(self) -> str:
+        return (
+            f"{self.a.name} {self.a.median_s * 1e3:.4f} ms vs {self.b.name} {self.b.median_s * 1e3:.4f} ms: "
+            f"speedup {self.speedup:.3f} (+-{self.speedup_sem_rel * 100:.1f}%), paired ratio IQR "
+            f"[{self.ratio_q25:.3f}, {self.ratio_q75:.3f}]{'' if self.significant else ' (not significant)'}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return arrays.jsonable({
             "a": self.a.to_dict(),
             "b": self.b.to_dict(),
             "speedup": self.speedup,
+            "speedup_sem_rel": self.speedup_sem_rel,
             "ratio_median": self.ratio_median,
             "ratio_q25": self.ratio_q25,
             "ratio_q75": self.ratio_q75,
@@ -109,182 +153,13 @@ class CompareResult:
 
 
 def capture_timers() -> list[str]:
-    """Capture torch's timers too; call after ``import torch`` and before importing the candidate."""
+    """Capture torch's timers too (kept for evaluators that time trusted code in-process)."""
     return guard.capture_timers()
 
 
 def verify_timers() -> list[str]:
-    """Reasons the timers or comparison functions were tampered with (empty if not)."""
+    """Reasons the timers or comparison functions of this process were replaced (empty if not)."""
     return guard.verify_timers()
-
-
-# ---------------------------------------------------------------------------------------
-# Preparation between calls: input sets, cache flush, touching inputs
-
-
-class _Preparer:
-    """Owns the input sets and the flush buffer; `before(i)` returns the args for call i."""
-
-    def __init__(
-        self,
-        sets: list[tuple[Any, ...]],
-        cache: CacheMode,
-        flush_bytes: int | None,
-        touch: bool,
-        seed: int,
-    ) -> None:
-        self.sets = sets
-        self.cache = cache
-        self.touch = touch
-        self.rng = np.random.default_rng(seed)
-        self.flush_buf: Any = None
-        first = sets[0]
-        self.torch_device = next((a.device for a in first if arrays.is_torch(a) and a.is_cuda), None)
-        if cache == "flush":
-            size = int(flush_bytes or 2 * self._cache_bytes())
-            if self.torch_device is not None:
-                torch = arrays.torch_module()
-                self.flush_buf = torch.empty(size // 4, dtype=torch.float32, device=self.torch_device)
-            else:
-                self.flush_buf = np.empty(size // 8, dtype=np.float64)
-        self.flush_bytes = size if cache == "flush" else 0
-        self._counter = 0
-
-    def _cache_bytes(self) -> int:
-        if self.torch_device is not None:
-            torch = arrays.torch_module()
-            props = torch.cuda.get_device_properties(self.torch_device)
-            return int(getattr(props, "L2_cache_size", 0) or (64 << 20))
-        return llc_bytes()
-
-    def describe(self) -> str:
-        if self.cache == "flush":
-            return f"flush {self.flush_bytes >> 20} MiB"
-        if self.cache == "rotate":
-            return f"rotate {len(self.sets)} sets"
-        return "warm"
-
-    def before(self, i: int) -> tuple[Any, ...]:
-        args = self.sets[i % len(self.sets)]
-        if self.touch:
-            for a in args:
-                arrays.touch_(a, self.rng)
-        if self.flush_buf is not None:
-            self._counter += 1
-            if arrays.is_torch(self.flush_buf):
-                self.flush_buf.fill_(float(self._counter))
-            else:
-                self.flush_buf.fill(float(self._counter))
-        return args
-
-
-def make_sets(
-    inputs: Inputs | None,
-    make_inputs: Callable[[], Any] | None,
-    cache: CacheMode,
-    sets: int | None,
-) -> list[tuple[Any, ...]]:
-    """The input sets to cycle through.
-
-    For cache="rotate" without an explicit count, enough sets that together they are
-    larger than twice the last-level cache (so each call starts cold), capped at 64.
-    """
-    if (inputs is None) == (make_inputs is None):
-        raise ValueError("give exactly one of inputs= or make_inputs=")
-    if inputs is not None:
-        if cache == "rotate" and (sets or 1) > 1:
-            raise ValueError("cache='rotate' needs make_inputs= to build several input sets")
-        return [arrays.as_tuple(inputs)]
-    first = arrays.as_tuple(make_inputs())
-    count = sets or 1
-    if cache == "rotate" and sets is None:
-        size = sum(arrays.nbytes(a) for a in first) or 1
-        on_gpu = any(arrays.is_torch(a) and a.is_cuda for a in first)
-        target = 2 * (64 << 20 if on_gpu else llc_bytes())
-        count = min(64, max(2, math.ceil(target / size)))
-    out = [first]
-    while len(out) < count:
-        out.append(arrays.as_tuple(make_inputs()))
-    return out
-
-
-# ---------------------------------------------------------------------------------------
-# One timed call, on CPU or CUDA
-
-
-class _Clock:
-    """Times `fn(*args)` `inner` times; returns (seconds per call, host seconds per call)."""
-
-    def __init__(self, args: tuple[Any, ...], cuda_graph: bool) -> None:
-        self.perf = guard._CLOCK
-        self.cuda = any(arrays.is_torch(a) and a.is_cuda for a in args)
-        self.cuda_graph = cuda_graph
-        if cuda_graph and not self.cuda:
-            raise ValueError("cuda_graph=True needs CUDA tensors among the inputs")
-        self.graphs: dict[int, Any] = {}
-        if self.cuda:
-            torch = arrays.torch_module()
-            event = guard.ORIGINALS.get("torch.cuda.Event", torch.cuda.Event)
-            self.sync = guard.ORIGINALS.get("torch.cuda.synchronize", torch.cuda.synchronize)
-            self.start = event(enable_timing=True)
-            self.end = event(enable_timing=True)
-
-    @property
-    def name(self) -> str:
-        if self.cuda_graph:
-            return "cuda_graph+events"
-        return "cuda_events+sync" if self.cuda else "perf_counter"
-
-    def capture(self, fn: Callable[..., Any], args: tuple[Any, ...], key: int, inner: int) -> None:
-        """Record `inner` calls of fn on args into a CUDA graph (after a side-stream warm-up)."""
-        torch = arrays.torch_module()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                fn(*args)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(inner):
-                fn(*args)
-        self.sync()
-        self.graphs[key] = graph
-
-    def time(self, fn: Callable[..., Any], args: tuple[Any, ...], inner: int, key: int = 0) -> tuple[float, float]:
-        perf = self.perf
-        if not self.cuda:
-            t0 = perf()
-            for _ in range(inner):
-                fn(*args)
-            t1 = perf()
-            return (t1 - t0) / inner, (t1 - t0) / inner
-        self.sync()
-        h0 = perf()
-        self.start.record()
-        if self.cuda_graph:
-            self.graphs[key].replay()
-        else:
-            for _ in range(inner):
-                fn(*args)
-        self.end.record()
-        self.sync()  # device-wide: work a candidate put on another stream is waited for too
-        h1 = perf()
-        return self.start.elapsed_time(self.end) / 1e3 / inner, (h1 - h0) / inner
-
-
-def _calibrate_inner(clock: _Clock, fn: Callable[..., Any], args: tuple[Any, ...], cache: CacheMode) -> int:
-    """Calls per sample: 1, unless one call is too short to time well and no flush is wanted.
-
-    With a cache flush every call must start cold, so it is always 1.
-    """
-    if cache == "flush" or clock.cuda_graph:
-        return 1
-    t, _ = clock.time(fn, args, 1)
-    floor = 20e-6 if clock.cuda else 50e-6
-    if t >= floor:
-        return 1
-    return int(min(1000, math.ceil(floor / max(t, 1e-8))))
 
 
 class _Welford:
@@ -307,189 +182,333 @@ class _Welford:
         return math.sqrt(self.m2 / (self.n - 1) / self.n) / self.mean
 
 
-def _stats(samples: list[float]) -> tuple[float, float, float]:
-    a = np.asarray(samples, dtype=np.float64)
-    q25, q50, q75 = np.percentile(a, [25, 50, 75])
-    return float(q50), float(q75 - q25), float(a.mean())
+@dataclass
+class _Verifier:
+    """What the harness needs to check a timed call's outputs."""
+
+    reference: Callable[..., Any]
+    rtol: float | None
+    atol: float | None
+    tolerances: Mapping[str, tuple[float, float]] | None
+    per_batch: int  # calls verified against the reference per batch; <= 0: all
+    allow_inplace: bool
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(int.from_bytes(os.urandom(8), "little")))
 
 
-def _cross_check(name: str, samples: list[float], host: list[float], clock: _Clock, host_total: float, wall_total: float) -> list[str]:
-    """Reasons the measured times disagree with the host wall clock."""
-    reasons = []
-    if clock.cuda:
-        ev, hm = float(np.median(samples)), float(np.median(host))
-        # Host time includes launch and sync latency (tens of us); events far below the
-        # synchronized host time mean the work ran somewhere the events did not see.
-        if hm - ev > max(100e-6, 1.0 * ev) and ev < 0.5 * hm:
-            reasons.append(
-                f"{name}: device events ({ev * 1e3:.4f} ms) miss most of the synchronized host time "
-                f"({hm * 1e3:.4f} ms): work on another stream or a background thread?"
-            )
-    elif host_total > wall_total * 1.05 + 1e-3:
-        reasons.append(f"{name}: timed samples add up to more than the elapsed wall time: clock is wrong")
-    return reasons
+class _Side:
+    """One implementation being timed: its runner, its N slots, its samples."""
+
+    def __init__(self, runner: Runner, mode: str, verifier: _Verifier | None) -> None:
+        self.runner = runner
+        self.mode = mode
+        self.verifier = verifier
+        self.slots: list[Slot] = []
+        self.graph: Any = None
+        self.samples: list[float] = []
+        self.overheads: list[float] = []
+        self.stats = _Welford()
+        self.verified = 0
+        self.reasons: list[str] = []
+
+    @property
+    def label(self) -> str:
+        return self.runner.label
+
+    def allocate(self, fresh_sets: Sequence[tuple[Any, ...]], specs: list[tuple[tuple[int, ...], str]]) -> None:
+        self.slots = [new_slot(self.runner, fresh_sets[0], specs) for _ in fresh_sets]
+
+    def request(self, fresh_sets: Sequence[tuple[Any, ...]]) -> float:
+        """Fill, poison, one timed request (N calls or one replay); raw seconds."""
+        for slot, values in zip(self.slots, fresh_sets, strict=True):
+            fill(slot, values)
+        sync_all(self.slots)
+        if self.graph is not None:
+            return self.runner.replay(self.graph)
+        return self.runner.run(self.slots, self.mode)
+
+    def overhead(self) -> float:
+        self.overheads.append(self.runner.empty_request())
+        return float(np.median(self.overheads))
+
+    def check(self, fresh_sets: Sequence[tuple[Any, ...]], refs: dict[int, list[np.ndarray]], reference_of: Callable[[int], list[np.ndarray]]) -> None:
+        """Read back every call's outputs; verify a random sample against the reference."""
+        verifier = self.verifier
+        if verifier is None:
+            return
+        taken = [snapshot(slot) for slot in self.slots]
+        who = self.label
+        for k, outs in enumerate(taken):
+            unwritten_or_bad(outs, f"{who} (call {k} of a batch)")
+        n = len(self.slots)
+        count = n if verifier.per_batch <= 0 else min(n, verifier.per_batch)
+        for k in sorted(verifier.rng.choice(n, size=count, replace=False).tolist()):
+            problems = verify_outputs(taken[k], reference_of(k), verifier.rtol, verifier.atol, verifier.tolerances)
+            if problems:
+                raise _Fail(f"{who}: a timed call's output is wrong: " + "; ".join(problems))
+            if not verifier.allow_inplace:
+                inputs_unchanged(self.slots[k], fresh_sets[k], f"{who} (timed call)")
+            self.verified += 1
+        for slot, outs in zip(self.slots, taken, strict=True):
+            changed_after_answer(slot, outs, f"{who} (timed call)")
+
+    def result(self, warmup: int, target_sem: float, cuda: bool) -> BenchResult:
+        samples = self.samples or [math.inf]
+        a = np.asarray(samples, dtype=np.float64)
+        with np.errstate(invalid="ignore"):  # no sample: inf everywhere, no warning
+            q25, q50, q75 = (float(v) for v in np.percentile(a, [25, 50, 75]))
+        sem = self.stats.sem_rel()
+        timer = "host clock around a CUDA-graph replay" if self.graph is not None else "host clock around one request"
+        if cuda and self.graph is None:
+            timer += " + device sync"
+        reasons = list(self.reasons)
+        if not self.samples and not reasons:
+            reasons.append(f"{self.label}: no timed batch completed")
+        reasons += [f"{self.label}: {p}" for p in guard.verify_timers()]
+        return BenchResult(
+            name=self.label,
+            times_s=list(self.samples),
+            median_s=q50,
+            iqr_s=q75 - q25,
+            mean_s=float(a.mean()),
+            sem_rel=sem,
+            reps=len(self.samples),
+            calls=len(self.slots),
+            warmup=warmup,
+            converged=sem < target_sem,
+            device="cuda" if cuda else "cpu",
+            timer=timer,
+            request_overhead_s=float(np.median(self.overheads)) if self.overheads else 0.0,
+            verified=self.verified,
+            reasons=reasons,
+        )
+
+
+def _set_bytes(inputs: tuple[Any, ...], specs: list[tuple[tuple[int, ...], str]]) -> int:
+    from .roofline import ITEMSIZE  # noqa: PLC0415 - roofline imports hardware; keep this light
+
+    out = sum(math.prod(shape) * ITEMSIZE.get(dtype, 4) for shape, dtype in specs)
+    return sum(arrays.nbytes(x) for x in inputs if arrays.is_array(x)) + out
+
+
+def _run(
+    impls: Sequence[tuple[Any, str | None, bool]],
+    make_inputs: MakeInputs,
+    shape: Shape,
+    dtype: str,
+    *,
+    reference: Callable[..., Any] | None,
+    out: OutFactory | None,
+    expected_dtype: str | Callable[[str, int], str] | None,
+    rtol: float | None,
+    atol: float | None,
+    tolerances: Mapping[str, tuple[float, float]] | None,
+    verify: int,
+    allow_inplace: bool,
+    calls: int | None,
+    max_calls: int | None,
+    min_request_s: float,
+    memory_bytes: int | None,
+    warmup: int,
+    min_reps: int,
+    max_reps: int,
+    max_time_s: float,
+    target_sem: float,
+    cuda_graph: bool,
+    perturb: bool,
+    scale_range: tuple[float, float],
+    seed: int,
+) -> tuple[list[BenchResult], list[float]]:
+    """The shared loop of bench/compare: (results per implementation, paired ratios b/a)."""
+    perf = guard._CLOCK
+    rng = np.random.default_rng([seed, 0x71])
+
+    def fresh() -> tuple[Any, ...]:
+        return fresh_inputs(make_inputs, shape, dtype, rng, perturb, scale_range)
+
+    first = fresh()
+    ref_first = reference(*(arrays.upcast(x) for x in first)) if reference is not None else None
+    if out is None and ref_first is None:
+        raise ValueError("timing needs reference= (to size and check the outputs) or out= (an output factory)")
+    specs = output_specs(arrays.as_tuple(ref_first) if ref_first is not None else (), first, shape, dtype, expected_dtype, out)
+    mode = "out" if out is not None else "return"
+    sides = []
+    for impl, label, trusted in impls:
+        runner = as_runner(impl, label)
+        verifier = None
+        if reference is not None and not trusted:
+            verifier = _Verifier(reference, rtol, atol, tolerances, verify, allow_inplace)
+        # A trusted baseline is called as baseline(*inputs); its result is copied into an
+        # output buffer exactly when the candidate's is (return mode), so both pay alike.
+        sides.append(_Side(runner, mode if not trusted or mode == "return" else "plain", verifier))
+    cuda = any(arrays.is_torch(x) and x.is_cuda for x in first)
+    set_bytes = max(1, _set_bytes(first, specs))
+
+    # How many calls per request: enough to dwarf the request round trip.
+    probe = [first]
+    estimates = []
+    try:
+        for side in sides:
+            side.allocate(probe, specs)
+            side.request(probe)  # also a warm-up
+            t = side.request(probe)
+            rtt = side.overhead()
+            estimates.append(max(t - rtt, 0.5 * t, 1e-7))
+    except CallFailed as exc:
+        return _abort(sides, f"{exc}", warmup, target_sem, cuda), []
+    if calls is None:
+        # Enough calls that the round trip is a small part of the request, within reason:
+        # under heavy load a round trip can take milliseconds.
+        target = max(min_request_s, min(10 * max(s.overhead() for s in sides), 10e-3))
+        calls = math.ceil(target / min(estimates))
+    cap = max_calls or (256 if cuda else 64)
+    mem_cap = memory_bytes or ((2 << 30) if cuda else (256 << 20))
+    calls = int(max(1, min(calls, cap, mem_cap // set_bytes)))
+    for side in sides:
+        side.runner.release(side.slots)
+    batch = [fresh() for _ in range(calls)]
+    ref_cache: dict[int, list[np.ndarray]] = {}
+
+    def reference_of(k: int) -> list[np.ndarray]:
+        if k not in ref_cache:
+            ref_cache[k] = reference_outputs(reference, batch[k])[1]  # type: ignore[arg-type]
+        return ref_cache[k]
+
+    try:
+        for side in sides:
+            side.allocate(batch, specs)
+            if cuda_graph:
+                for slot, values in zip(side.slots, batch, strict=True):
+                    fill(slot, values)
+                sync_all(side.slots)
+                side.graph = side.runner.capture(side.slots, side.mode)
+        for _ in range(warmup):
+            for side in sides:
+                side.request(batch)
+                side.check(batch, ref_cache, reference_of)
+        ratios: list[float] = []
+        ratio_stats = _Welford()
+        started = perf()
+        rep = 0
+        while rep < max_reps:
+            batch[:] = [fresh() for _ in range(calls)]
+            ref_cache.clear()
+            order = sides if rep % 2 == 0 else sides[::-1]
+            for side in order:
+                t = side.request(batch)
+                rtt = side.overhead()
+                per_call = max(t - rtt, 0.5 * t) / calls
+                side.check(batch, ref_cache, reference_of)
+                side.samples.append(per_call)
+                side.stats.add(per_call)
+            if len(sides) == 2:
+                ratios.append(sides[1].samples[-1] / sides[0].samples[-1])
+                ratio_stats.add(ratios[-1])
+            rep += 1
+            tight = all(s.stats.sem_rel() < target_sem for s in sides) or (len(sides) == 2 and ratio_stats.sem_rel() < target_sem / 2)
+            if rep >= min_reps and (tight or perf() - started > max_time_s):
+                break
+    except CallFailed as exc:
+        return _abort(sides, f"{exc}", warmup, target_sem, cuda), []
+    except _Fail as fail:
+        return _abort(sides, f"{fail}", warmup, target_sem, cuda), []
+    finally:
+        for side in sides:
+            side.runner.release(side.slots)
+    return [s.result(warmup, target_sem, cuda) for s in sides], ratios
+
+
+def _abort(sides: list[_Side], reason: str, warmup: int, target_sem: float, cuda: bool) -> list[BenchResult]:
+    for side in sides:
+        if reason.startswith(side.label) or side.verifier is not None:
+            side.reasons.append(reason)
+            break
+    else:
+        sides[-1].reasons.append(reason)
+    return [s.result(warmup, target_sem, cuda) for s in sides]
+
+
+_DEFAULTS: dict[str, Any] = {
+    "reference": None,
+    "out": None,
+    "expected_dtype": None,
+    "rtol": None,
+    "atol": None,
+    "tolerances": None,
+    "verify": 1,
+    "allow_inplace": False,
+    "calls": None,
+    "max_calls": None,
+    "min_request_s": 2e-3,
+    "memory_bytes": None,
+    "warmup": 1,
+    "min_reps": 5,
+    "max_reps": 10_000,
+    "max_time_s": 2.0,
+    "target_sem": 0.01,
+    "cuda_graph": False,
+    "perturb": True,
+    "scale_range": (1e-2, 16.0),
+    "seed": 0,
+}
 
 
 def bench(
-    fn: Callable[..., Any],
-    inputs: Inputs | None = None,
+    fn: Any,
+    make_inputs: MakeInputs,
+    shape: Shape,
+    dtype: str = "float32",
     *,
-    make_inputs: Callable[[], Any] | None = None,
-    cache: CacheMode = "flush",
-    sets: int | None = None,
-    flush_bytes: int | None = None,
-    warmup: int = 3,
-    min_reps: int = 10,
-    max_reps: int = 10_000,
-    max_time_s: float = 2.0,
-    target_sem: float = 0.01,
-    touch: bool = True,
-    cuda_graph: bool = False,
-    inner: int | None = None,
     name: str | None = None,
-    seed: int = 0,
+    trusted: bool | None = None,
+    **options: Any,
 ) -> BenchResult:
-    """Time `fn(*inputs)`.
+    """Time `fn` on `shape`/`dtype` with inputs from make_inputs(shape, dtype, rng).
 
-    Give `inputs` (one set, reused) or `make_inputs()` (called to build `sets` sets, or
-    enough to exceed the LLC when cache="rotate"). `cache` chooses cold ("flush" or
-    "rotate") or "warm" timing explicitly. Stops when the relative standard error of the
-    mean is below `target_sem` after `min_reps`, or after `max_time_s` / `max_reps`.
+    `fn`: a RemoteFunction (candidate process) or a trusted callable. With `reference=`
+    (float64 reference function) every batch is checked as described in the module doc;
+    `out=factory(shape, dtype, inputs)` calls fn(*inputs, out=buffers) instead of copying
+    its result. Options: see `_DEFAULTS` and docs/kernels.md.
     """
-    input_sets = make_sets(inputs, make_inputs, cache, sets)
-    prep = _Preparer(input_sets, cache, flush_bytes, touch, seed)
-    clock = _Clock(input_sets[0], cuda_graph)
-    label = name or getattr(fn, "__name__", "fn")
-    for i in range(warmup):
-        fn(*prep.before(i))
-    arrays.synchronize(input_sets[0])
-    n_inner = inner or _calibrate_inner(clock, fn, input_sets[0], cache)
-    if cuda_graph:
-        for k, args in enumerate(input_sets):
-            clock.capture(fn, args, k, n_inner)
-    samples: list[float] = []
-    host: list[float] = []
-    running = _Welford()
-    perf = guard._CLOCK
-    started = perf()
-    rep = 0
-    while rep < max_reps:
-        args = prep.before(rep)
-        t, h = clock.time(fn, args, n_inner, rep % len(input_sets))
-        samples.append(t)
-        host.append(h)
-        running.add(t)
-        rep += 1
-        if rep >= min_reps and (running.sem_rel() < target_sem or perf() - started > max_time_s):
-            break
-    wall = perf() - started
-    return _result(label, samples, host, n_inner, warmup, running.sem_rel(), target_sem, prep, clock, wall)
-
-
-def _result(
-    label: str,
-    samples: list[float],
-    host: list[float],
-    inner: int,
-    warmup: int,
-    sem: float,
-    target_sem: float,
-    prep: _Preparer,
-    clock: _Clock,
-    wall: float,
-) -> BenchResult:
-    median, iqr, mean = _stats(samples)
-    reasons = [f"{label}: {p}" for p in verify_timers()]
-    reasons += _cross_check(label, samples, host, clock, float(np.sum(host)) * inner, wall)
-    if median <= 0:
-        reasons.append(f"{label}: measured a non-positive time ({median!r} s)")
-    return BenchResult(
-        name=label,
-        times_s=samples,
-        median_s=median,
-        iqr_s=iqr,
-        mean_s=mean,
-        sem_rel=sem,
-        reps=len(samples),
-        inner=inner,
-        warmup=warmup,
-        converged=sem < target_sem,
-        cache=prep.describe(),
-        device="cuda" if clock.cuda else "cpu",
-        timer=clock.name,
-        host_median_s=float(np.median(host)) if clock.cuda else None,
-        reasons=reasons,
-    )
+    opts = _options(options)
+    is_trusted = not hasattr(fn, "process") if trusted is None else trusted
+    results, _ = _run([(fn, name, is_trusted)], make_inputs, shape, dtype, **opts)
+    return results[0]
 
 
 def compare(
-    a: Callable[..., Any],
-    b: Callable[..., Any],
-    inputs: Inputs | None = None,
+    a: Any,
+    b: Any,
+    make_inputs: MakeInputs,
+    shape: Shape,
+    dtype: str = "float32",
     *,
-    make_inputs: Callable[[], Any] | None = None,
-    cache: CacheMode = "flush",
-    sets: int | None = None,
-    flush_bytes: int | None = None,
-    warmup: int = 3,
-    min_reps: int = 10,
-    max_reps: int = 10_000,
-    max_time_s: float = 4.0,
-    target_sem: float = 0.01,
-    touch: bool = True,
-    cuda_graph: bool = False,
     names: tuple[str, str] | None = None,
-    seed: int = 0,
+    **options: Any,
 ) -> CompareResult:
-    """Time a and b on the same inputs, alternating ABBA, until both means are tight.
+    """Time a (usually the trusted baseline) and b (the candidate) ABBA on the same inputs.
 
-    Interleaving means a thermal ramp, a noisy neighbour or frequency scaling hits both
-    sides alike; the paired ratio time_b / time_a is then far steadier than either time.
+    Only b's outputs are verified: a is the trusted side. speedup = time_a / time_b.
     """
-    input_sets = make_sets(inputs, make_inputs, cache, sets)
-    prep = _Preparer(input_sets, cache, flush_bytes, touch, seed)
-    clock = _Clock(input_sets[0], cuda_graph)
-    label_a, label_b = names or (getattr(a, "__name__", "a"), getattr(b, "__name__", "b"))
-    for i in range(warmup):
-        a(*prep.before(i))
-        b(*prep.before(i))
-    arrays.synchronize(input_sets[0])
-    inner_a = _calibrate_inner(clock, a, input_sets[0], cache)
-    inner_b = _calibrate_inner(clock, b, input_sets[0], cache)
-    n_inner = max(inner_a, inner_b)  # the same count on both sides keeps the pairing fair
-    clock_a = clock
-    clock_b = _Clock(input_sets[0], cuda_graph) if cuda_graph else clock  # one graph set per side
-    if cuda_graph:
-        for k, args in enumerate(input_sets):
-            clock_a.capture(a, args, k, n_inner)
-            clock_b.capture(b, args, k, n_inner)
-    ta: list[float] = []
-    tb: list[float] = []
-    ha: list[float] = []
-    hb: list[float] = []
-    wa, wb, ratio = _Welford(), _Welford(), _Welford()
-    perf = guard._CLOCK
-    started = perf()
-    rep = 0
-    while rep < max_reps:
-        order = ((a, clock_a, ta, ha, wa), (b, clock_b, tb, hb, wb))
-        if rep % 2:
-            order = order[::-1]
-        for fn, clk, times, hosts, stat in order:
-            args = prep.before(rep)
-            t, h = clk.time(fn, args, n_inner, rep % len(input_sets))
-            times.append(t)
-            hosts.append(h)
-            stat.add(t)
-        ratio.add(tb[-1] / ta[-1] if ta[-1] > 0 else math.inf)
-        rep += 1
-        tight = wa.sem_rel() < target_sem and wb.sem_rel() < target_sem or ratio.sem_rel() < target_sem / 2
-        if rep >= min_reps and (tight or perf() - started > max_time_s):
-            break
-    wall = perf() - started
-    ra = _result(label_a, ta, ha, n_inner, warmup, wa.sem_rel(), target_sem, prep, clock_a, wall)
-    rb = _result(label_b, tb, hb, n_inner, warmup, wb.sem_rel(), target_sem, prep, clock_b, wall)
-    ratios = np.asarray(tb) / np.maximum(np.asarray(ta), 1e-15)
-    q25, q50, q75 = (float(v) for v in np.percentile(ratios, [25, 50, 75]))
-    speedup = ra.median_s / rb.median_s if rb.median_s > 0 else math.inf
-    return CompareResult(a=ra, b=rb, speedup=speedup, ratio_median=q50, ratio_q25=q25, ratio_q75=q75)
+    opts = _options(options)
+    label_a, label_b = names or (None, None)
+    (ra, rb), ratios = _run([(a, label_a, True), (b, label_b, False)], make_inputs, shape, dtype, **opts)
+    if ratios:
+        r = np.asarray(ratios)
+        q25, q50, q75 = (float(v) for v in np.percentile(r, [25, 50, 75]))
+    else:
+        q25 = q50 = q75 = math.nan
+    speedup = ra.median_s / rb.median_s if rb.median_s > 0 and math.isfinite(rb.median_s) else 0.0
+    sem = math.sqrt(ra.sem_rel**2 + rb.sem_rel**2)
+    if len(ratios) >= 2:
+        stats = _Welford()
+        for x in ratios:
+            stats.add(x)
+        sem = min(sem, stats.sem_rel())
+    return CompareResult(a=ra, b=rb, speedup=speedup, ratio_median=q50, ratio_q25=q25, ratio_q75=q75, speedup_sem_rel=sem)
+
+
+def _options(options: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = set(options) - set(_DEFAULTS)
+    if unknown:
+        raise TypeError(f"unknown timing option(s): {', '.join(sorted(unknown))} (known: {', '.join(sorted(_DEFAULTS))})")
+    return {**_DEFAULTS, **options}

@@ -1,0 +1,205 @@
+"""ratchet.isolate: candidate code runs in a child process the evaluator only talks to.
+
+Real child processes, real shared memory; nothing mocked. Each test states what an
+evaluator author relies on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from ratchet import isolate
+from ratchet.isolate import CandidateError, CandidateProcess, CandidateTimeout
+
+CANDIDATE = '''
+import json, os, sys, time
+import numpy as np
+
+CALLS = []
+
+def score(x, scale=1.0):
+    return (x - 1.25) ** 2 * scale
+
+def softmax(x):
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+def env():
+    return dict(os.environ)
+
+def where():
+    return {"cwd": os.getcwd(), "argv": sys.argv, "flags_isolated": sys.flags.isolated}
+
+def shout():
+    print("correct: true")
+    print("time_ms: 0.0001", file=sys.stderr)
+    return 1
+
+def hang():
+    os.system("sleep 300 &")   # a grandchild too: the timeout must kill the whole group
+    time.sleep(300)
+
+def boom():
+    raise ValueError("no good")
+
+def die():
+    os._exit(3)
+
+def mutate(x):
+    x[...] = 0
+    return 0
+
+def obj_array(x):
+    return np.array([object()], dtype=object)
+
+def a_function():
+    return print
+
+def softmax_t(x):
+    import torch
+    return torch.softmax(x.float(), dim=-1).to(x.dtype)
+'''
+
+
+@pytest.fixture(scope="module")
+def cand_path(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cand")
+    (d / "cand.py").write_text(textwrap.dedent(CANDIDATE))
+    return d / "cand.py"
+
+
+@pytest.fixture(scope="module")
+def cand(cand_path):
+    env = {**os.environ, "RATCHET_METRICS_FD": "99", "RATCHET_HOLDOUT": "/secret/holdout",
+           "RATCHET_HOLDOUT_DATA": "x", "RATCHET_RESULT": "/tmp/r.json", "OPENAI_API_KEY": "sk-x",
+           "RATCHET_WORKDIR": "/w"}
+    with CandidateProcess(cand_path, timeout=20, env=env) as proc:
+        yield proc
+
+
+def test_values_and_arrays_round_trip(cand):
+    assert cand.call("score", 3.0) == pytest.approx(3.0625)
+    assert cand.call("score", 3.0, scale=2.0) == pytest.approx(6.125)
+    x = np.random.default_rng(0).standard_normal((7, 33)).astype(np.float32)
+    y = cand.call("softmax", x)
+    assert y.dtype == np.float32 and y.shape == (7, 33)
+    np.testing.assert_allclose(y.sum(axis=1), 1.0, rtol=1e-5)
+    f = cand.function("softmax")
+    np.testing.assert_array_equal(f(x), y)
+
+
+def test_child_sees_no_channel_holdout_result_or_secrets(cand, cand_path):
+    env = cand.call("env")
+    for name in ("RATCHET_METRICS_FD", "RATCHET_HOLDOUT", "RATCHET_HOLDOUT_DATA", "RATCHET_RESULT", "OPENAI_API_KEY"):
+        assert name not in env
+    assert env["RATCHET_WORKDIR"] == "/w"  # ordinary variables pass
+    info = cand.call("where")
+    assert info["cwd"] == str(cand_path.parent)
+    assert info["flags_isolated"] == 1
+    assert cand.pid != os.getpid()
+
+
+def test_child_output_goes_to_its_own_log_not_our_stdout(cand, capfd):
+    assert cand.call("shout") == 1
+    time.sleep(0.2)
+    out, err = capfd.readouterr()
+    assert "correct:" not in out and "time_ms" not in err
+    log = cand.log_path.read_text()
+    assert "correct: true" in log and "time_ms: 0.0001" in log
+
+
+def test_exceptions_come_back_as_candidate_errors(cand):
+    with pytest.raises(CandidateError, match="ValueError: no good"):
+        cand.call("boom")
+    assert cand.call("score", 1.25) == 0.0  # the process survives its candidate's exception
+
+
+def test_inputs_are_copies_the_candidate_cannot_change_for_us(cand):
+    x = np.ones((4, 4))
+    cand.call("mutate", x)
+    assert (x == 1).all()
+
+
+def test_object_arrays_are_refused(cand):
+    with pytest.raises(CandidateError, match="not a plain numeric"):
+        cand.call("obj_array", np.ones(2))
+
+
+def test_timeout_kills_the_whole_process_group(cand_path):
+    proc = CandidateProcess(cand_path, timeout=30)
+    proc.start()
+    pgid = os.getpgid(proc.proc.pid)
+    assert pgid != os.getpgid(0)  # its own process group
+    t0 = time.monotonic()
+    with pytest.raises(CandidateTimeout):
+        proc.call("hang", timeout=1.0)
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(ProcessLookupError):
+        for _ in range(50):
+            os.killpg(pgid, 0)  # raises once no process of the group is left
+            time.sleep(0.1)
+    proc.close()
+
+
+def test_a_dying_child_is_reported_with_its_log(cand_path):
+    with CandidateProcess(cand_path, timeout=10) as proc, pytest.raises(isolate.CandidateCrashed):
+        proc.call("die")
+
+
+def test_import_failure_is_a_candidate_error(tmp_path):
+    (tmp_path / "bad.py").write_text("raise SystemExit('nope')\n")
+    with CandidateProcess(tmp_path / "bad.py") as proc, pytest.raises(CandidateError, match="importing .* failed"):
+        proc.start()
+
+
+def test_shared_buffers_fast_path(cand):
+    """The kernel harness's path: buffers the parent owns, calls that fill them."""
+    x = cand.share(np.random.default_rng(1).standard_normal((5, 9)).astype(np.float32))
+    out = cand.empty((5, 9), "float32")
+    out.array.fill(np.nan)
+    cand.run("softmax", [isolate.Call([x], [out])])
+    np.testing.assert_allclose(out.array.sum(axis=1), 1.0, rtol=1e-5)
+    # new values in the same buffers are seen by the child without re-registering
+    x.array[...] = 0.0
+    cand.run("softmax", [isolate.Call([x], [out])])
+    np.testing.assert_allclose(out.array, 1.0 / 9, rtol=1e-6)
+    cand.release([x, out])
+
+
+def test_replies_are_json_only(cand):
+    """The parent reads JSON from the child and never unpickles: other objects cannot come back."""
+    with pytest.raises(CandidateError, match="neither an array nor a JSON value"):
+        cand.call("a_function")
+    assert json.dumps(cand.call("where"))
+
+
+def test_torch_cpu_tensors_go_through_shared_memory(cand):
+    torch = pytest.importorskip("torch")
+    x = cand.share(torch.randn(3, 8, dtype=torch.bfloat16))
+    out = cand.empty((3, 8), "bfloat16", like="torch")
+    out.array.fill_(float("nan"))
+    cand.run("softmax_t", [isolate.Call([x], [out])])
+    assert not out.array.isnan().any()
+    torch.testing.assert_close(out.array, torch.softmax(x.array.float(), dim=-1).to(torch.bfloat16))
+    cand.release([x, out])
+
+
+@pytest.mark.gpu
+def test_cuda_tensors_are_shared_by_ipc(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    (tmp_path / "g.py").write_text("import torch\ndef sm(x):\n    return torch.softmax(x, dim=-1)\n")
+    with CandidateProcess(tmp_path / "g.py") as proc:
+        x = proc.share(torch.randn(4, 128, device="cuda"))
+        out = proc.empty((4, 128), "float32", like="cuda", device=x.array.device)
+        out.array.fill_(float("nan"))
+        torch.cuda.synchronize()
+        proc.run("sm", [isolate.Call([x], [out])])
+        torch.testing.assert_close(out.array, torch.softmax(x.array, dim=-1))
