@@ -92,11 +92,15 @@ def export(study: StudyView, name: str, squash: bool = False, force: bool = Fals
                              step_message(study, step, i, len(steps)), env)
             commits.append(parent)
         tip = parent
-    if gitrepo.tree_of(repo, tip) != gitrepo.tree_of(repo, incumbent):  # cannot happen: checked
+    # the last step is the incumbent (checked above), so this holds; a branch that broke
+    # the promise would be worse than no branch, so it is checked rather than assumed
+    if gitrepo.tree_of(repo, tip) != gitrepo.tree_of(repo, incumbent):
         raise ExportError("internal error: the exported tree differs from the incumbent's")
-    # Atomic: created only if absent (or only if still where we saw it, under --force).
-    gitrepo.update_ref(repo, ref, tip, old=existing or ZERO,
-                       reason=f"ratchet export {study.name}")
+    try:  # atomic: created only if absent (under --force: only if still where we saw it)
+        gitrepo.update_ref(repo, ref, tip, old=existing or ZERO,
+                           reason=f"ratchet export {study.name}")
+    except gitrepo.GitError as exc:
+        raise ExportError(f"branch {name} was not written (it changed meanwhile?): {exc}") from None
     return Exported(name, tip, commits, steps, existing)
 
 
