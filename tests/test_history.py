@@ -234,6 +234,7 @@ def test_fingerprint_key_groups_by_hardware_not_software():
     other = {**a, "gpu": "8x A100"}
     assert fingerprint_key(a) == fingerprint_key(upgraded) != fingerprint_key(other)
     assert software_key(a) != software_key(upgraded) and "torch 2.6.0" in software_key(upgraded)
+    assert software_key(dict(sorted(a.items()))) == software_key(a) == "gpu_driver 550, python 3.11.7, torch 2.5.0"
     assert fingerprint_key(None) == "unknown machine"
 
 

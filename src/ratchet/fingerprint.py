@@ -25,6 +25,7 @@ from pathlib import Path
 LIBRARIES = ("numpy", "torch", "triton")
 # The facts that decide whether two timings are comparable at all.
 HARDWARE_KEYS = ("arch", "cpu", "cores", "gpu")
+SOFTWARE_ORDER = ("gpu_driver", "python", *LIBRARIES)
 NVIDIA_SMI_TIMEOUT_S = 10.0
 
 
@@ -73,8 +74,10 @@ def software_key(fp: dict[str, str] | None) -> str:
     """Driver, Python and library versions: the part of a fingerprint outside the key."""
     if not fp:
         return ""
-    keys = [k for k in fp if k not in HARDWARE_KEYS]
-    return ", ".join(f"{k} {fp[k]}" for k in keys)
+    # a fixed order: a fingerprint read back from JSON (keys sorted) reads the same
+    known = [k for k in SOFTWARE_ORDER if k in fp]
+    rest = sorted(k for k in fp if k not in HARDWARE_KEYS and k not in SOFTWARE_ORDER)
+    return ", ".join(f"{k} {fp[k]}" for k in known + rest)
 
 
 def _cpu_model() -> str:
