@@ -239,6 +239,7 @@ class JobResult:
     # where the metrics came from: "channel" (the pipe only the trusted evaluator holds)
     # or "stdout" (printed lines: unprotected from code running in the evaluator's process)
     metrics_source: str = ""
+    notes: list[str] = field(default_factory=list)  # what the worker repaired or measured how
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

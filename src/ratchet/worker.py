@@ -32,6 +32,12 @@ from ratchet.jobspec import (
     scrub_env,
     sha256,
 )
+from ratchet.prep import (  # data_digest: remote backends import it from here
+    DataError,
+    data_digest,
+    ensure_intact,
+    private_copy,
+)
 from ratchet.procs import become_subreaper, kill_descendants, run_capped
 
 _stop_requested = False
@@ -114,25 +120,6 @@ def protected_violations(spec: JobSpec, work: Path) -> list[str]:
     return problems
 
 
-def data_digest(root: Path) -> str:
-    """A digest of a prepared-data tree (names, modes, contents)."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root).as_posix()
-        if path.is_symlink():
-            digest.update(f"L {rel} {os.readlink(path)}\n".encode())
-        elif path.is_file():
-            digest.update(f"F {rel}\n".encode())
-            with path.open("rb") as fh:
-                for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
-                    digest.update(block)
-        elif path.is_dir():
-            digest.update(f"D {rel}\n".encode())
-    return digest.hexdigest()
-
-
 # ---------------------------------------------------------------------------------------
 # the trusted metric channel (the evaluator's side is ratchet.channel)
 
@@ -197,6 +184,7 @@ class Job:
         self.env: dict[str, str] = {}
         self.sandbox_kind = "none"
         self.channel_data: dict[str, bytes] = {}  # trusted phase -> what its pipe carried
+        self.data_dir = Path(spec.data_dir) if spec.data_dir else None  # $RATCHET_DATA
 
     def _fresh_eval_dir(self) -> Path:
         """$RATCHET_RESULT's directory, recreated: nothing an earlier phase left counts."""
@@ -288,11 +276,39 @@ class Job:
             return self.fail("failed", phase.name, f"{phase.name} failed: {why}{tail}")
         return None
 
+    def prepare_data(self) -> JobResult | None:
+        """Intact prepared data for this job, before any phase runs.
+
+        A modified shared cache is restored from its pristine copy first: the offender
+        was rejected by its own job, and this one must not pay for it. Without a read-only
+        sandbox, small data is copied for this job alone, so what a candidate writes
+        there reaches no other job.
+        """
+        spec = self.spec
+        if not (spec.data_dir and spec.data_digest):
+            return None
+        shared = Path(spec.data_dir)
+        try:
+            note = ensure_intact(shared, spec.data_digest)
+            if note:
+                self.result.notes.append(note)
+            if self.sandbox_kind != sandbox.BWRAP and private_copy(
+                    shared, spec.data_digest, self.job_dir / "data"):
+                self.data_dir = self.job_dir / "data"
+        except (DataError, OSError) as exc:
+            return self.fail("error", "checkout", f"prepared data: {exc}")
+        self.env["RATCHET_DATA"] = str(self.data_dir)
+        return None
+
     def check_integrity(self, after: str) -> JobResult | None:
         problems = protected_violations(self.spec, self.work)
-        data = self.spec.data_dir
-        if data and self.spec.data_digest and data_digest(Path(data)) != self.spec.data_digest:
+        data = self.data_dir
+        if data and self.spec.data_digest and data_digest(data) != self.spec.data_digest:
             problems.append("prepared data ($RATCHET_DATA) was modified")
+            if data == Path(self.spec.data_dir or ""):  # the shared cache: for the next job
+                with contextlib.suppress(DataError, OSError):
+                    note = ensure_intact(data, self.spec.data_digest)
+                    problems[-1] += f" ({note or 'restored'})"
         if problems:
             self.result.violations.extend(problems)
             return self.fail("violation", after, f"after {after}: " + "; ".join(problems))
@@ -339,6 +355,9 @@ class Job:
         self.deadline = time.monotonic() + spec.timeout_s
         restore_protected(spec, self.work)
         (self.job_dir / "tmp").mkdir(exist_ok=True)
+        failure = self.prepare_data()
+        if failure:
+            return failure
         if spec.holdout_only:
             return self.run_holdout()
         failure = self.check_integrity(after="checkout")

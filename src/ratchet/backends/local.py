@@ -107,7 +107,8 @@ class LocalBackend(Backend):
         return sandbox.choose(setting)  # decided once here rather than by every worker
 
     def work_dirs(self, job_id: str) -> list[Path]:
-        return [self.job_dir(job_id) / "work", self.job_dir(job_id) / "tmp"]
+        return [self.job_dir(job_id) / "work", self.job_dir(job_id) / "tmp",
+                self.job_dir(job_id) / "data"]  # the job's private copy of prepared data
 
     def holdout_workdir(self, job_id: str) -> str | None:
         return str(self.job_dir(job_id) / "work")  # the hold-out reuses the built tree

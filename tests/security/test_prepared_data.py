@@ -1,0 +1,97 @@
+"""Poisoned prepared data: the offender is rejected, the next honest candidate passes.
+
+Without bubblewrap (and as root, where read-only files do not bind) a candidate can
+write the prepared-data cache. The worker restores it from a digest-checked pristine
+copy and gives small data to each job as a private copy; the digest covers modes too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import ratchet
+from redteam.test_redteam import FAST_SOLUTION, SOLUTION, cheat, judge, new_study
+
+from ratchet.ledger import Ledger
+from ratchet.prep import data_digest
+
+SLOWER = SOLUTION.replace("DELAY = 0.2", "DELAY = 0.3")
+
+
+def submit_and_wait(repo, branch: str) -> dict:
+    proc = ratchet(repo, "submit", branch)
+    assert proc.returncode == 0, proc.stderr
+    cand_id = proc.stdout.strip().splitlines()[-1]
+    proc = ratchet(repo, "wait", cand_id, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def shared_cache(repo):
+    ledger = Ledger(repo / ".ratchet" / "ledger.db")
+    try:
+        return Path(ledger.get("data_dir")), ledger.get("data_digest")
+    finally:
+        ledger.close()
+
+
+@pytest.mark.parametrize("mode", ["auto", "none"])
+def test_poisoning_ratchet_data_rejects_only_the_offender(template, tmp_path, mode):
+    repo = new_study(template, tmp_path, mode)
+    poison = cheat(repo, "poison", {"train.py": """
+        import json, os
+        path = os.path.join(os.environ["RATCHET_DATA"], "public.json")
+        os.chmod(path, 0o644)
+        json.dump([[1]], open(path, "w"))
+    """, "solution.py": FAST_SOLUTION})
+    verdict = judge(repo, poison)
+    assert verdict["status"] == "rejected", verdict
+    assert "prepared data ($RATCHET_DATA) was modified" in verdict["reasons"]
+    data, digest = shared_cache(repo)
+    assert data_digest(data) == digest  # the shared cache is intact for everyone else
+    honest = submit_and_wait(repo, cheat(repo, "honest", {"solution.py": FAST_SOLUTION}))
+    assert honest["status"] == "keep", honest
+
+
+@pytest.mark.parametrize("mode", ["auto", "none"])
+def test_poisoning_the_shared_cache_is_restored_for_the_next_job(template, tmp_path, mode):
+    """The cheat finds the shared cache through its job's spec.json and rewrites it."""
+    repo = new_study(template, tmp_path, mode)
+    poison = cheat(repo, "poison-shared", {"train.py": """
+        import json, os
+        job = os.path.dirname(os.environ["RATCHET_WORKDIR"])
+        shared = json.load(open(os.path.join(job, "spec.json")))["data_dir"]
+        path = os.path.join(shared, "public.json")
+        os.chmod(shared, 0o755)
+        os.chmod(path, 0o644)
+        json.dump([[1]], open(path, "w"))
+        print("poisoned", path)
+    """, "solution.py": SLOWER})
+    judge(repo, poison)
+    data, digest = shared_cache(repo)
+    assert "poisoned" in ratchet(repo, "logs", "c0001").stdout  # the attack landed
+    honest = submit_and_wait(repo, cheat(repo, "honest", {"solution.py": FAST_SOLUTION}))
+    assert honest["status"] == "keep", honest
+    # the first job after the attack (the hold-out of the baseline, or the honest one)
+    # found the cache modified and restored it before running anything
+    notes = [note for job in (repo / ".ratchet" / "jobs").glob("*/result.json")
+             for note in json.loads(job.read_text()).get("notes", [])]
+    assert any("found modified and restored" in note for note in notes), notes
+    assert data_digest(data) == digest
+    assert json.loads((data / "public.json").read_text()) != [[1]]
+
+
+@pytest.mark.parametrize("mode", ["auto", "none"])
+def test_a_mode_change_alone_is_a_modification(template, tmp_path, mode):
+    repo = new_study(template, tmp_path, mode)
+    branch = cheat(repo, "chmod", {"train.py": """
+        import os
+        os.chmod(os.path.join(os.environ["RATCHET_DATA"], "public.json"), 0o666)
+    """, "solution.py": FAST_SOLUTION})
+    verdict = judge(repo, branch)
+    assert verdict["status"] == "rejected", verdict
+    assert "prepared data ($RATCHET_DATA) was modified" in verdict["reasons"]
+    honest = submit_and_wait(repo, cheat(repo, "honest", {"solution.py": FAST_SOLUTION}))
+    assert honest["status"] == "keep", honest
