@@ -19,6 +19,27 @@ src = open("knob.py").read()
 x = int(src.split("=")[1])
 data = os.environ.get("RATCHET_DATA")
 seen = open(os.path.join(data, "table.txt")).read().strip() if data else ""
+trace = os.environ.get("RATCHET_TEST_TRACE")
+if trace:  # one line per run of a job (unwritable under bubblewrap: then no trace)
+    try:
+        with open(trace, "a") as fh:
+            fh.write(os.environ.get("RATCHET_JOB_ID", "?") + "\\n")
+    except OSError:
+        pass
+secret = os.environ.get("RATCHET_TEST_SECRET_AT")
+if secret:  # what a candidate could find of the hold-out data
+    found = 0
+    for root in [".", os.environ.get("TMPDIR", "."), os.path.dirname(os.getcwd()),
+                 *secret.split(os.pathsep)]:
+        for base, _, files in os.walk(root):
+            for name in files:
+                try:
+                    if "holdout-secret" in open(os.path.join(base, name), errors="replace").read():
+                        found = 1
+                except OSError:
+                    pass
+    print(f"holdout_seen: {{found}}")
+    print(f"holdout_env: {{1 if os.environ.get('RATCHET_HOLDOUT') else 0}}")
 time.sleep(float(os.environ.get("RATCHET_TEST_SLEEP", "{sleep}")))
 if x == {hang}:
     time.sleep(3600)
@@ -27,6 +48,22 @@ print(f"cuda: {{os.environ.get('CUDA_VISIBLE_DEVICES', '-1') or '-1'}}")
 print(f"t_start: {{start:.3f}}")
 print(f"t_end: {{time.time():.3f}}")
 print(f"data_ok: {{1 if seen == 'prepared-once' else 0}}")
+print(f"score: {{(x - 7) ** 2 + 1}}")
+'''
+
+HOLDOUT = '''\
+import os, sys
+x = int(open("knob.py").read().split("=")[1])
+data = os.environ.get("RATCHET_HOLDOUT", "")
+secret = open(os.path.join(data, "secret.txt")).read().strip() if data else ""
+trace = os.environ.get("RATCHET_TEST_TRACE")
+if trace:
+    with open(trace + ".holdout", "a") as fh:
+        fh.write(f"{{os.environ.get('RATCHET_JOB_ID', '?')}} {{secret}}\\n")
+if secret != "holdout-secret":
+    sys.exit("no hold-out data")
+if x <= {fail_below}:
+    sys.exit(3)  # overfit: fails the hold-out
 print(f"score: {{(x - 7) ** 2 + 1}}")
 '''
 
@@ -41,6 +78,7 @@ print("prepared")
 def make_task(root: Path, *, backend: str, extra: str = "", parallel: int = 3, rounds: int = 3,
               name: str = "tiny",
               sleep: float = 1.0, hang: int = -1, prep: bool = True, timeout: str = "60s",
+              holdout_fail_below: int | None = None,
               choices: str = "[1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12]") -> Path:
     repo = root / "repo"
     repo.mkdir(parents=True)
@@ -48,14 +86,24 @@ def make_task(root: Path, *, backend: str, extra: str = "", parallel: int = 3, r
     (repo / "evaluate.py").write_text(EVALUATE.format(sleep=sleep, hang=hang))
     (repo / "prepare.py").write_text(PREPARE)
     prep_section = '[prep]\nrun = "python prepare.py"\n' if prep else ""
+    holdout = ""
+    if holdout_fail_below is not None:  # hold-out data outside the repo, never committed
+        (repo / "holdout.py").write_text(HOLDOUT.format(fail_below=holdout_fail_below))
+        secret = root / "holdout-data"
+        secret.mkdir()
+        (secret / "secret.txt").write_text("holdout-secret\n")
+        holdout = f'holdout = "python holdout.py"\nholdout_data = "{secret}"'
+    protected = '["evaluate.py", "prepare.py", "holdout.py"]' if holdout else \
+        '["evaluate.py", "prepare.py"]'
     toml = "\n".join(line.strip() for line in f"""\
         [task]
         name = "{name}"
         editable = ["knob.py"]
-        protected = ["evaluate.py", "prepare.py"]
+        protected = {protected}
         evaluate = "python evaluate.py"
+        {holdout}
         timeout = "{timeout}"
-        env = ["RATCHET_TEST_TRACE", "RATCHET_TEST_SLEEP"]
+        env = ["RATCHET_TEST_TRACE", "RATCHET_TEST_SLEEP", "RATCHET_TEST_SECRET_AT"]
 
         [task.metric]
         name = "score"

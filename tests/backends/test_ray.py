@@ -1,10 +1,12 @@
-"""The Ray backend on a real local Ray cluster (2 CPUs, 2 logical GPUs).
+"""The Ray backend on a real, private local Ray cluster (2 CPUs, 2 logical GPUs).
 
 Each study gets its own name: the cluster outlives the studies within a session.
+Default mode: slot actors; `mode = "job"`: one Ray Job per job.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,16 +19,25 @@ import pytest
 from ray_cluster import ray_cluster  # noqa: F401  (session fixture)
 from tasks import make_task, summary
 
+from ratchet.backends.remote import holdout_root
+from ratchet.sandbox import bwrap_works
 from ratchet.study import Study, StudyError
 
 pytestmark = pytest.mark.ray
 RATCHET = [str(Path(sys.executable).parent / "ratchet")]
 
 
-def ray_section(tmp_path: Path, **extra: str) -> str:
-    values = {"python": f'"{sys.executable}"', "num_gpus": "1", "num_cpus": "0",
-              "poll": "0.3", "data_uri": f'"{tmp_path / "shared-data"}"', **extra}
+def ray_section(tmp_path: Path, cluster: dict, **extra: str) -> str:
+    values = {"cluster": f'"{cluster["gcs"]}"', "address": f'"{cluster["address"]}"',
+              "python": f'"{sys.executable}"', "num_gpus": "1", "num_cpus": "0",
+              "poll": "0.1", "data_uri": f'"{tmp_path / "shared-data"}"', **extra}
     return "[backend.ray]\n" + "".join(f"{k} = {v}\n" for k, v in values.items())
+
+
+def records(repo: Path) -> dict[str, dict]:
+    root = repo / ".ratchet/ray/jobs"
+    return {p.name: json.loads((p / "record.json").read_text())
+            for p in root.iterdir() if (p / "record.json").exists()} if root.exists() else {}
 
 
 def submission_ids(address: str, study: str) -> list[str]:
@@ -36,40 +47,34 @@ def submission_ids(address: str, study: str) -> list[str]:
             if (j.submission_id or "").startswith(f"{study}-")]
 
 
-def running_jobs(address: str, study: str) -> list[str]:
-    from ray.job_submission import JobSubmissionClient
-
-    return [j.submission_id for j in JobSubmissionClient(address).list_jobs()
-            if (j.submission_id or "").startswith(f"{study}-c")
-            and str(j.status) in ("RUNNING", "JobStatus.RUNNING")]
-
-
 def test_study_on_ray_survives_a_killed_driver_and_matches_local(tmp_path, ray_cluster):  # noqa: F811
     study_name = f"tiny-{uuid.uuid4().hex[:6]}"
+    trace = tmp_path / "trace.txt"
     repo = make_task(tmp_path / "ray", backend="ray", parallel=3, rounds=3, sleep=1.5,
-                     name=study_name, extra=ray_section(tmp_path))
-    # 1. run the driver as a real process and SIGKILL it while jobs run
+                     name=study_name, extra=ray_section(tmp_path, ray_cluster))
+    env = {**os.environ, "RATCHET_TEST_TRACE": str(trace)}
+    # 1. run the driver as a real process and SIGKILL it while jobs run on slot actors
     driver = subprocess.Popen([*RATCHET, "run"], cwd=repo, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 120
-    running: list[str] = []
-    while time.monotonic() < deadline and not running:
+                              stderr=subprocess.PIPE, text=True, start_new_session=True,
+                              env=env)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not (trace.exists() and
+                                               "-c0001-" in trace.read_text()):
         assert driver.poll() is None, driver.stderr.read()
-        running = running_jobs(ray_cluster, study_name)
-        time.sleep(0.2)
-    assert running, "no job ever ran"
+        time.sleep(0.1)
+    running = records(repo)
+    assert running, "no job was ever placed"
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
-    # 2. rerun: it reattaches to the jobs by id and finishes the study
+    # 2. rerun: it finds the study's slot actors and its jobs by id, and finishes
     again = subprocess.run([*RATCHET, "run"], cwd=repo, capture_output=True, text=True,
-                           timeout=300)
+                           timeout=300, env=env)
     assert again.returncode == 0, again.stderr[-2000:]
-    ids = submission_ids(ray_cluster, study_name)
-    assert len(ids) == len(set(ids))
-    job_ids = [i for i in ids if "-prep-" not in i]
-    assert sorted(job_ids) == sorted(f"{study_name}-c{n:04d}-0" for n in range(9)), ids
-    assert set(running) <= set(job_ids)  # the running ones were not resubmitted
-    assert len([i for i in ids if "-prep-" in i]) == 1  # data prepared once, on the cluster
+    expected = sorted(f"{study_name}-c{n:04d}-0" for n in range(9))
+    assert sorted(records(repo)) == expected
+    if not bwrap_works():  # (under bubblewrap the evaluator cannot write the trace)
+        runs = trace.read_text().split()
+        assert sorted(runs) == expected, runs  # every job ran exactly once
     ray_rows = summary(repo)
     assert all(status in ("keep", "discard") for _, status, _, _ in ray_rows), ray_rows
 
@@ -89,9 +94,23 @@ def test_study_on_ray_survives_a_killed_driver_and_matches_local(tmp_path, ray_c
     assert all(c.run_s and c.run_s >= 1.5 for c in cands)
     assert all(c.queue_s is not None for c in cands)
 
-    # 4. the same deterministic task on the local backend gives the same study. The local
-    # driver also restarts after round 1, like the killed one: the tune proposer does not
-    # yet propose exactly the same after a resume as without one (a core issue, reported).
+    # 4. the study's slot actors are gone at its end (nothing left holding the GPUs)
+    import ray
+
+    namespace = (repo / ".ratchet/ray/namespace").read_text().strip()
+    if not ray.is_initialized():
+        ray.init(address=ray_cluster["gcs"], logging_level="WARNING", log_to_driver=False)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        left = [a for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["namespace"] == namespace]
+        if not left:
+            break
+        time.sleep(0.5)
+    assert not left, left
+
+    # 5. the same deterministic task on the local backend gives the same study. The local
+    # driver also restarts after round 1, like the killed one.
     local = make_task(tmp_path / "local", backend="local", parallel=3, rounds=3, sleep=0.1,
                       name=study_name)
     for rounds in (1, None):
@@ -104,12 +123,58 @@ def test_study_on_ray_survives_a_killed_driver_and_matches_local(tmp_path, ray_c
     assert [(s, m, c) for _, s, m, c in local_rows] == [(s, m, c) for _, s, m, c in ray_rows]
 
 
+@pytest.mark.parametrize("mode", ["actors", "job"])
+def test_holdout_only_for_the_would_be_keep_and_unreadable_elsewhere(tmp_path, ray_cluster,  # noqa: F811
+                                                                     mode, monkeypatch):
+    # knob values <= 5 fail the hold-out (overfit); the baseline X = 1 always passes
+    # because a baseline's hold-out failure would stop the study: start at X = 8
+    trace = tmp_path / "trace.txt"
+    monkeypatch.setenv("RATCHET_TEST_TRACE", str(trace))
+    monkeypatch.setenv("RATCHET_TEST_SECRET_AT", str(holdout_root()))
+    repo = make_task(tmp_path, backend="ray", parallel=2, rounds=3, sleep=0.1, prep=False,
+                     name=f"hold-{mode}-{uuid.uuid4().hex[:6]}", holdout_fail_below=5,
+                     choices="[2, 3, 4, 6, 9, 10, 11, 12]",
+                     extra=ray_section(tmp_path, ray_cluster, mode=f'"{mode}"'))
+    study = Study(repo)
+    try:
+        study.run()
+        cands = {c.id: c for c in study.ledger.candidates()}
+        incumbent_metric = None
+        for cand in sorted(cands.values(), key=lambda c: c.id):
+            if cand.status == "keep":
+                incumbent_metric = cand.metric
+    finally:
+        study.close()
+    held = trace.with_suffix(".txt.holdout").read_text().split("\n")
+    held_jobs = [line.split()[0] for line in held if line.strip()]
+    # every hold-out run was a follow-up job, and saw the shipped data
+    assert held_jobs and all(j.endswith("-holdout") for j in held_jobs), held_jobs
+    assert all(line.split()[1] == "holdout-secret" for line in held if line.strip())
+    held_cands = {j.split("-")[-3] for j in held_jobs}
+    for cid, cand in cands.items():
+        if cand.status in ("keep", "rejected") and cid != "c0000" and \
+                "overfit" in (cand.reasons or "") or cand.status == "keep":
+            assert cid in held_cands, (cid, held_cands)
+        if cand.status == "discard":  # a losing candidate never runs the hold-out
+            assert cid not in held_cands, (cid, cand.reasons)
+        if cid in held_cands and cid != "c0000":
+            x = int(cand.params.get("knob.py:X", 99)) if cand.params else 99
+            if x <= 5:  # failed its hold-out: rejected as overfit, never kept
+                assert cand.status == "rejected" and "hold" in cand.reasons.lower(), cand
+        # no other phase of any job could find the hold-out data or was given it
+        assert cand.extra.get("holdout_seen") == 0, (cid, cand.extra)
+        assert cand.extra.get("holdout_env") == 0, (cid, cand.extra)
+    assert incumbent_metric is not None
+    # nothing of the shipped data is left on the node
+    assert not any(holdout_root().iterdir())
+
+
 def test_queue_timeout_and_job_timeout_are_crashes(tmp_path, ray_cluster):  # noqa: F811
     # a job that can never be placed (3 GPUs on a 2-GPU cluster) is stopped and recorded
     name = f"queue-{uuid.uuid4().hex[:6]}"
     repo = make_task(tmp_path / "q", backend="ray", parallel=1, rounds=1, prep=False,
-                     name=name, extra=ray_section(tmp_path, num_gpus="3",
-                                                  queue_timeout='"2s"'))
+                     name=name, extra=ray_section(tmp_path, ray_cluster, num_gpus="3",
+                                                  queue_timeout='"2s"', slots="1"))
     study = Study(repo)
     try:
         with pytest.raises(StudyError, match="queue timeout"):
@@ -119,17 +184,13 @@ def test_queue_timeout_and_job_timeout_are_crashes(tmp_path, ray_cluster):  # no
         assert cand.attempt == 0
     finally:
         study.close()
-    # ratchet asked Ray to stop it (Ray delivers the stop once the job's supervisor is
-    # placed: a job that can never be placed cannot be stopped earlier; see docs)
-    import json
-
-    record = json.loads((repo / ".ratchet/ray/jobs" / f"{name}-c0000-0/record.json").read_text())
+    record = records(repo)[f"{name}-c0000-0"]
     assert "queue timeout" in record["stop_reason"]
 
     # a job past task.timeout: the worker kills the evaluator's tree; recorded as crash
     name = f"hang-{uuid.uuid4().hex[:6]}"
     repo = make_task(tmp_path / "h", backend="ray", parallel=1, rounds=1, prep=False,
-                     name=name, hang=1, timeout="3s", extra=ray_section(tmp_path))
+                     name=name, hang=1, timeout="3s", extra=ray_section(tmp_path, ray_cluster))
     study = Study(repo)
     try:
         with pytest.raises(StudyError, match="timed out"):
@@ -138,3 +199,20 @@ def test_queue_timeout_and_job_timeout_are_crashes(tmp_path, ray_cluster):  # no
         assert cand.status == "crash" and "timed out" in cand.reasons
     finally:
         study.close()
+
+
+def test_job_mode_places_one_ray_job_per_candidate(tmp_path, ray_cluster):  # noqa: F811
+    name = f"jobs-{uuid.uuid4().hex[:6]}"
+    repo = make_task(tmp_path, backend="ray", parallel=2, rounds=1, sleep=0.2, name=name,
+                     extra=ray_section(tmp_path, ray_cluster, mode='"job"'))
+    study = Study(repo)
+    try:
+        study.run()
+        cands = study.ledger.candidates()
+    finally:
+        study.close()
+    assert all(c.status in ("keep", "discard") for c in cands)
+    assert all(c.extra["data_ok"] == 1 for c in cands)
+    ids = submission_ids(ray_cluster["address"], name)
+    assert sorted(i for i in ids if "-prep-" not in i) == \
+        sorted(f"{name}-c{n:04d}-0" for n in range(len(cands)))

@@ -1,18 +1,16 @@
-"""The Ray backend: each candidate is a Ray job (Ray Jobs API, `ray[default]`).
+"""The Ray backend: a front over two ways of running jobs on a Ray cluster.
 
-- `submission_id` is ratchet's deterministic job id (`<study>-<cand>-<attempt>`), so a
-  restarted driver reattaches to a job that still runs instead of placing it twice.
-- `working_dir` is a `git archive` of the pinned candidate commit with the spec in
-  `.ratchet-job/`; the entrypoint is the trusted worker behind
-  `ratchet.backends.remote`, which prints the worker's result marker as the job log's
-  last line (the candidate's output is echoed with a `| ` prefix, never as a marker).
-- GPUs/CPUs per job come from `[backend.ray] num_gpus / num_cpus`; Ray sets
-  `CUDA_VISIBLE_DEVICES` and queues what does not fit.
-- Ray retries nothing and lets a job sit PENDING forever, so ratchet owns the deadlines:
-  PENDING past `queue_timeout` is stopped and reported as a crash ("queue timeout"),
-  a job running past task.timeout + grace is stopped, and a job that ended without the
-  worker's result (node died, job server restarted) is reported `lost`, which the study
-  reruns up to `retries` times. A job that failed on its own is never rerun.
+- `mode = "actors"` (default, ray_actors.py): long-lived slot actors, one per slot,
+  each holding its GPUs/CPUs and running one job at a time through the trusted worker.
+  Placing a job is one actor call; polling is one call per actor per tick. Needs the
+  cluster's GCS address (`cluster`, default "auto") and this machine able to join as a
+  Ray driver (same Ray and Python versions).
+- `mode = "job"` (ray_jobs.py): one Ray Job per job (Jobs API, `address` of the job
+  server): full isolation per candidate, a Ray job driver's start-up per candidate.
+
+Both keep ratchet's deterministic job ids (a restarted driver reattaches), ratchet's
+deadlines (queue timeout, task.timeout + grace) and the hold-out as a follow-up job that
+alone carries the hold-out data.
 
 The cluster's nodes must be able to run `python -m ratchet.worker`: install ratchet in
 the cluster's Python (or point `python` at an interpreter that has it).
@@ -20,355 +18,110 @@ the cluster's Python (or point `python` at an interpreter that has it).
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
-import hashlib
-import shlex
-import tempfile
-import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ratchet import gitrepo
-from ratchet.backends import Backend, BackendError, JobState
-from ratchet.backends.engine import (
-    DEADLINE_GRACE_S,
-    JobRecord,
-    RecordStore,
-    add_engine_queue,
-    overdue,
-    stopped_result,
-    validate,
-    with_retries,
-)
-from ratchet.backends.remote import SPEC_DIR, parse_prep_output, parse_result, prep_into
+from ratchet.backends import Backend, JobState
+from ratchet.backends.engine import RecordStore, validate
 from ratchet.config import Duration
 from ratchet.jobspec import JobResult, JobSpec
 
-TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+if TYPE_CHECKING:
+    from ratchet.backends.ray_actors import RayActors
+    from ratchet.backends.ray_jobs import RayJobs
 
 
 class RayConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    address: str = "http://127.0.0.1:8265"
+    mode: str = Field(default="actors", pattern="^(actors|job)$")
+    cluster: str = "auto"  # actors: the GCS address (host:port), "auto" or ray://...
+    address: str = "http://127.0.0.1:8265"  # job: the job server (dashboard) URL
+    slots: int | None = Field(default=None, ge=1)  # actors: default = what the cluster fits
+    idle_exit: Duration = 900.0  # actors: a slot with no driver and no job leaves after this
     num_gpus: float | None = Field(default=None, ge=0)  # per job; Ray sets CUDA_VISIBLE_DEVICES
     num_cpus: float | None = Field(default=1, ge=0)
     memory_gb: float | None = Field(default=None, gt=0)
     resources: dict[str, float] = {}
     queue_timeout: Duration = 3600.0  # PENDING longer than this: stopped, recorded as crash
     retries: int = Field(default=1, ge=0, le=10)  # reruns of a job lost to infrastructure
-    runtime_env: dict[str, Any] = {}  # merged into each job's runtime_env (env_vars, pip...)
+    runtime_env: dict[str, Any] = {}  # merged into each job's / actor's runtime_env
     python: str = "python"  # the interpreter on the nodes that has ratchet installed
     data_uri: str | None = None  # shared path every node mounts, prepared once
     prep: str = Field(default="engine", pattern="^(engine|local)$")
-    request_timeout: Duration = 30.0  # each call to the job server
-    call_attempts: int = Field(default=6, ge=1)  # tries per call on connection errors
+    request_timeout: Duration = 30.0  # each call to the cluster
+    call_attempts: int = Field(default=1, ge=1)  # job: tries per call (the study retries)
     backoff: Duration = 0.5
-    poll: Duration = 1.0  # ask the job server about a job at most this often
-
-
-def _is_not_found(exc: BaseException) -> bool:
-    text = str(exc)
-    return "404" in text or "does not exist" in text or "not found" in text.lower()
-
-
-def _transient(exc: BaseException) -> bool:
-    if isinstance(exc, TimeoutError | ConnectionError | OSError):
-        return True
-    try:
-        import requests
-
-        if isinstance(exc, requests.exceptions.RequestException):
-            return True
-    except ImportError:  # pragma: no cover
-        pass
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and (
-        "status code 5" in text or "No available agent" in text or "Connection" in text
-    )
-
-
-class _Transient(Exception):
-    pass
+    poll: Duration = 0.2  # ask about a job at most this often
 
 
 class RayBackend(Backend):
+    """Delegates every verb and hook to the configured mode."""
+
     name = "ray"
-    holdout_in_job = True  # today the hold-out runs inside every job here (issue 13)
 
     def __init__(self, state_dir: Path, backend_config=None) -> None:
         raw = getattr(backend_config, "ray", None) or {}
         self.cfg: RayConfig = validate(RayConfig, raw, "backend.ray")  # type: ignore[assignment]
-        self.store = RecordStore(state_dir / "ray")
-        self._client = None
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4)
-        self._seen: dict[str, tuple[float, JobState]] = {}  # job id -> (when, state)
+        store = RecordStore(state_dir / "ray")
+        if self.cfg.mode == "job":
+            from ratchet.backends.ray_jobs import RayJobs
+
+            self.mode: RayJobs | RayActors = RayJobs(self.cfg, store)
+        else:
+            from ratchet.backends.ray_actors import RayActors
+
+            self.mode = RayActors(self.cfg, store)
+        self.store = store
         self.max_attempts = self.cfg.retries + 1
 
     def describe(self) -> str:
-        gpus = f"{self.cfg.num_gpus:g} GPU" if self.cfg.num_gpus else "no GPU"
-        return f"ray: {self.cfg.address} ({gpus}, {self.cfg.num_cpus or 0:g} CPU per job)"
+        return self.mode.describe()
 
-    def job_dir(self, job_id: str) -> Path:
-        return self.store.dir(job_id)
-
-    # -- talking to the job server ----------------------------------------------------------
-
-    def _call(self, what: str, fn, *args, **kwargs):
-        """One job-server call: a hard timeout, backoff on connection errors."""
-
-        def once():
-            if self._client is None:
-                from ray.job_submission import JobSubmissionClient
-
-                future = self._pool.submit(JobSubmissionClient, self.cfg.address)
-                self._client = future.result(timeout=self.cfg.request_timeout)
-            future = self._pool.submit(getattr(self._client, fn), *args, **kwargs)
-            try:
-                return future.result(timeout=self.cfg.request_timeout)
-            except Exception as exc:
-                if _transient(exc) and not _is_not_found(exc):
-                    raise _Transient(f"{type(exc).__name__}: {exc}") from exc
-                raise
-
-        return with_retries(once, f"ray {what} ({self.cfg.address})",
-                            attempts=self.cfg.call_attempts, backoff_s=self.cfg.backoff,
-                            transient=(_Transient, TimeoutError), note=self.store.note)
-
-    def _info(self, submission_id: str):
-        """JobDetails, or None if the job server does not know the id."""
-        try:
-            return self._call(f"get_job_info {submission_id}", "get_job_info", submission_id)
-        except RuntimeError as exc:
-            if _is_not_found(exc):
-                return None
-            raise
-
-    def _submit(self, submission_id: str, entrypoint: str, working_dir: Path,
-                metadata: dict[str, str]) -> str:
-        runtime_env = dict(self.cfg.runtime_env)
-        runtime_env["working_dir"] = str(working_dir)
-        try:
-            return self._call(
-                f"submit_job {submission_id}", "submit_job",
-                entrypoint=entrypoint,
-                submission_id=submission_id,
-                runtime_env=runtime_env,
-                entrypoint_num_cpus=self.cfg.num_cpus,
-                entrypoint_num_gpus=self.cfg.num_gpus,
-                entrypoint_memory=int(self.cfg.memory_gb * (1 << 30)) if self.cfg.memory_gb
-                else None,
-                entrypoint_resources=self.cfg.resources or None,
-                metadata=metadata,
-            )
-        except RuntimeError as exc:
-            if "already exists" in str(exc):
-                self.store.note(f"{submission_id}: already on the cluster; reattached")
-                return submission_id
-            raise
-
-    # -- verbs ----------------------------------------------------------------------------
+    def job_dir(self, job_id: str) -> Path | None:
+        return self.mode.job_dir(job_id)
 
     def submit(self, spec: JobSpec) -> str:
-        job_id = spec.job_id
-        if self.store.cached_result(job_id) is not None:
-            return job_id
-        record = self.store.get(job_id)
-        if record is not None and record.engine_id and self._info(record.engine_id) is not None:
-            return job_id  # reattach: the job server still runs (or ran) it
-        spec.slots = []  # Ray places the job; no local slot leasing
-        spec.slot_lock_dir = None
-        fingerprint = hashlib.sha256(spec.to_json().encode()).hexdigest()[:12]
-        # The id is the deterministic job id unless the cluster already holds a *different*
-        # job under it (another study of the same name): then a suffixed, still
-        # deterministic id. A job we placed ourselves carries our fingerprint.
-        for engine_id in (job_id, f"{job_id}-{fingerprint}"):
-            info = self._info(engine_id)
-            if info is None:
-                break
-            if (info.metadata or {}).get("ratchet_spec") == fingerprint:
-                self.store.note(f"{engine_id}: found on the cluster; reattached")
-                self.store.put(JobRecord(job_id, engine_id, time.time(),
-                                         timeout_s=spec.timeout_s))
-                return job_id
-        else:
-            raise BackendError(f"{job_id}: the Ray cluster holds other jobs under this id")
-        with tempfile.TemporaryDirectory(prefix="ratchet-ray-") as tmp:
-            work = Path(tmp) / "snapshot"
-            gitrepo.archive_to(Path(spec.repo or "."), spec.commit, work)
-            (work / SPEC_DIR).mkdir(exist_ok=True)
-            spec.write(work / SPEC_DIR / "spec.json")
-            record = JobRecord(job_id, engine_id, time.time(), timeout_s=spec.timeout_s)
-            self.store.put(record)  # write-ahead: a crash here reattaches or finds it lost
-            entry = (f"{shlex.quote(self.cfg.python)} -m ratchet.backends.remote job "
-                     f"--spec {SPEC_DIR}/spec.json --workdir .")
-            self._submit(engine_id, entry, work, {"ratchet_spec": fingerprint,
-                                                  "ratchet_job": job_id})
-        self._seen.pop(job_id, None)
-        return job_id
-
-    def _engine_id(self, job_id: str) -> str:
-        record = self.store.get(job_id)
-        return (record.engine_id if record else None) or job_id
+        return self.mode.submit(spec)
 
     def status(self, job_id: str) -> JobState:
-        if self.store.cached_result(job_id) is not None:
-            return "done"
-        seen = self._seen.get(job_id)
-        if seen and time.monotonic() - seen[0] < self.cfg.poll:
-            return seen[1]
-        state = self._status(job_id)
-        self._seen[job_id] = (time.monotonic(), state)
-        return state
+        return self.mode.status(job_id)
 
-    def _status(self, job_id: str) -> JobState:
-        record = self.store.get(job_id) or JobRecord(job_id, job_id, time.time())
-        engine_id = record.engine_id or job_id
-        try:
-            info = self._info(engine_id)
-        except Exception as exc:  # the server is unreachable: keep waiting, say so
-            self.store.note(f"{job_id}: job server unreachable ({exc}); will ask again")
-            seen = self._seen.get(job_id)
-            return seen[1] if seen else "pending"
-        if info is None:
-            record.lost = "the job server does not know this job (cluster restarted?)"
-            self.store.put(record)
-            self.store.note(f"{job_id}: lost: {record.lost}")
-            return "lost"
-        status = str(getattr(info.status, "value", info.status))
-        if status in ("PENDING", "RUNNING"):
-            state = status.lower()
-            reason = overdue(record, state, self.cfg.queue_timeout, self.store, time.time())
-            return self._stop(record, reason, "timeout") if reason else state
-        if status not in TERMINAL:
-            return "running"
-        try:
-            logs = self._call(f"get_job_logs {engine_id}", "get_job_logs", engine_id)
-        except Exception as exc:
-            self.store.note(f"{job_id}: could not fetch logs ({exc}); will ask again")
-            return "running"
-        worker = parse_result(logs)
-        if record.stop_reason:
-            self.store.cache_result(job_id, stopped_result(record, worker), logs)
-            return "done"
-        if worker is None:
-            record.lost = f"{status} without a worker result: {info.message or ''}".strip()
-            self.store.put(record)
-            self.store.note(f"{job_id}: lost: {record.lost}")
-            with contextlib.suppress(OSError):
-                (self.store.dir(job_id) / "engine.log").write_text(logs)
-            return "lost"
-        if record.running_at is None and info.start_time:
-            record.running_at = info.start_time / 1000.0
-        self.store.cache_result(job_id, add_engine_queue(worker, record), logs)
-        return "done"
-
-    def _stop(self, record: JobRecord, reason: str, outcome: str) -> JobState:
-        record.stop_reason, record.stop_outcome = reason, outcome
-        self.store.put(record)
-        self.store.note(f"{record.job_id}: {reason}")
-        try:
-            engine_id = record.engine_id or record.job_id
-            self._call(f"stop_job {engine_id}", "stop_job", engine_id)
-        except Exception as exc:
-            self.store.note(f"{record.job_id}: stop_job failed ({exc})")
-        self.store.cache_result(record.job_id, stopped_result(record, None))
-        return "done"
+    def poll(self, job_ids: list[str]) -> dict[str, JobState]:
+        return self.mode.poll(job_ids)
 
     def result(self, job_id: str) -> JobResult | None:
-        return self.store.cached_result(job_id)
+        return self.mode.result(job_id)
 
     def logs(self, job_id: str) -> str:
-        try:
-            engine_id = self._engine_id(job_id)
-            return self._call(f"get_job_logs {engine_id}", "get_job_logs", engine_id)
-        except Exception:
-            path = self.store.dir(job_id) / "engine.log"
-            return path.read_text(errors="replace") if path.exists() else ""
+        return self.mode.logs(job_id)
 
     def cancel(self, job_id: str) -> None:
-        record = self.store.get(job_id)
-        if record is None or self.store.cached_result(job_id) is not None:
-            return
-        record.stop_reason, record.stop_outcome = "cancelled", "cancelled"
-        self.store.put(record)
-        with contextlib.suppress(Exception):
-            engine_id = record.engine_id or job_id
-            self._call(f"stop_job {engine_id}", "stop_job", engine_id)
+        self.mode.cancel(job_id)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.mode.close()
 
-    def list_job_ids(self) -> list[str]:
-        return [j.submission_id for j in self._call("list_jobs", "list_jobs")]
-
-    # -- prepared data: once, on the cluster, into data_uri ---------------------------------
+    def warm_up(self) -> None:
+        self.mode.warm_up()
 
     def prepare(self, *, study: str, repo: Path, command: str, pinned_commit: str,
                 key: str, env_allow: list[str], timeout_s: float) -> tuple[str, str] | None:
-        from ratchet.prep import PrepError
-
         if not self.cfg.data_uri:
-            return None  # local prep cache (fine for a single-node cluster)
-        root = Path(self.cfg.data_uri.removeprefix("file://"))
-        manifest = root / key / "manifest.json"
-        if manifest.is_file():  # visible here too: nothing to do
-            import json
+            nodes = self.node_count()
+            if nodes > 1:
+                from ratchet.prep import PrepError
 
-            return str(root / key / "data"), json.loads(manifest.read_text())["digest"]
-        if self.cfg.prep == "local":
-            with tempfile.TemporaryDirectory(prefix="ratchet-prep-") as tmp:
-                gitrepo.archive_to(repo, pinned_commit, Path(tmp) / "work")
-                data, digest = prep_into(root, key, command, Path(tmp) / "work", env_allow,
-                                         timeout_s)
-            return str(data), digest
-        entry = [self.cfg.python, "-m", "ratchet.backends.remote", "prep", "--root", str(root),
-                 "--key", key, "--command", command, "--timeout", str(timeout_s),
-                 "--workdir", "."]
-        for name in env_allow:
-            entry += ["--env-allow", name]
-        entrypoint = " ".join(shlex.quote(a) for a in entry)
-        last_error = "no attempt"
-        # Prep job ids count up: reattach to one still running (a restarted driver), else
-        # place a new one. A new one finds a finished manifest and returns at once, so
-        # data is prepared once even when the driver cannot see the shared location.
-        serial = 0
-        while self._info(f"{study}-prep-{key}-{serial}") is not None:
-            serial += 1
-        if serial:
-            info = self._info(f"{study}-prep-{key}-{serial - 1}")
-            if str(getattr(info.status, "value", info.status)) not in TERMINAL:
-                serial -= 1
-        for attempt in range(serial, serial + self.cfg.retries + 1):
-            job_id = f"{study}-prep-{key}-{attempt}"
-            info = self._info(job_id)
-            if info is None:
-                with tempfile.TemporaryDirectory(prefix="ratchet-prep-") as tmp:
-                    gitrepo.archive_to(repo, pinned_commit, Path(tmp) / "work")
-                    self._submit(job_id, entrypoint, Path(tmp) / "work",
-                                 {"ratchet_prep": key})
-            else:
-                self.store.note(f"prep job {job_id} is still running; reattached")
-            deadline = time.time() + self.cfg.queue_timeout + timeout_s + DEADLINE_GRACE_S
-            while True:
-                info = self._info(job_id)
-                status = str(getattr(info.status, "value", info.status)) if info else "LOST"
-                if status in (*TERMINAL, "LOST"):
-                    break
-                if time.time() > deadline:
-                    with contextlib.suppress(Exception):
-                        self._call(f"stop_job {job_id}", "stop_job", job_id)
-                    raise PrepError(f"prep job {job_id} did not finish in time; stopped")
-                time.sleep(self.cfg.poll)
-            logs = self._call(f"get_job_logs {job_id}", "get_job_logs", job_id) if info else ""
-            out = parse_prep_output(logs)
-            if out and "error" in out:
-                raise PrepError(out["error"])
-            if out:
-                return out["data_dir"], out["digest"]
-            last_error = f"{status}: {getattr(info, 'message', '')}"
-            self.store.note(f"prep job {job_id} lost ({last_error}); retrying")
-        raise PrepError(f"prep job on the Ray cluster failed: {last_error}")
+                raise PrepError(
+                    f"[prep] on a Ray cluster of {nodes} nodes needs [backend.ray] data_uri "
+                    "(a path every node mounts): this machine's prep cache is not on the "
+                    "other nodes")
+        return self.mode.prepare(study=study, repo=repo, command=command,
+                                 pinned_commit=pinned_commit, key=key, env_allow=env_allow,
+                                 timeout_s=timeout_s)
+
+    def node_count(self) -> int:
+        """Alive nodes in the cluster."""
+        return self.mode.node_count()

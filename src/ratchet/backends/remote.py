@@ -31,9 +31,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from ratchet.jobspec import RESULT_MARKER, JobResult, scrub_env
+from ratchet.jobspec import RESULT_MARKER, JobResult, JobSpec, scrub_env
 
 PREP_MARKER = "RATCHET-PREP-RESULT: "
+HOLDOUT_TAR = "holdout.tar"  # shipped with the hold-out follow-up job only
 SPEC_DIR = ".ratchet-job"  # where the Ray backend puts spec.json inside the working_dir
 ECHO_LIMIT = 64 << 10  # bytes of each phase log echoed into the engine's job log
 
@@ -44,26 +45,78 @@ def _unpack(archive: Path, dest: Path) -> None:
         tar.extractall(dest, filter="tar")
 
 
-def _echo_logs(job_dir: Path) -> None:
+def echo_logs(job_dir: Path) -> str:
+    """The job's phase logs, every line prefixed `| ` (no line can pass for a marker)."""
+    parts = []
     logs = job_dir / "logs"
     for log in sorted(logs.glob("*.log")) if logs.is_dir() else []:
         data = log.read_bytes()
         dropped = max(0, len(data) - ECHO_LIMIT)
         text = data[dropped:].decode("utf-8", "replace")
-        sys.stdout.write(f"==> {log.name} <==\n")
+        parts.append(f"==> {log.name} <==\n")
         if dropped:
-            sys.stdout.write(f"| ... {dropped} bytes omitted ...\n")
-        for line in text.splitlines():
-            sys.stdout.write(f"| {line}\n")
+            parts.append(f"| ... {dropped} bytes omitted ...\n")
+        parts.extend(f"| {line}\n" for line in text.splitlines())
+    return "".join(parts)
+
+
+def _echo_logs(job_dir: Path) -> None:
+    sys.stdout.write(echo_logs(job_dir))
     sys.stdout.flush()
 
 
+def holdout_root() -> Path:
+    """This node's private parent of shipped hold-out data (one per user, mode 0700)."""
+    root = Path(tempfile.gettempdir()) / f"ratchet-holdout-{os.getuid()}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    root.chmod(0o700)
+    return root
+
+
+def holdout_tar(spec: JobSpec, dest: Path) -> bool:
+    """Driver side: pack the hold-out data for a hold-out follow-up job (only for one:
+    no other job ever carries it). False when there is nothing to ship."""
+    if not spec.holdout_only or not spec.holdout_dir or not Path(spec.holdout_dir).is_dir():
+        return False
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-cf", str(dest), "-C", spec.holdout_dir, "."], check=True,
+                   capture_output=True)
+    dest.chmod(0o600)
+    return True
+
+
+def place_holdout(spec: JobSpec, archive: Path | None) -> Path | None:
+    """Point the spec at the hold-out data as this node sees it; return a directory to
+    delete when the job ends (a shipped copy), or None.
+
+    The hold-out data travels only with the hold-out follow-up job (`holdout_only`),
+    as `archive`; it is unpacked into a fresh directory under `holdout_root()` and
+    deleted with the job. Every other job's `holdout_dir` names what a sandboxed phase
+    must not see on this node: the driver's path where this node has it (a shared
+    filesystem, or the driver's own machine), else `holdout_root()`.
+    """
+    driver_path = Path(spec.holdout_dir) if spec.holdout_dir else None
+    if not spec.holdout_only:
+        if driver_path is None or not driver_path.exists():
+            spec.holdout_dir = str(holdout_root())
+        return None
+    if archive is None or not archive.is_file():
+        return None  # a hold-out evaluator without data of its own (or the path is shared)
+    copy = Path(tempfile.mkdtemp(prefix="job-", dir=holdout_root()))
+    _unpack(archive, copy / "data")
+    archive.unlink()  # the staged copy goes as soon as the job holds it
+    spec.holdout_dir = str(copy / "data")
+    return copy
+
+
 def run_job(spec_path: Path, workdir: Path | None, archive: Path | None,
-            job_dir: Path | None) -> int:
+            job_dir: Path | None, holdout: Path | None = None) -> int:
     keep_job_dir = job_dir is not None
     job_dir = job_dir or Path(tempfile.mkdtemp(prefix="ratchet-job-"))
     job_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(spec_path, job_dir / "spec.json")
+    spec = JobSpec.from_json(spec_path.read_text())
+    shipped = place_holdout(spec, holdout)
+    (job_dir / "spec.json").write_text(spec.to_json())
     scratch = None
     if workdir is None:
         scratch = Path(tempfile.mkdtemp(prefix="ratchet-work-"))
@@ -89,6 +142,8 @@ def run_job(spec_path: Path, workdir: Path | None, archive: Path | None,
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
         code = worker.wait()
+    if shipped is not None:
+        shutil.rmtree(shipped, ignore_errors=True)
     _echo_logs(job_dir)
     marker = [line for line in out_path.read_text(errors="replace").splitlines()
               if line.startswith(RESULT_MARKER)]
@@ -193,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     job.add_argument("--workdir", type=Path)
     job.add_argument("--archive", type=Path)
     job.add_argument("--job-dir", type=Path, help="keep the job's logs here (default: a temp dir)")
+    job.add_argument("--holdout", type=Path, help="the hold-out data (a hold-out job only)")
     prep = sub.add_parser("prep")
     prep.add_argument("--root", required=True)
     prep.add_argument("--key", required=True)
@@ -205,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.workdir is None and args.archive is None:
         parser.error("give --workdir or --archive")
     if args.verb == "job":
-        return run_job(args.spec, args.workdir, args.archive, args.job_dir)
+        return run_job(args.spec, args.workdir, args.archive, args.job_dir, args.holdout)
     return run_prep(args)
 
 

@@ -48,7 +48,13 @@ from ratchet.backends.engine import (
     with_retries,
 )
 from ratchet.backends.presets import PRESETS
-from ratchet.backends.remote import parse_prep_output, parse_result, prep_into
+from ratchet.backends.remote import (
+    HOLDOUT_TAR,
+    holdout_tar,
+    parse_prep_output,
+    parse_result,
+    prep_into,
+)
 from ratchet.config import ConfigError, Duration
 from ratchet.jobspec import JobResult, JobSpec
 
@@ -135,7 +141,6 @@ class _CallFailed(Exception):
 
 class ShellBackend(Backend):
     name = "shell"
-    holdout_in_job = True  # today the hold-out runs inside every job here (issue 13)
 
     def __init__(self, state_dir: Path, backend_config=None) -> None:
         self.cfg = load_shell_config(getattr(backend_config, "shell", None) or {})
@@ -226,6 +231,8 @@ class ShellBackend(Backend):
                            check=True)
         if spec is not None:
             spec.write(local / "spec.json")
+            # only the hold-out follow-up job ever carries the hold-out data
+            holdout_tar(spec, local / HOLDOUT_TAR)
         values = self._values(name, command=command)
         for filename, template in self.cfg.files.items():
             path = local / filename
@@ -274,12 +281,15 @@ class ShellBackend(Backend):
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 
-    def _job_command(self, name: str) -> str:
+    def _job_command(self, name: str, holdout: bool) -> str:
         stage = f"{self.remote_root}/{name}"
-        return (f"{shlex.quote(self.cfg.python)} -m ratchet.backends.remote job "
-                f"--spec {shlex.quote(stage + '/spec.json')} "
-                f"--archive {shlex.quote(stage + '/snapshot.tar')} "
-                f"--job-dir {shlex.quote(stage + '/job')}")
+        command = (f"{shlex.quote(self.cfg.python)} -m ratchet.backends.remote job "
+                   f"--spec {shlex.quote(stage + '/spec.json')} "
+                   f"--archive {shlex.quote(stage + '/snapshot.tar')} "
+                   f"--job-dir {shlex.quote(stage + '/job')}")
+        if holdout:  # staged for this job alone; the job deletes it once unpacked
+            command += f" --holdout {shlex.quote(stage + '/' + HOLDOUT_TAR)}"
+        return command
 
     # -- verbs ----------------------------------------------------------------------------
 
@@ -300,7 +310,9 @@ class ShellBackend(Backend):
                 self.store.put(record)
                 self.store.note(f"{job_id}: found on the engine as {found}; reattached")
                 return job_id
-        command = self._job_command(name)
+        holdout = spec.holdout_only and bool(spec.holdout_dir) and \
+            Path(spec.holdout_dir).is_dir()
+        command = self._job_command(name, holdout)
         self._stage(name, command, spec.commit, Path(spec.repo or "."), spec)
         record = JobRecord(job_id, None, time.time(), timeout_s=spec.timeout_s)
         self._save_name(job_id, name)
