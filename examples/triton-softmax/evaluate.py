@@ -1,22 +1,27 @@
 """Trusted evaluator for the Triton softmax (protected: a candidate may not change it).
 
-Prints `name: value` lines; `speedup` (geometric mean over shapes of torch time / kernel
-time) is the study metric, `correct: false` rejects the candidate. Steps:
-1. correctness on every shape x dtype against a float64 torch reference (all guards);
-2. timing interleaved with torch.softmax (CUDA events + device sync + host cross-check,
-   rotating inputs larger than L2);
-3. roofline: % of the memory bound, impossible times rejected (peaks measured once and
-   cached under $RATCHET_CACHE);
-4. end-to-end under CUDA graphs: the kernel captured in a graph must still be right when
-   replayed on new values (a kernel left out of the graph would silently do nothing),
-   and its graph-replay time is reported for launch-bound shapes.
+Reports `speedup` (geometric mean over shapes of torch time / kernel time; the study
+metric), `speedup_sem`, `correct` and per-class figures through ratchet's trusted channel.
+kernel.py is never imported here: it runs in a child process (`rk.CandidateProcess`) and
+fills output buffers this process owns (CUDA IPC); the checks, the clock, torch's
+baseline, the float64 reference and the roofline stay here. Two shape classes:
 
-`--holdout` (or RATCHET_HOLDOUT=1) adds the shapes in holdout.json.
-`--quick` runs a reduced sweep (smoke tests); `--dispatch PATH` writes a dispatch table.
-`--interpret` (with TRITON_INTERPRET=1) runs tiny shapes on the CPU through Triton's
-interpreter: it tests this evaluator and the kernel's logic without a GPU, and its
-numbers mean nothing. Exit 77 when there is no CUDA GPU (or, for --interpret, no
-interpreter), torch or triton: the evaluation cannot run here.
+- DECODE: launch-bound rows (a few rows, decode-time attention scores), timed the way
+  serving stacks run them: N calls captured in one CUDA graph (the child captures, this
+  process times the replay), every replay's outputs poisoned before and checked after;
+- PREFILL: bandwidth-bound tensors of hundreds of MB, timed as N back-to-back calls with
+  a device-wide synchronize, inputs refilled between batches.
+
+Then the roofline: % of the memory bound and the bottleneck (overhead / memory /
+compute) per shape; a time above 110% of the measured peak is impossible and rejected
+(peaks measured once and cached under $RATCHET_CACHE).
+
+`--holdout` (or RATCHET_HOLDOUT set by ratchet's worker) adds the shapes in holdout.json.
+`--quick` runs a reduced sweep (smoke tests); `--dispatch PATH` writes a dispatch table;
+`--json PATH` the full report. `--interpret` (with TRITON_INTERPRET=1) runs tiny shapes on
+the CPU through Triton's interpreter: it tests this evaluator and the kernel's logic
+without a GPU, and its numbers mean nothing. Exit 77 when there is no CUDA GPU (or, for
+--interpret, no interpreter), torch or triton: the evaluation cannot run here.
 """
 
 from __future__ import annotations
@@ -30,22 +35,28 @@ from pathlib import Path
 SKIP = 77  # "cannot run here" (the autotools skip code), distinct from a failed candidate
 HERE = Path(__file__).resolve().parent
 
-PUBLIC = [
-    {"rows": 16384, "cols": 128},
-    {"rows": 8192, "cols": 512},
-    {"rows": 4096, "cols": 1024},
-    {"rows": 2048, "cols": 4096},
-    {"rows": 1024, "cols": 8192},
-    {"rows": 512, "cols": 16384},
-    {"rows": 256, "cols": 32768},
+# Launch-bound: microseconds of memory traffic, dominated by the per-call launch cost.
+DECODE = [
+    {"rows": 1, "cols": 32768},
+    {"rows": 8, "cols": 4096},
+    {"rows": 32, "cols": 1024},
+    {"rows": 64, "cols": 8192},
 ]
-QUICK = [{"rows": 4096, "cols": 1000}, {"rows": 256, "cols": 32768}]
+# Bandwidth-bound: 128-512 MiB per tensor (16384 x 8192 bf16 is 256 MiB in, 256 MiB out).
+PREFILL = [
+    {"rows": 16384, "cols": 8192},
+    {"rows": 65536, "cols": 1024},
+    {"rows": 4096, "cols": 32768},
+]
+PUBLIC = DECODE + PREFILL
+QUICK_DECODE = [{"rows": 32, "cols": 1024}]
+QUICK_PREFILL = [{"rows": 16384, "cols": 8192}]
 DTYPES = ["bfloat16", "float16", "float32"]
 BYTES = "2 * rows * cols * itemsize"  # read x once, write y once (the fused floor)
 FLOPS = "5 * rows * cols"  # max, sub, exp, sum, div per element
 INTERPRET = [{"rows": 3, "cols": 100}, {"rows": 2, "cols": 9000}]  # fused and streaming paths
 INTERPRET_HOLDOUT = [{"rows": 5, "cols": 333}]
-GRAPH_SHAPES = [{"rows": 32, "cols": 1024}, {"rows": 1, "cols": 32768}]  # launch-bound decode-like
+LAUNCH_BOUND_ROWS = 256  # hold-out shapes with at most this many rows are timed like DECODE
 
 
 def unavailable(interpret: bool) -> str | None:
@@ -79,14 +90,9 @@ def main() -> int:
         print(f"SKIP: triton-softmax evaluation needs a CUDA GPU with torch and triton: {why}", file=sys.stderr)
         return SKIP
 
-    # Order matters: torch, then the harness (captures timers), then the candidate.
     import torch
 
     import ratchet.kernels as rk
-
-    rk.capture_timers()
-    sys.path.insert(0, str(HERE))
-    import kernel  # noqa: E402 - the candidate, imported only after the timers are captured
 
     device = torch.device("cpu" if args.interpret else "cuda")
 
@@ -100,49 +106,52 @@ def main() -> int:
     def baseline(x):
         return torch.softmax(x, dim=-1)
 
-    shapes = INTERPRET if args.interpret else QUICK if args.quick else PUBLIC
-    dtypes = ["float32", "bfloat16"] if args.interpret else ["bfloat16"] if args.quick else DTYPES
+    def out_buffer(shape, dtype, inputs):
+        return torch.empty_like(inputs[0])
+
+    argv = ["--holdout"] if args.holdout else []
     # --holdout, or RATCHET_HOLDOUT set by ratchet's worker for the hold-out phase; a copy
     # of holdout.json in that hidden directory (.ratchet/holdout/) wins over this one.
-    argv = ["--holdout"] if args.holdout else []
     holdout = rk.load_holdout(INTERPRET_HOLDOUT if args.interpret else HERE / "holdout.json", argv=argv)
     if args.interpret:
         peaks = rk.measure_peaks("cpu")
-        timing = {"cache": "warm", "max_time_s": 0.2, "min_reps": 3, "warmup": 1}
+        classes = [("interpret", INTERPRET, [s for s in holdout], False)]
+        dtypes = ["float32", "bfloat16"]
+        timing = {"max_time_s": 0.2, "min_reps": 3, "warmup": 1}
     else:
         peaks = rk.measure_peaks("cuda", dtypes=("float32", "float16", "bfloat16"))
-        timing = {"cache": "rotate", "max_time_s": 1.0}
-    report = rk.sweep(
-        kernel.softmax,
-        baseline,
-        reference,
-        make_inputs,
-        shapes,
-        holdout=holdout,
-        dtypes=dtypes,
-        flops=FLOPS,
-        bytes=BYTES,
-        peaks=peaks,
-        check_options={"trials": 3},
-        bench_options=timing,
-        names=("torch", "triton"),
-    )
+        decode, prefill = (QUICK_DECODE, QUICK_PREFILL) if args.quick else (DECODE, PREFILL)
+        classes = [
+            ("decode", decode, [s for s in holdout if s["rows"] <= LAUNCH_BOUND_ROWS], True),
+            ("prefill", prefill, [s for s in holdout if s["rows"] > LAUNCH_BOUND_ROWS], False),
+        ]
+        dtypes = ["bfloat16"] if args.quick else DTYPES
+        timing = {"max_time_s": 1.0, "min_reps": 10, "warmup": 2, "target_sem": 0.005}
+
+    report = rk.SweepReport(candidate="triton", baseline="torch")
+    per_class = {}
+    with rk.CandidateProcess(HERE / "kernel.py", timeout=600) as cand:
+        softmax = cand.function("softmax")
+        for name, shapes, hold, graphs in classes:
+            part = rk.sweep(
+                softmax, baseline, reference, make_inputs, shapes,
+                holdout=hold, dtypes=dtypes, flops=FLOPS, bytes=BYTES, peaks=peaks,
+                check_options={"trials": 2, "out": out_buffer},
+                bench_options={**timing, "cuda_graph": graphs},
+                names=("torch", "triton"),
+            )
+            report.results += part.results
+            per_class[name] = part
+        print(f"candidate log ({cand.log_path}):\n{cand.log_tail()}", file=sys.stderr)
     print(report.table(), file=sys.stderr)
 
     extra = {"peak_bandwidth_gbs": peaks.bandwidth_Bps / 1e9}
-    graph = {"correct": True, "speedup": None, "log": ["graph check skipped: no CUDA in --interpret mode"]}
-    if not args.interpret:
-        graph = graph_check(torch, rk, kernel.softmax, baseline, make_inputs, reference)
-        extra.update(graph_correct=graph["correct"], graph_speedup=graph["speedup"])
-    for line in graph["log"]:
-        print(line, file=sys.stderr)
-    metrics = report.metrics()
-    if not graph["correct"]:
-        metrics["correct"] = False
-        metrics["speedup"] = 0.0
-    rk.emit(metrics, extra=extra)
+    for name, part in per_class.items():
+        if part.results:
+            extra[f"{name}_speedup"] = part.geomean_speedup()
+    rk.emit(report, extra=extra)
     if args.json:
-        Path(args.json).write_text(json.dumps(rk.arrays.jsonable({"report": report.to_dict(), "graph": graph}), indent=2))
+        Path(args.json).write_text(json.dumps(rk.arrays.jsonable({"report": report.to_dict(), "peaks": peaks.to_dict()}), indent=2))
     if args.dispatch:
         table = rk.build_dispatch_table(
             rk.results_from_sweeps({"triton": report}),
@@ -154,49 +163,6 @@ def main() -> int:
         rk.write_dispatch(table, args.dispatch)
         print(rk.dispatch_markdown(table), file=sys.stderr)
     return 0
-
-
-def graph_check(torch, rk, softmax, baseline, make_inputs, reference) -> dict:
-    """Capture the kernel in a CUDA graph, replay on fresh values, compare; then time replay."""
-    import numpy as np
-
-    log, correct, speedups = [], True, []
-    for shape in GRAPH_SHAPES:
-        for dtype in ("bfloat16", "float32"):
-            rng = np.random.default_rng(1234)
-            static_x = make_inputs(shape, dtype, rng)
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(3):  # compile/autotune outside the capture
-                    softmax(static_x)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                static_y = softmax(static_x)
-            for trial in range(3):
-                fresh = make_inputs(shape, dtype, rng) * float(rng.uniform(0.1, 8.0))
-                static_x.copy_(fresh)
-                static_y.fill_(float("nan"))  # poison: a kernel not in the graph leaves NaN
-                graph.replay()
-                torch.cuda.synchronize()
-                want = reference(fresh.double())
-                rtol, atol = rk.tolerance(dtype)
-                ok = bool(torch.isfinite(static_y).all()) and torch.allclose(static_y.double(), want, rtol=rtol, atol=atol)
-                if not ok:
-                    correct = False
-                    log.append(f"graph check FAILED: {rk.shape_key(shape)} {dtype} trial {trial}: replayed output wrong or unwritten")
-                    break
-            cmp = rk.compare(baseline, softmax, (static_x,), cache="warm", cuda_graph=True, max_time_s=0.5, names=("torch", "triton"))
-            if not cmp.ok:
-                correct = False
-                log.extend(cmp.a.reasons + cmp.b.reasons)
-            speedups.append(cmp.speedup)
-            log.append(
-                f"graph {rk.shape_key(shape)} {dtype}: torch {cmp.a.median_s * 1e6:.2f} us, "
-                f"triton {cmp.b.median_s * 1e6:.2f} us, speedup {cmp.speedup:.3f}"
-            )
-    return {"correct": correct, "speedup": rk.geomean(speedups) if correct else 0.0, "log": log}
 
 
 if __name__ == "__main__":

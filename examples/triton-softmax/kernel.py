@@ -1,7 +1,8 @@
 """Row softmax in Triton: the file a proposer edits.
 
-softmax(x) for a 2-D CUDA tensor x (rows x cols, fp16/bf16/fp32), along the last dim,
-accumulating in fp32. Two kernels:
+softmax(x, out) for a 2-D CUDA tensor x (rows x cols, fp16/bf16/fp32), along the last
+dim, accumulating in fp32, written into `out` (the evaluator passes a buffer it owns).
+Two kernels, and torch.softmax for the shape buckets listed in TORCH_FALLBACK:
 - rows up to MAX_FUSED_COLS columns: one program per row holds the whole row in
   registers (one read, one write);
 - longer rows (long contexts, up to 32k+): one program per row streams the row in
@@ -58,16 +59,32 @@ def _softmax_streaming(out_ptr, in_ptr, in_stride, out_stride, n_cols, BLOCK: tl
         tl.store(row_out + start + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def softmax(x: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim of a 2-D tensor; returns a new tensor of x's dtype."""
+# Shape buckets where torch.softmax beats this kernel: (next power of two of cols, dtype).
+# Filled from a measured dispatch table (`python evaluate.py --dispatch dispatch.json`
+# prints it); empty until this revision has been measured on a GPU.
+TORCH_FALLBACK: frozenset[tuple[int, str]] = frozenset()
+
+
+def _torch_softmax(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    try:
+        return torch.ops.aten._softmax.out(x, -1, False, out=out)
+    except (RuntimeError, TypeError):  # older torch: one extra copy
+        return out.copy_(torch.softmax(x, dim=-1))
+
+
+def softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Softmax over the last dim of a 2-D tensor, into `out` (allocated when None)."""
     if x.ndim != 2:
         raise ValueError(f"expected a 2-D tensor, got shape {tuple(x.shape)}")
     if x.stride(-1) != 1:
         x = x.contiguous()
     n_rows, n_cols = x.shape
-    out = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     if n_rows == 0 or n_cols == 0:
         return out
+    if (triton.next_power_of_2(n_cols), str(x.dtype).removeprefix("torch.")) in TORCH_FALLBACK:
+        return _torch_softmax(x, out)
     if n_cols <= MAX_FUSED_COLS:
         block = triton.next_power_of_2(n_cols)
         _softmax_fused[(n_rows,)](out, x, x.stride(0), out.stride(0), n_cols, BLOCK=block, num_warps=NUM_WARPS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import os
 import subprocess
@@ -47,12 +48,34 @@ def test_config_names_existing_literal_knobs_and_protects_the_evaluator():
         assert literals[name] in spec["choices"], f"{name}={literals[name]} not among its choices"
 
 
+def _evaluator():
+    spec = importlib.util.spec_from_file_location("triton_softmax_evaluate", EXAMPLE / "evaluate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # top level imports only the stdlib: torch/triton come in main()
+    return module
+
+
 def test_holdout_shapes_are_disjoint_from_public_and_reach_long_contexts():
     holdout = json.loads((EXAMPLE / "holdout.json").read_text())["shapes"]
-    source = (EXAMPLE / "evaluate.py").read_text()
-    public = ast.literal_eval(source.split("PUBLIC = ", 1)[1].split("\n]\n", 1)[0] + "\n]")
+    public = _evaluator().PUBLIC
     assert not {json.dumps(s, sort_keys=True) for s in holdout} & {json.dumps(s, sort_keys=True) for s in public}
-    assert max(s["cols"] for s in public) >= 32768 and min(s["cols"] for s in public) <= 128
+    assert max(s["cols"] for s in public) >= 32768 and min(s["cols"] for s in public) <= 1024
+
+
+def test_shapes_span_launch_bound_decode_and_bandwidth_bound_prefill():
+    ev = _evaluator()
+    # decode rows: well under a MiB of traffic even in fp32 (launch-bound on any GPU)
+    assert all(2 * s["rows"] * s["cols"] * 4 <= 4 << 20 for s in ev.DECODE)
+    # prefill: hundreds of MB per tensor in bf16 already
+    assert all(s["rows"] * s["cols"] * 2 >= 128 << 20 for s in ev.PREFILL)
+    assert ev.PUBLIC == ev.DECODE + ev.PREFILL
+
+
+def test_kernel_writes_into_the_buffer_it_is_given_and_falls_back_to_torch():
+    tree = ast.parse((EXAMPLE / "kernel.py").read_text())
+    softmax = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "softmax")
+    assert [a.arg for a in softmax.args.args] == ["x", "out"]
+    assert "TORCH_FALLBACK" in (EXAMPLE / "kernel.py").read_text()
 
 
 def test_evaluator_end_to_end_in_the_triton_interpreter(tmp_path):
@@ -72,10 +95,11 @@ def test_evaluator_end_to_end_in_the_triton_interpreter(tmp_path):
     metrics = dict(line.split(": ", 1) for line in proc.stdout.splitlines())
     assert metrics["correct"] == "true", proc.stderr[-3000:]
     assert metrics["shapes"] == "6" and metrics["shapes_failed"] == "0"  # 2 public + 1 hold-out, x 2 dtypes
+    assert "speedup_sem" in metrics and "interpret_speedup" in metrics
     assert float(metrics["speedup"]) > 0 and "holdout_speedup" in metrics
     report = json.loads((tmp_path / "r.json").read_text())["report"]
     assert {r["dtype"] for r in report["results"]} == {"float32", "bfloat16"}
-    assert all(r["check"]["ok"] and r["roofline"] for r in report["results"])
+    assert all(r["check"]["ok"] and r["roofline"] and r["verified_calls"] for r in report["results"])
     table = json.loads((tmp_path / "d.json").read_text())
     assert table["baseline"] == "torch" and len(table["buckets"]) == 6
     assert (tmp_path / "cache" / "peaks.json").is_file()

@@ -213,6 +213,45 @@ def _compare(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> tup
     return reasons, max_abs, max_rel, rel_norm
 
 
+def _wide(r: Any) -> Any:
+    """The reference in float64 (int64 for integers): on the device for CUDA tensors.
+
+    Large GPU outputs (hundreds of MB) are compared where they live; copying them to the
+    host as float64 for every check would take longer than the whole timing.
+    """
+    if arrays.is_torch(r) and r.is_cuda:
+        torch = arrays.torch_module()
+        return r.detach().to(torch.float64 if r.is_floating_point() else torch.int64)
+    return arrays.to_numpy64(r)
+
+
+def _compare_torch(got: Any, want: Any, rtol: float, atol: float) -> tuple[list[str], float, float, float]:
+    """`_compare` for tensors on a device (same rules, only scalars come to the host)."""
+    torch = arrays.torch_module()
+    if want.numel() == 0:
+        return [], 0.0, 0.0, 0.0
+    diff = (got - want).abs()
+    allowed = atol + rtol * want.abs()
+    bad = diff > allowed
+    max_abs = float(diff.max())
+    max_rel = float((diff / want.abs().clamp_min(np.finfo(np.float64).tiny)).max())
+    norm_want = float(torch.linalg.vector_norm(want))
+    norm_diff = float(torch.linalg.vector_norm(diff))
+    rel_norm = norm_diff / norm_want if norm_want > 0 else norm_diff
+    reasons = []
+    n_bad = int(bad.sum())
+    if n_bad:
+        flat = int(torch.argmax((diff - allowed).reshape(-1)))
+        idx = tuple(int(i) for i in np.unravel_index(flat, tuple(diff.shape)))
+        reasons.append(
+            f"{n_bad} of {diff.numel()} elements outside tolerance (rtol={rtol:g}, atol={atol:g}); "
+            f"worst at {idx}: got {float(got[idx]):.6g}, want {float(want[idx]):.6g}"
+        )
+    if rel_norm > max(rtol, 1e-12 if rtol > 0 else 0.0):
+        reasons.append(f"relative error norm {rel_norm:.3g} exceeds {rtol:g}")
+    return reasons, max_abs, max_rel, rel_norm
+
+
 def fresh_inputs(
     make_inputs: MakeInputs,
     shape: Shape,
@@ -234,7 +273,7 @@ def fresh_inputs(
 
 def verify_outputs(
     got: tuple[Any, ...],
-    refs64: Sequence[np.ndarray],
+    refs64: Sequence[Any],
     rtol: float | None,
     atol: float | None,
     tolerances: Mapping[str, tuple[float, float]] | None,
@@ -246,7 +285,10 @@ def verify_outputs(
         rt, at = tolerance(arrays.dtype_name(o), tolerances)
         rt = rt if rtol is None else rtol
         at = at if atol is None else atol
-        reasons, max_abs, max_rel, rel_norm = _compare(arrays.to_numpy64(o), want, rt, at)
+        if arrays.is_torch(want):  # a CUDA reference: compare on the device, not on the host
+            reasons, max_abs, max_rel, rel_norm = _compare_torch(o.detach().to(want.dtype), want, rt, at)
+        else:
+            reasons, max_abs, max_rel, rel_norm = _compare(arrays.to_numpy64(o), want, rt, at)
         if result is not None:
             result.max_abs_err = max(result.max_abs_err, max_abs)
             result.max_rel_err = max(result.max_rel_err, max_rel)
@@ -256,14 +298,14 @@ def verify_outputs(
     return problems
 
 
-def reference_outputs(reference: Callable[..., Any], fresh: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[np.ndarray]]:
-    """The reference on float64 copies: (raw outputs, float64 numpy copies)."""
+def reference_outputs(reference: Callable[..., Any], fresh: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[Any]]:
+    """The reference on float64 copies: (raw outputs, float64 copies: numpy, or on the device)."""
     try:
         refs = arrays.as_tuple(reference(*(arrays.upcast(x) for x in fresh)))
     except Exception as exc:
         raise _Fail(f"reference raised {type(exc).__name__}: {exc} (harness or make_inputs problem)") from exc
-    ref64 = [arrays.to_numpy64(r) for r in refs]
-    if any(not np.isfinite(r).all() for r in ref64 if r.dtype == np.float64):
+    ref64 = [_wide(r) for r in refs]
+    if any(not arrays.clean(r) for r in ref64 if arrays.is_floating(r)):
         raise _Fail("reference produced NaN/Inf for these inputs (make_inputs/scale_range problem)")
     return refs, ref64
 
@@ -299,7 +341,7 @@ def check_case(
     result = CaseResult(shape=dict(shape), dtype=dtype, ok=True, reasons=[], trials=0, holdout=holdout)
     slot: Slot | None = None
     slots: list[Slot] = []
-    previous: list[np.ndarray] | None = None
+    previous: list[Any] | None = None
     try:
         for trial in range(trials):
             rng = np.random.default_rng([seed, case_index, trial])
@@ -324,14 +366,13 @@ def check_case(
                         raise _Fail("first run: " + "; ".join(reasons))
                 reasons = verify_outputs(second, ref64, rtol, atol, tolerances, result)
                 if reasons:
-                    got64 = [arrays.to_numpy64(o) for o in second]
-                    if previous is not None and all(p.shape == g.shape and np.array_equal(p, g) for p, g in zip(previous, got64, strict=False)):
+                    if previous is not None and all(arrays.equal(p, g) for p, g in zip(previous, second, strict=False)):
                         reasons.append(
                             "output is identical to the previous trial's output: a stale result "
                             "(cached by input pointer/id, or work skipped)"
                         )
                     raise _Fail("; ".join(reasons))
-                previous = [arrays.to_numpy64(o) for o in second]
+                previous = list(second)
             except _Fail as fail:
                 result.ok = False
                 result.reasons.append(f"trial {trial}: {fail}")
