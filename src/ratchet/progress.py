@@ -47,9 +47,17 @@ def progress_figure(Figure: Any, cands: list[Candidate], metric: str, goal: str)
     number = {c.id: i for i, c in enumerate(cands)}
     kept_ids = {c.id for c in cands if c.status == "keep"}
 
-    others = [c for c in cands if c.id not in kept_ids and c.metric is not None]
+    others = [c for c in cands if c.status == "discard" and c.metric is not None]
     ax.scatter([number[c.id] for c in others], [c.metric for c in others], s=22,
                color=DISCARD_COLOR, label=f"discarded ({len(others)})", zorder=2)
+    # A measured candidate can still be refused (hold-out overfit, constraint, tampering):
+    # drawn apart, so a point better than the running best never reads as "discarded".
+    refused = [c for c in cands if c.id not in kept_ids and c.status != "discard"
+               and c.metric is not None]
+    if refused:
+        ax.scatter([number[c.id] for c in refused], [c.metric for c in refused], s=34,
+                   marker="x", color=FAILED_COLOR, zorder=2,
+                   label=f"rejected or crashed after measuring ({len(refused)})")
     failed = [c for c in cands if c.metric is None and c.status in ("crash", "rejected")]
     if failed:  # no metric to place: marks along the bottom edge
         ax.scatter([number[c.id] for c in failed], [0.02] * len(failed), s=30, marker="x",
