@@ -8,7 +8,7 @@ rejected here, before anything runs.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ratchet import gitrepo
@@ -74,3 +74,50 @@ def _added_lines(diff: str) -> str:
     return "\n".join(
         line[1:] for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")
     )
+
+
+def materialise(repo: Path, state_dir: Path, config: Config, proposal: Proposal,
+                incumbent: str, cand_id: str, proposer: str) -> dict:
+    """The ledger fields of a new candidate: its commit on the incumbent, or why not.
+
+    Everything here is git plumbing (content-addressed, no checkout), so candidates of a
+    round can be built side by side.
+    """
+    fields = dict(parent=incumbent, description=proposal.description[:200],
+                  proposer=proposer, params=proposal.params, idea=proposal.idea)
+    if proposal.context is not None:
+        ctx_dir = state_dir / "contexts"
+        ctx_dir.mkdir(exist_ok=True)
+        path = ctx_dir / f"{cand_id}.md"
+        path.write_text(proposal.context)
+        fields["context_path"] = str(path)
+    if proposal.error:
+        return {**fields, "status": "rejected", "reasons": proposal.error}
+    try:
+        commit = make_commit(repo, incumbent, proposal, cand_id)
+    except gitrepo.GitError as exc:
+        return {**fields, "status": "rejected", "reasons": f"could not commit: {exc}"}
+    problems = scope_violations(repo, config, incumbent, commit)
+    if problems:
+        return {**fields, "commit_sha": commit, "status": "rejected",
+                "reasons": "; ".join(problems)}
+    return {**fields, "commit_sha": commit, "status": "committed"}
+
+
+def rebase(repo: Path, proposal: Proposal, old_base: str, new_base: str) -> Proposal | None:
+    """A proposal made on `old_base`, carried onto `new_base` by a three-way merge of its
+    change; None when the change conflicts with what moved the incumbent.
+
+    Used for proposals made ahead of time: the incumbent may move while they wait.
+    """
+    if old_base == new_base or proposal.error:
+        return proposal
+    try:
+        mine = make_commit(repo, old_base, proposal, "ahead")
+        tree = gitrepo.git(repo, "merge-tree", "--write-tree", "--no-messages",
+                           new_base, mine).splitlines()[0]
+        commit = gitrepo.commit_tree(repo, tree, new_base,
+                                     f"ratchet: {proposal.description}".strip())
+    except gitrepo.GitError:
+        return None  # conflicts (merge-tree exits 1) or the base is gone
+    return replace(proposal, files={}, commit=commit)

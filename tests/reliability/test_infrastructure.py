@@ -13,7 +13,7 @@ import pytest
 from common import deterministic_repo, ledger, processes_under, start_run, wait_until
 from helpers import config_text, make_repo
 
-from ratchet import study as study_module
+from ratchet import jobs as jobs_module
 from ratchet.backends.local import LocalBackend
 from ratchet.study import Study, StudyError
 
@@ -41,20 +41,20 @@ class FlakyBackend:
 
 @pytest.fixture
 def fast_backoff(monkeypatch):
-    monkeypatch.setattr(study_module, "BACKEND_BACKOFF_S", 0.05)
-    monkeypatch.setattr(study_module, "BACKEND_TRIES", 4)
+    monkeypatch.setattr(jobs_module, "BACKEND_BACKOFF_S", 0.05)
+    monkeypatch.setattr(jobs_module, "BACKEND_TRIES", 4)
 
 
 def open_study(repo, failures):
     lines, messages = [], []
     study = Study(repo, log=lines.append, progress=lambda p: messages.append(p.message))
-    study._backend = FlakyBackend(LocalBackend(study.state_dir, study.config.backend), failures)
+    study.jobs._backend = FlakyBackend(LocalBackend(study.state_dir, study.config.backend), failures)
     return study, lines, messages
 
 
 def test_flaky_backend_calls_are_retried_and_surfaced(tmp_path, fast_backoff):
     repo = deterministic_repo(tmp_path / "r", rounds=2)
-    study, lines, messages = open_study(repo, {"submit": 2, "status": 3, "result": 1})
+    study, lines, messages = open_study(repo, {"submit": 2, "poll": 3, "result": 1})
     try:
         study.run()
     finally:
@@ -78,7 +78,7 @@ def test_flaky_backend_calls_are_retried_and_surfaced(tmp_path, fast_backoff):
 
 def test_backend_down_for_good_stops_the_study_resumably(tmp_path, fast_backoff):
     repo = deterministic_repo(tmp_path / "r", rounds=2)
-    study, _, _ = open_study(repo, {"status": 10_000})
+    study, _, _ = open_study(repo, {"poll": 10_000})
     with pytest.raises(StudyError, match="nothing is lost.*ratchet run"):
         try:
             study.run()

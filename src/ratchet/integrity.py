@@ -1,0 +1,195 @@
+"""Integrity: what the study pins at its start, and the checks that nothing was tampered with.
+
+Without a sandbox a candidate could write to the ledger, move the study's refs or
+rewrite results.tsv while it runs. What the driver trusts is pinned once (protected
+files, the start commit), snapshotted before jobs run and compared after; anything
+changed is restored, and the candidates that ran in that window are rejected (ratchet
+cannot tell which one did it).
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ratchet import gitrepo
+from ratchet.config import CONFIG_FILE, Config, matches_any
+from ratchet.jobspec import PinnedFile
+from ratchet.ledger import Ledger
+
+
+class IntegrityError(Exception):
+    """The state is inconsistent in a way ratchet must not repair on its own."""
+
+
+# study state in the ledger a candidate must never change
+TRUSTED_META = ("incumbent", "incumbent_id", "incumbent_metric", "incumbent_samples",
+                "incumbent_holdout", "pinned", "pins", "round", "data_digest")
+
+
+def committed_config(repo: Path, head: str) -> str:
+    """ratchet.toml as committed at the start (pinned with the protected files)."""
+    try:
+        return gitrepo.show(repo, head, CONFIG_FILE).decode()
+    except gitrepo.GitError:
+        raise IntegrityError(
+            f"{CONFIG_FILE} is not committed; `git add {CONFIG_FILE} && git commit` first "
+            "(it is pinned with the protected files)"
+        ) from None
+
+
+def check_commands(repo: Path, config: Config, head: str) -> None:
+    """The evaluator scripts must be committed: fail before anything is pinned."""
+    task = config.task
+    for key in ("evaluate", "holdout"):  # build/run may use files made on the fly
+        command = getattr(task, key) or ""
+        try:
+            words = [] if "cd " in command else shlex.split(command)  # cd: paths move
+        except ValueError:
+            continue
+        for word in words:
+            if (word.endswith((".py", ".sh")) and not word.startswith(("-", "/", "$", "~"))
+                    and not any(ch in word for ch in "*?[")
+                    and "=" not in word
+                    and not gitrepo.path_exists(repo, head, word)):
+                raise IntegrityError(
+                    f"task.{key} runs {word}, which is not in commit {head[:7]}; "
+                    f"commit it (git add {word} && git commit) or fix task.{key} "
+                    f"in {CONFIG_FILE}")
+
+
+def pin_protected(repo: Path, config: Config, commit: str) -> dict[str, dict]:
+    """Content and mode of every protected file (and ratchet.toml) at the start commit."""
+    tracked = gitrepo.git(repo, "ls-tree", "-r", "--name-only", "-z", commit).split("\0")
+    globs = [*config.task.protected, CONFIG_FILE]
+    pins: dict[str, dict] = {}
+    for path in tracked:
+        if path and matches_any(path, globs):
+            entry = gitrepo.git(repo, "ls-tree", commit, "--", path).split()
+            mode = 0o755 if entry and entry[0] == "100755" else 0o644
+            pins[path] = PinnedFile.of(gitrepo.show(repo, commit, path), mode).__dict__
+    for glob in config.task.protected:
+        if not any(ch in glob for ch in "*?[") and glob not in pins:
+            pins[glob] = PinnedFile.of(None).__dict__  # must stay absent
+    return pins
+
+
+class Guard:
+    """The study's trusted state: the incumbent, its branch, refs, verdicts, results.tsv."""
+
+    def __init__(self, repo: Path, ledger: Ledger, study: str, branch: str,
+                 log: Callable[[str], None]) -> None:
+        self.repo, self.ledger, self.study, self.branch, self.log = (
+            repo, ledger, study, branch, log)
+
+    def legit_commits(self) -> set[str]:
+        """Commits the incumbent may be: judged `keep`, or the start."""
+        return {c.commit_sha for c in self.ledger.candidates(status="keep")} | {
+            self.ledger.get("pinned")}
+
+    def verify_state(self) -> None:
+        """The incumbent and the branch must be a commit judged `keep` (or the start).
+
+        Anything else was written by someone other than ratchet, typically a candidate
+        running without a sandbox: restore the last real keep and reject the candidate
+        whose commit was planted.
+        """
+        keeps = sorted(self.ledger.candidates(status="keep"), key=lambda c: c.judged_at or 0)
+        legit = {c.commit_sha for c in keeps} | {self.ledger.get("pinned")}
+        planted = []
+        incumbent = self.ledger.get("incumbent")
+        if incumbent not in legit:
+            planted.append(incumbent)
+            last = keeps[-1] if keeps else None
+            self.ledger.set(
+                incumbent=last.commit_sha if last else self.ledger.get("pinned"),
+                incumbent_id=last.id if last else None,
+                incumbent_metric=last.metric if last else None,
+                incumbent_samples=(last.samples or []) if last else [],
+                incumbent_holdout=last.holdout if last else None,
+            )
+        branch = gitrepo.try_rev_parse(self.repo, self.branch)
+        if branch not in legit:
+            planted.append(branch)
+        if not planted:
+            return
+        reason = "tampering: planted itself as the incumbent (ledger or study branch)"
+        self.ledger.event("tampering", None, planted=planted)
+        self.log(f"warning: {reason}; restored the last kept commit")
+        for cand in self.ledger.candidates():
+            if cand.commit_sha in planted and cand.kind == "candidate":
+                self.ledger.update(cand.id, "judged:rejected", status="rejected",
+                                   reasons=reason, judged_at=time.time())
+        gitrepo.update_ref(self.repo, self.branch, self.ledger.get("incumbent"),
+                           reason="ratchet: undo tampering")
+
+    def repair_branch(self) -> None:
+        """After a crash between the verdict commit and the ref update, finish the move."""
+        incumbent = self.ledger.get("incumbent")
+        current = gitrepo.try_rev_parse(self.repo, self.branch)
+        if current == incumbent:
+            return
+        # Only ever move the branch to a commit that was judged `keep` (or the start).
+        if incumbent not in self.legit_commits():
+            raise IntegrityError(
+                f"the ledger's incumbent {str(incumbent)[:7]} was never judged keep and "
+                f"branch ratchet/{self.study} is at {str(current)[:7]}: the state was "
+                "tampered with; inspect .ratchet/ledger.db before resuming"
+            )
+        gitrepo.update_ref(self.repo, self.branch, incumbent, reason="ratchet: repair")
+        self.ledger.event("branch-repaired", None, commit=incumbent, was=current)
+
+    def snapshot(self) -> dict:
+        """What the driver trusts, taken before candidates run."""
+        refs = gitrepo.git(self.repo, "for-each-ref", "--format=%(refname) %(objectname)",
+                           f"refs/ratchet/{self.study}/", self.branch)
+        tsv = self.repo / "results.tsv"
+        return {
+            "meta": {key: self.ledger.get(key) for key in TRUSTED_META},
+            "refs": refs,
+            "tsv": tsv.read_bytes() if tsv.exists() else None,
+            "verdicts": {c.id: (c.status, c.metric) for c in self.ledger.candidates()
+                         if c.is_judged},
+        }
+
+    def check(self, before: dict, ids: list[str]) -> bool:
+        """Compare with `before`; restore it and reject the unjudged `ids` (the candidates
+        that ran meanwhile) if anything changed. True when tampering was found.
+
+        Rolling search snapshots again after each of the driver's own changes, so a
+        window is always "since the driver last wrote".
+        """
+        after = self.snapshot()
+        problems = []
+        if after["meta"] != before["meta"]:
+            changed = [k for k in TRUSTED_META if after["meta"][k] != before["meta"][k]]
+            problems.append(f"study state in the ledger changed ({', '.join(changed)})")
+            self.ledger.set(**before["meta"])
+        if after["refs"] != before["refs"]:
+            problems.append("git refs of the study were moved")
+            for line in before["refs"].splitlines():
+                ref, sha = line.split()
+                gitrepo.update_ref(self.repo, ref, sha, reason="ratchet: undo tampering")
+            for line in after["refs"].splitlines():
+                ref = line.split()[0]
+                if ref not in before["refs"]:
+                    gitrepo.git(self.repo, "update-ref", "-d", ref)
+        if after["verdicts"] != before["verdicts"]:
+            problems.append("earlier verdicts in the ledger were changed")
+            for cand_id, (status, metric) in before["verdicts"].items():
+                self.ledger.update(cand_id, status=status, metric=metric)
+        if after["tsv"] != before["tsv"]:
+            problems.append("results.tsv was modified")
+        if not problems:
+            return False
+        reason = "tampering while this round ran: " + "; ".join(problems)
+        self.ledger.event("tampering", None, problems=problems)
+        self.log(f"warning: {reason}; restored, and this round's candidates are rejected")
+        for cand_id in ids:
+            cand = self.ledger.candidate(cand_id)
+            if cand.kind == "candidate" and not cand.is_judged:
+                self.ledger.update(cand_id, "judged:rejected", status="rejected",
+                                   reasons=reason, judged_at=time.time())
+        return True

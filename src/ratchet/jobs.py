@@ -1,0 +1,313 @@
+"""Jobs: a candidate's job from spec to recorded result, on any backend.
+
+Write-ahead: a job id is recorded before the job is placed (ids are deterministic, so
+placing it again after a crash is a no-op), and a result is recorded before anything is
+judged. Retries have one owner: a backend applies its own timeouts and raises; `call`
+here retries with backoff and reports the trouble (ledger event, log line, live view).
+A job lost to infrastructure is rerun up to `backend.max_attempts` times in all; a job
+that failed on its own never is.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from ratchet.backends import Backend, JobState, make_backend
+from ratchet.config import Config
+from ratchet.faults import fault_point
+from ratchet.jobspec import JobResult, JobSpec, PinnedFile
+from ratchet.ledger import Candidate, Ledger
+
+T = TypeVar("T")
+POLL_S = 0.02
+# a backend call that raises (engine down, network, timeout) is tried this many times,
+# the wait doubling from BACKEND_BACKOFF_S up to 60 s (about 10 minutes in all), before
+# the study stops with everything recorded, ready to resume
+BACKEND_TRIES = 8
+BACKEND_BACKOFF_S = 5.0
+# compile caches shared by the jobs of one study (under .ratchet/cache/): the second
+# candidate to compile the same kernel finds it built
+CACHE_VARS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton",
+              "NUMBA_CACHE_DIR": "numba"}
+
+
+class BackendDown(Exception):
+    """A backend call failed BACKEND_TRIES times; everything is recorded for a resume."""
+
+
+class Jobs:
+    def __init__(self, repo: Path, state_dir: Path, config: Config, ledger: Ledger,
+                 backend_kind: str, *, log: Callable[[str], None],
+                 on_trouble: Callable[[str], None]) -> None:
+        self.repo, self.state_dir, self.config, self.ledger = repo, state_dir, config, ledger
+        self.name = config.task.name
+        self.backend_kind = backend_kind
+        self.log = log
+        self.on_trouble = on_trouble  # the live view shows backend trouble while we wait
+        self.trouble = ""
+        self._backend: Backend | None = None
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            self._backend = make_backend(self.backend_kind, self.state_dir, self.config)
+        return self._backend
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+
+    # -- spec and placement ---------------------------------------------------------------
+
+    def spec(self, cand: Candidate) -> JobSpec:
+        task, backend = self.config.task, self.config.backend
+        pins = {k: PinnedFile(**v) for k, v in self.ledger.get("pins", {}).items()}
+        holdout_dir = Path(task.holdout_data) if task.holdout_data else None
+        if holdout_dir is not None and not holdout_dir.is_absolute():
+            holdout_dir = self.repo / holdout_dir
+        return JobSpec(
+            job_id=f"{self.name}-{cand.id}-{cand.attempt}",
+            study=self.name,
+            candidate=cand.id,
+            commit=cand.commit_sha,
+            metric=self.config.metric.name,
+            timeout_s=task.timeout,
+            repo=str(self.repo),
+            build=task.build,
+            smoke=task.smoke,
+            run=task.run,
+            evaluate=task.evaluate,
+            holdout=task.holdout,
+            run_holdout=bool(task.holdout) and self.backend.holdout_in_job,
+            repeats=self.config.acceptance.repeats,
+            env_allow=list(task.env),
+            env_set=self.cache_env(),
+            protected=pins,
+            data_dir=self.ledger.get("data_dir"),
+            data_digest=self.ledger.get("data_digest"),
+            holdout_dir=str(holdout_dir) if holdout_dir else None,
+            log_limit_bytes=int(backend.log_limit_mb * (1 << 20)),
+            memory_limit_bytes=(int(backend.memory_limit_gb * (1 << 30))
+                                if backend.memory_limit_gb else None),
+            file_size_limit_bytes=(int(backend.disk_limit_gb * (1 << 30))
+                                   if backend.disk_limit_gb else None),
+            readonly_paths=[str(self.repo / ".git"), str(self.state_dir / "ledger.db")],
+            sandbox=self.backend.sandbox_mode(backend.sandbox),
+        )
+
+    def cache_env(self) -> dict[str, str]:
+        root = self.state_dir / "cache"
+        return {var: str(root / sub) for var, sub in CACHE_VARS.items()}
+
+    def submit(self, cand: Candidate) -> str:
+        """Record the job id, then place the job (idempotent under the same id)."""
+        spec = self.spec(cand)
+        self.ledger.update(cand.id, "submitted", status="submitted", job_id=spec.job_id,
+                           submitted_at=time.time())
+        fault_point("submit-recorded")
+        job_id = self.call("submit", lambda: self.backend.submit(spec), cand.id)
+        fault_point("submitted")
+        return job_id
+
+    def reattach(self, cand: Candidate) -> None:
+        """On resume: place a recorded job again under its id, a no-op if it was placed.
+
+        Covers a driver killed between recording a job id and placing the job, which
+        would otherwise look like a lost job and cost the candidate an attempt.
+        """
+        spec = self.spec(cand)
+        if spec.job_id != cand.job_id:  # killed between counting a loss and the new id
+            self.ledger.update(cand.id, "submitted", job_id=spec.job_id,
+                               submitted_at=time.time())
+        self.call("submit", lambda: self.backend.submit(spec), cand.id)
+
+    def start(self, cands: list[Candidate], stop_hard: Callable[[], bool]) -> None:
+        """Resume or place the jobs of these candidates (committed ones are placed)."""
+        for cand in cands:
+            cand = self.ledger.candidate(cand.id)
+            if stop_hard():
+                return
+            if cand.status == "interrupted":
+                # one write: a driver killed before the submit must not count it twice
+                self.ledger.update(cand.id, attempt=cand.attempt + 1, status="committed")
+                self.submit(self.ledger.candidate(cand.id))
+            elif cand.status == "submitted":
+                self.reattach(cand)
+            elif cand.status == "committed":
+                self.submit(cand)
+
+    # -- the one retry loop ---------------------------------------------------------------
+
+    def call(self, what: str, call: Callable[[], T], cand_id: str | None = None) -> T:
+        """A backend call; one that raises is retried with backoff and surfaced, never fatal
+        to a candidate: after BACKEND_TRIES the study stops with the candidate still
+        recorded as submitted, so a resume picks it up."""
+        delay = BACKEND_BACKOFF_S
+        for attempt in range(1, BACKEND_TRIES + 1):
+            try:
+                value = call()
+            except Exception as exc:  # any engine failure is infrastructure, not the candidate's
+                problem = f"backend {self.backend_kind}: {what} failed: {type(exc).__name__}: " \
+                          f"{str(exc)[:300]}"
+                self.ledger.event("backend-error", cand_id, call=what, error=problem,
+                                  attempt=attempt)
+                if attempt == BACKEND_TRIES:
+                    raise BackendDown(f"{problem} ({attempt} tries); nothing is lost: fix the "
+                                      "backend, then `ratchet run` resumes the study") from None
+                self.trouble = f"{problem}; retry {attempt}/{BACKEND_TRIES - 1} in {delay:g}s"
+                self.log(f"warning: {self.trouble}")
+                self.on_trouble(self.trouble)
+                time.sleep(delay)
+                delay = min(delay * 2, 60.0)
+            else:
+                if self.trouble:
+                    self.trouble = ""
+                    self.ledger.event("backend-recovered", cand_id, call=what)
+                return value
+        raise AssertionError("unreachable")
+
+    # -- polling --------------------------------------------------------------------------
+
+    def poll(self, ids: list[str]) -> list[tuple[str, str, float, str]]:
+        """One look at the submitted jobs among `ids`: record what finished, rerun what was
+        lost, and return what still runs as (id, description, seconds, state)."""
+        cands = [c for c in (self.ledger.candidate(i) for i in ids) if c.status == "submitted"]
+        if not cands:
+            return []
+        states: dict[str, JobState] = self.call(
+            "status", lambda: self.backend.poll([c.job_id for c in cands]))
+        running = []
+        now = time.time()
+        for cand in cands:
+            state = states.get(cand.job_id, "lost")
+            if state == "done":
+                self.record_result(cand, self.call(
+                    "result", lambda c=cand: self.backend.result(c.job_id), cand.id))
+            elif state == "lost":
+                self.handle_lost(cand)
+            else:
+                running.append((cand.id, cand.description, now - (cand.submitted_at or now),
+                                state))
+        return running
+
+    def wait(self, ids: list[str], report: Callable[[list], None],
+             stop_hard: Callable[[], bool]) -> None:
+        """Until none of `ids` runs; a second Ctrl-C interrupts what still runs."""
+        cancelled = False
+        while True:
+            running = self.poll(ids)
+            report(running)
+            if not running:
+                return
+            if stop_hard() and not cancelled:
+                cancelled = True
+                for cand_id, *_ in running:
+                    self.interrupt(self.ledger.candidate(cand_id))
+                continue
+            time.sleep(POLL_S)
+
+    def interrupt(self, cand: Candidate) -> None:
+        self.backend.cancel(cand.job_id)
+        if self.backend.status(cand.job_id) == "done":
+            result = self.backend.result(cand.job_id)
+            if result is not None and result.outcome != "cancelled":
+                self.record_result(cand, result)  # it finished before the cancel landed
+                return
+        self.ledger.update(cand.id, "interrupted", status="interrupted",
+                           reasons="interrupted (Ctrl-C); rerun on resume")
+
+    def handle_lost(self, cand: Candidate) -> None:
+        max_attempts = self.backend.max_attempts
+        if cand.attempt + 1 >= max_attempts:
+            lost = JobResult(job_id=cand.job_id, outcome="error", failed_stage="infrastructure",
+                             reason=f"job lost {max_attempts} times (worker vanished)")
+            self.ledger.update(cand.id, "lost", status="finished", reasons=lost.reason,
+                               result=json.loads(lost.to_json()))
+            return
+        self.ledger.update(cand.id, "lost-resubmitted", attempt=cand.attempt + 1)
+        self.submit(self.ledger.candidate(cand.id))
+
+    def record_result(self, cand: Candidate, result: JobResult | None) -> None:
+        if result is None:
+            self.handle_lost(cand)
+            return
+        run_s = sum(p.seconds for p in result.phases)
+        self.ledger.update(
+            cand.id,
+            "finished",
+            status="finished",
+            metric=result.metric,
+            samples=result.samples,
+            extra=result.extra,
+            holdout=result.holdout,
+            phases=[p.__dict__ for p in result.phases],
+            failed_stage=result.failed_stage,
+            slot=result.slot,
+            queue_s=result.queue_seconds,
+            run_s=run_s,
+            cost_usd=self.cost(run_s) + proposal_cost(cand),
+            finished_at=time.time(),
+            reasons=result.reason or None,
+            result=json.loads(result.to_json()),
+        )
+        fault_point("result-recorded")
+
+    def cost(self, run_s: float) -> float:
+        backend = self.config.backend
+        rate = backend.gpu_hourly_usd or backend.cpu_hourly_usd
+        return round(rate * run_s / 3600.0, 6)
+
+    # -- hold-out follow-up jobs ----------------------------------------------------------
+
+    def holdout(self, cand: Candidate) -> JobResult:
+        """The hold-out of a finished candidate: recorded, measured in its own job, or run
+        now as a follow-up job (only ever for a would-be keep or a baseline)."""
+        if cand.holdout is not None:
+            return JobResult(job_id=cand.job_id, outcome="ok", holdout=cand.holdout)
+        result = JobResult.from_json(json.dumps(cand.result))
+        if result.holdout is not None or self.backend.holdout_in_job:
+            return result
+        spec = self.spec(cand)
+        spec.job_id = f"{spec.job_id}-holdout"
+        spec.holdout_only = True
+        spec.reuse_workdir = self.backend.holdout_workdir(cand.job_id)
+        self.ledger.event("holdout-submitted", cand.id, job_id=spec.job_id)
+        # through call() like every other backend call: a flaky backend is retried and
+        # surfaced, not mistaken for a candidate that overfit
+        self.call("submit", lambda: self.backend.submit(spec), cand.id)
+        while self.call("status", lambda: self.backend.status(spec.job_id),
+                        cand.id) in ("pending", "running"):
+            time.sleep(POLL_S)
+        held = self.call("result", lambda: self.backend.result(spec.job_id), cand.id) or \
+            JobResult(job_id=spec.job_id, outcome="error", reason="hold-out job lost")
+        if held.outcome == "ok":
+            self.ledger.update(cand.id, "holdout", holdout=held.holdout)
+        return held
+
+    # -- after judging --------------------------------------------------------------------
+
+    def clean_up(self, cands: list[Candidate]) -> None:
+        """An overnight study must not fill the disk with checkpoints of discarded runs."""
+        policy = self.config.backend.keep_workdirs
+        if policy == "all":
+            return
+        for cand in cands:
+            cand = self.ledger.candidate(cand.id)
+            if not cand.job_id or (policy == "kept" and cand.status == "keep"):
+                continue
+            self.backend.clean_up(cand.job_id)
+
+    def cancel(self, cand: Candidate) -> None:
+        if cand.job_id:
+            self.backend.cancel(cand.job_id)
+
+
+def proposal_cost(cand: Candidate) -> float:
+    """What proposing it cost (an LLM's tokens), so `cost_usd` is the whole bill."""
+    usage = (cand.params or {}).get("llm") if isinstance(cand.params, dict) else None
+    cost = usage.get("cost_usd") if isinstance(usage, dict) else None
+    return float(cost) if isinstance(cost, int | float) else 0.0

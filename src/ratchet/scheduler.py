@@ -1,0 +1,510 @@
+"""Scheduling: which candidates run when, and who is asked for the next ones.
+
+Two policies over the same parts (jobs, judge, integrity, proposals):
+
+- **rounds**: propose K from the incumbent, run them, judge them together, promote the
+  best, repeat. While a round runs, the next round's proposals are already being made.
+- **rolling**: a freed slot gets a new candidate from the current incumbent at once; a
+  finished candidate is judged at once (with the same noise, hold-out and integrity
+  rules); the budget is a number of candidates.
+
+Proposals ahead: the proposer works in a background thread while jobs run, so no slot
+waits for an LLM, an agent or the tuner when it could have been asked earlier. A proposal
+made ahead was made on the incumbent of its time; if the incumbent moves before it is
+used, its change is carried onto the new incumbent by a three-way merge (re-based), and
+when that conflicts it is dropped and the proposer is asked again.
+
+In rounds mode the proposals for round R are always made from the same view of the
+ledger: round R-1 in flight (verdicts hidden) on its own incumbent. Whether they were
+made ahead or after a restart, a resumed study proposes exactly what an uninterrupted
+one would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ratchet import gitrepo, judge
+from ratchet.candidate import Proposal, materialise, rebase, study_ref
+from ratchet.config import Config
+from ratchet.faults import fault_point
+from ratchet.integrity import Guard
+from ratchet.jobs import Jobs
+from ratchet.jobspec import JobResult
+from ratchet.ledger import Candidate, Ledger
+from ratchet.proposers import ProposalContext, Proposer, make_proposer
+
+OPEN_STATES = ("committed", "submitted", "interrupted", "finished")
+
+
+class ScheduleError(Exception):
+    """The study cannot go on (e.g. the baseline failed); one line naming the cause."""
+
+
+@dataclass
+class StopFlag:
+    """Ctrl-C once: finish judging what runs, start nothing new. Twice: cancel jobs."""
+
+    count: int = 0
+
+    def request(self) -> None:
+        self.count += 1
+
+    @property
+    def soft(self) -> bool:
+        return self.count >= 1
+
+    @property
+    def hard(self) -> bool:
+        return self.count >= 2
+
+
+# -- proposals, made ahead in a background thread ----------------------------------------
+
+
+class Proposals:
+    """The proposer behind one worker thread: `observe` and `propose` calls run in order
+    there, never on the loop that polls jobs. Only the loop touches the ledger."""
+
+    def __init__(self, repo: Path, state_dir: Path, config: Config, ledger: Ledger,
+                 kind: str) -> None:
+        self.repo, self.state_dir, self.config, self.ledger = repo, state_dir, config, ledger
+        self.kind = kind
+        self.name = config.task.name
+        self._proposer: Proposer | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratchet-propose")
+        self._ahead: dict[object, tuple[str, Future]] = {}  # key -> (base commit, proposals)
+
+    @property
+    def proposer(self) -> Proposer:
+        if self._proposer is None:
+            self._proposer = make_proposer(self.kind, self.config, self.ledger.candidates())
+        return self._proposer
+
+    def close(self) -> None:
+        for _, future in self._ahead.values():
+            future.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def context(self, round_no: int, incumbent: str, history: list[Candidate],
+                incumbent_metric: float | None) -> ProposalContext:
+        self.import_ideas()
+        return ProposalContext(
+            repo=self.repo, state_dir=self.state_dir, config=self.config, study=self.name,
+            round=round_no, incumbent=incumbent, incumbent_metric=incumbent_metric,
+            history=history, ideas=[row["text"] for row in self.ledger.pending_ideas()])
+
+    def import_ideas(self) -> None:
+        """People's ideas.md joins the ideas table (new bullets only)."""
+        from ratchet.ideas import import_ideas
+
+        import_ideas(self.repo, self.ledger)
+
+    def ask(self, k: int, ctx: ProposalContext) -> Future:
+        proposer = self.proposer  # built here: its errors belong to the caller
+        return self._pool.submit(proposer.propose, k, ctx)
+
+    def ask_ahead(self, key: object, base: str, k: int, ctx: ProposalContext | None,
+                  future: Future | None = None) -> None:
+        """Start proposing for `key` now (or keep `future` as that request)."""
+        if key not in self._ahead:
+            self._ahead[key] = (base, future or self.ask(k, ctx))
+
+    def take_ahead(self, key: object) -> tuple[str, Future] | None:
+        return self._ahead.pop(key, None)
+
+    def has_ahead(self, key: object) -> bool:
+        return key in self._ahead
+
+    def observe(self, cand: Candidate) -> None:
+        if self._proposer is not None:
+            self._pool.submit(_quietly, self._proposer.observe, cand)
+
+    def on(self, base: str, incumbent: str, proposals: list[Proposal]) -> tuple[
+            list[Proposal], list[Proposal]]:
+        """Carry proposals made on `base` onto `incumbent`: (re-based, conflicting)."""
+        if base == incumbent:
+            return proposals, []
+        moved = [(p, rebase(self.repo, p, base, incumbent)) for p in proposals]
+        return [m for _, m in moved if m is not None], [p for p, m in moved if m is None]
+
+    def record(self, round_no: int, incumbent: str, proposals: list[Proposal],
+               rows: list[dict], proposer: str | None = None,
+               stale: tuple[str, list[Proposal]] | None = None) -> list[Candidate]:
+        """Commit every proposal on the incumbent (`stale` ones on the older commit they
+        were made on), then record them and `rows` (baseline or reference) in one
+        transaction: a crash between leaves no half-proposed batch."""
+        base_seq = next_seq(self.ledger) + len(rows)
+        items = [(incumbent, p) for p in proposals] + (
+            [(stale[0], p) for p in stale[1]] if stale else [])
+        with ThreadPoolExecutor(max_workers=min(4, max(1, len(items)))) as pool:
+            built = list(pool.map(
+                lambda item: materialise(self.repo, self.state_dir, self.config, item[1][1],
+                                         item[1][0], f"c{base_seq + item[0]:04d}",
+                                         proposer or self.kind),
+                enumerate(items)))
+        rows = [*rows, *built]
+        fault_point("proposed")
+        created = []
+        with self.ledger.transaction():
+            for fields in rows:
+                fields = dict(fields)
+                kind = fields.pop("kind", "candidate")
+                created.append(self.ledger.new_candidate(round_no, kind=kind, **fields))
+        fault_point("recorded")
+        for cand, fields in zip(created, rows, strict=True):
+            if cand.commit_sha and cand.kind == "candidate":
+                gitrepo.update_ref(self.repo, study_ref(self.name, cand.id), cand.commit_sha)
+            if cand.idea:  # a proposal that failed outright is that idea's outcome
+                self.ledger.mark_idea(cand.idea, cand.id,
+                                      "rejected" if cand.status == "rejected" else None)
+            if cand.status == "rejected":
+                self.ledger.event("rejected", cand.id, reasons=fields.get("reasons"))
+        return created
+
+
+def _quietly(call: Callable, *args) -> None:
+    with contextlib.suppress(Exception):  # a proposer's bookkeeping never stops the study
+        call(*args)
+
+
+def next_seq(ledger: Ledger) -> int:
+    row = ledger.db.execute("SELECT COALESCE(MAX(seq), -1) + 1 AS n FROM candidates")
+    return row.fetchone()["n"]
+
+
+def _hidden(cand: Candidate) -> Candidate:
+    """A candidate as it looked while it ran: no verdict, no measurement."""
+    return replace(cand, status="submitted", metric=None, samples=None, extra=None,
+                   holdout=None, reasons=None, gain=None, margin=None, noise=None,
+                   judged_at=None, finished_at=None, result=None)
+
+
+# -- the loop's parts ----------------------------------------------------------------------
+
+
+@dataclass
+class Loop:
+    """What both policies work with; made by the Study, which stays a thin front."""
+
+    repo: Path
+    config: Config
+    ledger: Ledger
+    jobs: Jobs
+    guard: Guard
+    proposals: Proposals
+    stop: StopFlag
+    parallel: int
+    report: Callable[[int, int, list], None]
+    write_views: Callable[[], None]
+    log: Callable[[str], None]
+    name: str = ""
+    snapshot: dict = field(default_factory=dict)
+
+    # -- judging (the ledger side of the pure judge) -------------------------------------
+
+    def settle(self, ids: list[str], on_keep: dict | None = None) -> str | None:
+        """Judge the finished candidates among `ids` together; promote the best improving
+        one. Verdicts and the new incumbent are one transaction, then the branch moves."""
+        finished = [c for c in (self.ledger.candidate(i) for i in ids) if c.status == "finished"]
+        if not finished:
+            return None
+        led = self.ledger
+        incumbent = judge.Incumbent(
+            commit=led.get("incumbent"), id=led.get("incumbent_id"),
+            metric=led.get("incumbent_metric"), samples=led.get("incumbent_samples") or [],
+            holdout=led.get("incumbent_holdout"), sem=led.get("incumbent_sem"))
+        entries = [judge.Entry(id=c.id, kind=c.kind, seq=c.seq, commit=c.commit_sha,
+                               result=JobResult.from_json(json.dumps(c.result)),
+                               based_on_incumbent=(c.kind != "candidate" or
+                                                   _descends(self.repo, c.commit_sha,
+                                                             incumbent.commit)))
+                   for c in finished]
+        by_id = {c.id: c for c in finished}
+        decision = judge.judge_group(self.config, entries, incumbent,
+                                     holdout=lambda e: self.jobs.holdout(by_id[e.id]))
+        meta: dict = {}
+        new = decision.incumbent
+        if (new.metric, new.samples, new.holdout, new.id, new.sem) != (
+                incumbent.metric, incumbent.samples, incumbent.holdout, incumbent.id,
+                incumbent.sem):
+            meta.update(incumbent_metric=new.metric, incumbent_samples=new.samples,
+                        incumbent_holdout=new.holdout, incumbent_id=new.id,
+                        incumbent_sem=new.sem)
+        if decision.winner is not None:
+            meta.update(incumbent=new.commit, **(on_keep or {}))
+        now = time.time()
+        with led.transaction():
+            for cand_id, verdict in decision.verdicts.items():
+                led.update(cand_id, f"judged:{verdict.status}", status=verdict.status,
+                           reasons="; ".join(r for r in verdict.reasons if r) or None,
+                           gain=verdict.gain, margin=verdict.margin, noise=verdict.noise,
+                           judged_at=now)
+            if meta:
+                led.set(**meta)
+        fault_point("verdicts")
+        for cand in finished:
+            if cand.idea:
+                led.mark_idea(cand.idea, cand.id, decision.verdicts[cand.id].status)
+            self.proposals.observe(led.candidate(cand.id))
+        self.jobs.clean_up(finished)
+        if decision.winner is not None:
+            self.guard.repair_branch()  # moves the branch to the new incumbent
+            winner = led.candidate(decision.winner)
+            self.log(f"keep {winner.id} {winner.short}: {winner.description}")
+        self.write_views()
+        return decision.winner
+
+    def check_baseline(self, ids: list[str]) -> None:
+        for cand in (self.ledger.candidate(i) for i in ids):
+            if cand.kind == "baseline" and cand.status in ("crash", "rejected"):
+                raise ScheduleError(
+                    f"the baseline (unmodified {cand.short}) failed, so nothing can be "
+                    f"compared: {cand.reasons} (see `ratchet logs {cand.id}`; fix the task, "
+                    f"commit, and start afresh: rm -rf .ratchet && git branch -D "
+                    f"ratchet/{self.name})")
+
+    def ensure_refs(self, cands: list[Candidate]) -> None:
+        """Resumed: the driver may have died before a candidate's ref was written."""
+        for cand in cands:
+            if cand.commit_sha and cand.kind == "candidate":
+                ref = study_ref(self.name, cand.id)
+                if gitrepo.try_rev_parse(self.repo, ref) != cand.commit_sha:
+                    gitrepo.update_ref(self.repo, ref, cand.commit_sha)
+
+    def fixed_rows(self, incumbent: str) -> list[dict]:
+        """The baseline (once per study), or a co-run reference of the incumbent."""
+        if not any(c.kind == "baseline" for c in self.ledger.candidates()):
+            return [dict(kind="baseline", parent=incumbent, commit_sha=incumbent,
+                         description="baseline", status="committed")]
+        if self.config.acceptance.co_run_incumbent and self.config.search.mode == "rounds":
+            return [dict(kind="incumbent", parent=incumbent, commit_sha=incumbent,
+                         status="committed", description="incumbent re-measured (reference)")]
+        return []
+
+
+def _descends(repo: Path, commit: str | None, ancestor: str | None) -> bool:
+    if not commit or not ancestor:
+        return False
+    proc = subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", ancestor,
+                           commit], capture_output=True)
+    return proc.returncode == 0
+
+
+# -- rounds --------------------------------------------------------------------------------
+
+
+class Rounds:
+    def __init__(self, loop: Loop, target: int) -> None:
+        self.loop, self.target = loop, target
+
+    def run(self) -> None:
+        loop, led = self.loop, self.loop.ledger
+        while not loop.stop.soft:
+            round_no = led.get("round")
+            open_now = any(not c.is_judged for c in led.candidates(round=round_no))
+            if round_no > self.target and not open_now:
+                break
+            cands = led.candidates(round=round_no)
+            if not cands:
+                if round_no > self.target:
+                    break
+                cands = self.propose(round_no)
+                if not cands:
+                    loop.log(f"round {round_no}: the proposer has nothing new to try; stopping")
+                    break
+            else:
+                loop.ensure_refs(cands)
+            self.run_group(cands, round_no)
+            if loop.stop.hard:
+                break
+            loop.check_baseline([c.id for c in cands])
+            fault_point("judged")
+            if all(led.candidate(c.id).status not in OPEN_STATES for c in cands):
+                led.set(round=round_no + 1)
+
+    def view(self, round_no: int) -> tuple[str, ProposalContext]:
+        """Round R's proposer input: round R-1 in flight on its own incumbent."""
+        led = self.loop.ledger
+        history = led.candidates()
+        previous = [c for c in history if c.round == round_no - 1]
+        base = previous[0].parent if previous and previous[0].parent else led.get("incumbent")
+        shown = [c for c in history if c.round < round_no - 1] + [_hidden(c) for c in previous]
+        metric = next((c.metric for c in reversed(shown)
+                       if c.status == "keep" and c.commit_sha == base), None)
+        return base, self.loop.proposals.context(round_no, base, shown, metric)
+
+    def ask_ahead(self, round_no: int) -> None:
+        """While round R runs, round R+1's proposals are made (same view as after R)."""
+        loop = self.loop
+        if round_no > self.target or loop.stop.soft or loop.ledger.candidates(round=round_no):
+            return
+        if not any(c.kind == "baseline" for c in loop.ledger.candidates()):
+            return  # round 1 still to record: its size is not known yet
+        base, ctx = self.view(round_no)
+        loop.proposals.ask_ahead(("round", round_no), base, loop.parallel, ctx)
+
+    def propose(self, round_no: int) -> list[Candidate]:
+        loop, led = self.loop, self.loop.ledger
+        incumbent = led.get("incumbent")
+        rows = loop.fixed_rows(incumbent)
+        k = loop.parallel - sum(1 for r in rows if r["kind"] == "baseline")
+        proposals: list[Proposal] = []
+        stale = None
+        if k:
+            ahead = loop.proposals.take_ahead(("round", round_no))
+            if ahead is None or k != loop.parallel:
+                base, ctx = self.view(round_no)
+                ahead = (base, loop.proposals.ask(k, ctx))
+            base, future = ahead
+            proposals, conflicting = loop.proposals.on(base, incumbent, future.result())
+            if conflicting:  # they conflict with the new incumbent: ask again, on it
+                ctx = loop.proposals.context(round_no, incumbent, led.candidates(),
+                                             led.get("incumbent_metric"))
+                proposals += loop.proposals.ask(len(conflicting), ctx).result()
+                # a proposer with nothing else to offer: run them as made, on their base
+                stale = (base, conflicting[:max(0, k - len(proposals))])
+        created = loop.proposals.record(round_no, incumbent, proposals, rows,
+                                        stale=stale)
+        loop.write_views()
+        return created
+
+    def run_group(self, cands: list[Candidate], round_no: int) -> None:
+        loop = self.loop
+        loop.jobs.start(cands, lambda: loop.stop.hard)
+        self.ask_ahead(round_no + 1)  # the proposer works while the round runs
+        trusted = loop.guard.snapshot()
+        ids = [c.id for c in cands]
+        loop.jobs.wait(ids, lambda running: loop.report(round_no, self.target, running),
+                       lambda: loop.stop.hard)
+        if loop.guard.check(trusted, ids):
+            loop.write_views()
+        if not loop.stop.hard:
+            loop.settle(ids)
+
+
+# -- rolling -------------------------------------------------------------------------------
+
+
+class Rolling:
+    """Every slot busy: a freed slot gets a new candidate from the current incumbent."""
+
+    KEY = "rolling"
+
+    def __init__(self, loop: Loop, budget: int) -> None:
+        self.loop, self.budget = loop, budget
+        self.ready: list[tuple[str, Proposal]] = []  # (base commit, proposal) made ahead
+        self.exhausted = False
+
+    def made(self) -> int:
+        return sum(1 for c in self.loop.ledger.candidates() if c.kind == "candidate")
+
+    def run(self) -> None:
+        loop, led = self.loop, self.loop.ledger
+        resumed = [c for c in led.candidates() if c.status in OPEN_STATES]
+        loop.ensure_refs(resumed)
+        loop.jobs.start(resumed, lambda: loop.stop.hard)
+        open_ids = [c.id for c in resumed]
+        if not any(c.kind == "baseline" for c in led.candidates()):
+            open_ids += self.add(loop.fixed_rows(led.get("incumbent")), [])
+        loop.snapshot = loop.guard.snapshot()
+        cancelled = False
+        while True:
+            if not loop.stop.soft:
+                open_ids += self.fill(len(open_ids))
+                self.request()  # the proposer works on the next ones while these run
+            running = loop.jobs.poll(open_ids)
+            loop.report(self.made(), self.budget, running)
+            if self.judgeable(open_ids):
+                self.judge(open_ids)
+            open_ids = [i for i in open_ids if led.candidate(i).status in OPEN_STATES]
+            if loop.stop.hard:
+                if not cancelled:
+                    cancelled = True
+                    for cand_id, *_ in running:
+                        loop.jobs.interrupt(led.candidate(cand_id))
+                if not any(led.candidate(i).status == "submitted" for i in open_ids):
+                    break
+            elif not open_ids and (loop.stop.soft or self.exhausted
+                                   or self.made() >= self.budget):
+                break
+            time.sleep(0.02)
+        loop.proposals.take_ahead(self.KEY)
+
+    def judgeable(self, open_ids: list[str]) -> bool:
+        """Something finished, and the baseline is measured: nothing is compared before."""
+        cands = [self.loop.ledger.candidate(i) for i in open_ids]
+        return any(c.status == "finished" for c in cands) and not any(
+            c.kind == "baseline" and c.status != "finished" for c in cands)
+
+    def judge(self, open_ids: list[str]) -> None:
+        loop, led = self.loop, self.loop.ledger
+        if loop.guard.check(loop.snapshot, open_ids):
+            for cand in (led.candidate(i) for i in open_ids):
+                if cand.status == "rejected" and cand.job_id:
+                    loop.jobs.cancel(cand)  # rejected while it ran: free its slot
+            loop.write_views()
+        finished = [i for i in open_ids if led.candidate(i).status == "finished"]
+        loop.settle(finished, on_keep={"round": led.get("round") + 1})
+        loop.check_baseline(finished)
+        fault_point("judged")
+        loop.snapshot = loop.guard.snapshot()
+
+    def add(self, rows: list[dict], proposals: list[Proposal]) -> list[str]:
+        """Record and start new candidates; the trusted snapshot follows our own writes."""
+        loop, led = self.loop, self.loop.ledger
+        created = loop.proposals.record(led.get("round"), led.get("incumbent"), proposals,
+                                        rows)
+        loop.jobs.start(created, lambda: loop.stop.hard)
+        loop.write_views()
+        loop.snapshot = loop.guard.snapshot()
+        return [c.id for c in created if c.status in OPEN_STATES]
+
+    def fill(self, busy: int) -> list[str]:
+        """New candidates for the free slots, from the current incumbent."""
+        loop = self.loop
+        want = min(loop.parallel - busy, self.budget - self.made())
+        if want <= 0 or self.exhausted:
+            return []
+        incumbent = loop.ledger.get("incumbent")
+        take: list[Proposal] = []
+        while len(take) < want and (self.ready or self.collect()):
+            base, proposal = self.ready.pop(0)
+            moved, _ = loop.proposals.on(base, incumbent, [proposal])
+            take += moved  # a conflicting one is dropped; the proposer is asked again
+        return self.add([], take) if take else []
+
+    def collect(self) -> bool:
+        """Proposals that are ready join `ready` (never waits for the proposer)."""
+        ahead = self.loop.proposals.take_ahead(self.KEY)
+        if ahead is None:
+            self.request()
+            return False
+        base, future = ahead
+        if not future.done():
+            self.loop.proposals.ask_ahead(self.KEY, base, 0, None, future=future)
+            return False
+        got = future.result()
+        if not got:
+            self.exhausted = True
+            return False
+        self.ready += [(base, p) for p in got]
+        return True
+
+    def request(self) -> None:
+        """Keep one request in flight, for as many slots as will need a candidate."""
+        loop, led = self.loop, self.loop.ledger
+        want = min(loop.parallel, self.budget - self.made()) - len(self.ready)
+        if want <= 0 or self.exhausted or loop.proposals.has_ahead(self.KEY):
+            return
+        incumbent = led.get("incumbent")
+        ctx = loop.proposals.context(led.get("round"), incumbent, led.candidates(),
+                                     led.get("incumbent_metric"))
+        loop.proposals.ask_ahead(self.KEY, incumbent, want, ctx)

@@ -1,0 +1,178 @@
+"""The judge is a pure function: results, incumbent and acceptance in, verdicts out."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import config_text
+
+from ratchet import judge
+from ratchet.config import loads_config
+from ratchet.jobspec import JobResult
+
+
+def config(extra: str = "", task_extra: str = ""):
+    text = config_text() + extra
+    if task_extra:
+        text = text.replace('timeout = "60s"\n', f'timeout = "60s"\n{task_extra}')
+    return loads_config(text.encode(), "ratchet.toml")
+
+
+def ok(metric: float, samples: list[float] | None = None, **extra) -> JobResult:
+    return JobResult(job_id="j", outcome="ok", metric=metric,
+                     samples=samples if samples is not None else [metric], extra=extra)
+
+
+def entry(cid: str, result: JobResult, kind: str = "candidate", seq: int = 1,
+          based: bool = True) -> judge.Entry:
+    return judge.Entry(id=cid, kind=kind, seq=seq, result=result, commit=f"sha-{cid}",
+                       based_on_incumbent=based)
+
+
+def no_holdout(_: judge.Entry) -> JobResult:
+    raise AssertionError("the hold-out must not run here")
+
+
+INC = judge.Incumbent(commit="sha-inc", id="c0000", metric=10.0, samples=[10.0])
+
+
+def test_keep_discard_crash_rejected_in_one_group():
+    cfg = config()
+    entries = [
+        entry("c1", ok(8.0), seq=1),                       # better: keep
+        entry("c2", ok(12.0), seq=2),                      # worse: discard
+        entry("c3", JobResult(job_id="j", outcome="timeout", reason="timed out"), seq=3),
+        entry("c4", JobResult(job_id="j", outcome="violation", reason="touched x"), seq=4),
+        entry("c5", JobResult(job_id="j", outcome="failed", failed_stage="evaluate",
+                              reason="evaluate: correct: false"), seq=5),
+    ]
+    decision = judge.judge_group(cfg, entries, INC, no_holdout)
+    status = {k: v.status for k, v in decision.verdicts.items()}
+    assert status == {"c1": "keep", "c2": "discard", "c3": "crash", "c4": "rejected",
+                      "c5": "rejected"}
+    assert decision.winner == "c1"
+    assert decision.incumbent.metric == 8.0 and decision.incumbent.commit == "sha-c1"
+    assert "no improvement" in decision.verdicts["c2"].reasons[0]
+
+
+def test_only_the_best_of_several_improvements_is_kept():
+    decision = judge.judge_group(config(), [entry("a", ok(9.0), seq=1),
+                                            entry("b", ok(7.0), seq=2)], INC, no_holdout)
+    assert decision.winner == "b"
+    assert decision.verdicts["a"].status == "discard"
+    assert "beaten by b" in decision.verdicts["a"].reasons[-1]
+
+
+def test_min_improvement_margin():
+    cfg = config('[acceptance]\nmin_improvement = "5%"\n')
+    small = judge.judge_group(cfg, [entry("a", ok(9.8))], INC, no_holdout)
+    assert small.verdicts["a"].status == "discard"
+    assert "min_improvement" in small.verdicts["a"].reasons[0]
+    big = judge.judge_group(cfg, [entry("a", ok(9.0))], INC, no_holdout)
+    assert big.verdicts["a"].status == "keep"
+
+
+def test_noise_from_repeats_blocks_a_gain_within_it():
+    cfg = config()
+    noisy = judge.Incumbent(metric=10.0, samples=[8.0, 12.0, 10.0])
+    decision = judge.judge_group(cfg, [entry("a", ok(9.5, [7.5, 11.5, 9.5]))], noisy,
+                                 no_holdout)
+    verdict = decision.verdicts["a"]
+    assert verdict.status == "discard" and verdict.noise and verdict.noise > 0.5
+    assert "the noise" in verdict.reasons[0]
+
+
+def test_evaluator_reported_sem_is_used():
+    """Single measurements carry no spread; the evaluator's `<metric>_sem` still counts."""
+    cfg = config()
+    inc = judge.Incumbent(metric=10.0, samples=[10.0], sem=0.4)
+    without = judge.judge_group(cfg, [entry("a", ok(9.5))], judge.Incumbent(
+        metric=10.0, samples=[10.0]), no_holdout)
+    assert without.verdicts["a"].status == "keep"  # nothing known about noise
+    with_sem = judge.judge_group(cfg, [entry("a", ok(9.5, score_sem=0.4))], inc, no_holdout)
+    verdict = with_sem.verdicts["a"]
+    assert verdict.status == "discard"
+    # 2 standard errors of the difference: 2 * sqrt(0.4^2 + 0.4^2)
+    assert verdict.noise == pytest.approx(2 * (0.32 ** 0.5))
+    clear = judge.judge_group(cfg, [entry("a", ok(8.0, score_sem=0.1))], inc, no_holdout)
+    assert clear.verdicts["a"].status == "keep"
+    assert clear.incumbent.sem == pytest.approx(0.1)  # the new incumbent carries its SEM
+
+
+def test_sem_of_ignores_nonsense():
+    assert judge.sem_of({"score_sem": "x"}, "score") is None
+    assert judge.sem_of({"score_sem": True}, "score") is None
+    assert judge.sem_of({"score_sem": float("nan")}, "score") is None
+    assert judge.sem_of({"score_sem": -0.2}, "score") == 0.2
+
+
+def test_constraints_reject():
+    cfg = config(task_extra='constraints = ["memory_gb <= 1"]\n')
+    decision = judge.judge_group(cfg, [entry("a", ok(5.0, memory_gb=3.0)),
+                                       entry("b", ok(6.0))], INC, no_holdout)
+    assert decision.verdicts["a"].status == "rejected"
+    assert "violated" in decision.verdicts["a"].reasons[0]
+    assert decision.verdicts["b"].status == "rejected"
+    assert "printed no memory_gb" in decision.verdicts["b"].reasons[0]
+
+
+def test_holdout_runs_only_for_the_would_be_keep():
+    cfg = config(task_extra='holdout = "python evaluate.py --holdout"\n')
+    asked = []
+
+    def holdout(e: judge.Entry) -> JobResult:
+        asked.append(e.id)
+        return JobResult(job_id="h", outcome="ok", holdout=4.0)
+
+    inc = judge.Incumbent(metric=10.0, samples=[10.0], holdout=5.0)
+    decision = judge.judge_group(cfg, [entry("a", ok(9.0), seq=1), entry("b", ok(8.0), seq=2),
+                                       entry("c", ok(11.0), seq=3)], inc, holdout)
+    assert asked == ["b"]
+    assert decision.winner == "b" and decision.incumbent.holdout == 4.0
+
+
+def test_holdout_failure_or_regression_is_rejected_and_the_next_best_tried():
+    cfg = config(task_extra='holdout = "python evaluate.py --holdout"\n')
+    answers = {"b": JobResult(job_id="h", outcome="failed", reason="exit code 3"),
+               "a": JobResult(job_id="h", outcome="ok", holdout=9.0)}
+    inc = judge.Incumbent(metric=10.0, samples=[10.0], holdout=5.0)
+    decision = judge.judge_group(cfg, [entry("a", ok(9.0), seq=1), entry("b", ok(8.0), seq=2)],
+                                 inc, lambda e: answers[e.id])
+    assert decision.verdicts["b"].status == "rejected"
+    assert "overfit: exit code 3" in decision.verdicts["b"].reasons
+    assert decision.verdicts["a"].status == "rejected"  # hold-out 9.0 regresses from 5.0
+    assert "overfit: hold-out" in decision.verdicts["a"].reasons[-1]
+    assert decision.winner is None and decision.incumbent.metric == 10.0
+
+
+def test_baseline_sets_the_comparison_and_a_stale_candidate_cannot_win():
+    cfg = config()
+    empty = judge.Incumbent(commit="sha-start")
+    decision = judge.judge_group(cfg, [entry("base", ok(10.0), kind="baseline", seq=0),
+                                       entry("a", ok(8.0), seq=1, based=False),
+                                       entry("b", ok(9.0), seq=2)], empty, no_holdout)
+    assert decision.verdicts["base"].status == "keep"
+    assert decision.verdicts["a"].status == "discard"
+    assert "not based on the current incumbent" in decision.verdicts["a"].reasons[-1]
+    assert decision.winner == "b"
+
+
+def test_failed_baseline_leaves_nothing_to_compare():
+    decision = judge.judge_group(
+        config(), [entry("base", JobResult(job_id="j", outcome="failed", reason="boom"),
+                         kind="baseline", seq=0), entry("a", ok(1.0))],
+        judge.Incumbent(), no_holdout)
+    assert decision.verdicts["base"].status == "crash"
+    assert decision.verdicts["a"].status == "discard"
+    assert decision.winner is None
+
+
+def test_paired_co_run_reference_uses_differences():
+    cfg = config('[acceptance]\nrepeats = 3\n')
+    inc = judge.Incumbent(metric=10.0, samples=[10.0, 10.0, 10.0])
+    ref = entry("ref", ok(10.0, [10.0, 12.0, 8.0]), kind="incumbent", seq=0)
+    # the candidate tracks the machine's drift exactly: a clear 1.0 gain every time
+    cand = entry("a", ok(9.0, [9.0, 11.0, 7.0]), seq=1)
+    decision = judge.judge_group(cfg, [ref, cand], inc, no_holdout)
+    assert decision.verdicts["ref"].status == "reference"
+    assert decision.verdicts["a"].status == "keep"
+    assert decision.verdicts["a"].noise == 0.0
