@@ -220,10 +220,13 @@ class CandidateProcess:
                     log.flush()
 
     def kill(self) -> None:
-        """Kill the child's whole process group (idempotent)."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        """Kill the child's whole process group (idempotent).
+
+        Also after the child itself has exited: whatever it started in its group (a
+        background process left running) goes with it.
+        """
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
 
