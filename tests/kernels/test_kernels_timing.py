@@ -57,7 +57,7 @@ def test_every_batch_uses_distinct_buffers_and_fresh_inputs(tmp_path):
         r = bench(proc.function("softmax"), kc.make_inputs, SMALL, reference=kc.reference, calls=8, min_reps=3, max_reps=3, warmup=1)
         assert r.ok and r.calls == 8
         log = proc.call("log")
-    timed = log[-8 * 4 :]  # warm-up batch + 3 timed batches, 8 calls each
+    timed = log[-8 * 3 :]  # 3 timed batches of 8 calls (after the probe, the warm-up)
     batches = [timed[i : i + 8] for i in range(0, len(timed), 8)]
     for batch in batches:
         assert len({ptr for ptr, _ in batch}) == 8  # N calls, N distinct buffer sets
