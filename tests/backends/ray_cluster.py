@@ -13,6 +13,8 @@
   every Ray cluster on the machine.
 
 Usage as a script: `python tests/backends/ray_cluster.py start|stop|status STATE.json`.
+The fixture reuses a running cluster whose STATE.json is named by RATCHET_RAY_STATE
+(`scripts/ray_cluster.sh start` writes one) instead of starting its own.
 """
 
 from __future__ import annotations
@@ -196,6 +198,13 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
 def _ray_cluster():
     """A private cluster for the session; yields its description (see `start`)."""
     pytest.importorskip("ray.job_submission", reason="needs ray[default]")
+    given = os.environ.get("RATCHET_RAY_STATE")
+    if given and Path(given).is_file():  # a cluster from scripts/ray_cluster.sh: reuse it
+        info = json.loads(Path(given).read_text())
+        if not head_alive(info):
+            pytest.skip(f"the cluster in RATCHET_RAY_STATE={given} is not running")
+        yield info
+        return
     try:
         info = start()
     except (RuntimeError, OSError) as exc:

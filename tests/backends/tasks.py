@@ -26,7 +26,7 @@ if trace:  # one line per run of a job (unwritable under bubblewrap: then no tra
             fh.write(os.environ.get("RATCHET_JOB_ID", "?") + "\\n")
     except OSError:
         pass
-secret = os.environ.get("RATCHET_TEST_SECRET_AT")
+secret = os.environ.get("RATCHET_TEST_SCAN")
 if secret:  # what a candidate could find of the hold-out data
     found = 0
     for root in [".", os.environ.get("TMPDIR", "."), os.path.dirname(os.getcwd()),
@@ -34,8 +34,11 @@ if secret:  # what a candidate could find of the hold-out data
         for base, _, files in os.walk(root):
             for name in files:
                 try:
-                    if "holdout-secret" in open(os.path.join(base, name), errors="replace").read():
+                    path = os.path.join(base, name)
+                    if name == "secret.txt" or "-".join(["holdout", "secret"]) in open(
+                            path, errors="replace").read():
                         found = 1
+                        print("found the hold-out data in", path)
                 except OSError:
                     pass
     print(f"holdout_seen: {{found}}")
@@ -48,7 +51,8 @@ print(f"cuda: {{os.environ.get('CUDA_VISIBLE_DEVICES', '-1') or '-1'}}")
 print(f"t_start: {{start:.3f}}")
 print(f"t_end: {{time.time():.3f}}")
 print(f"data_ok: {{1 if seen == 'prepared-once' else 0}}")
-print(f"score: {{(x - 7) ** 2 + 1}}")
+overfit = {overfit}
+print(f"score: {{0 if 2 <= x <= overfit else (x - 7) ** 2 + 1}}")
 '''
 
 HOLDOUT = '''\
@@ -60,9 +64,9 @@ trace = os.environ.get("RATCHET_TEST_TRACE")
 if trace:
     with open(trace + ".holdout", "a") as fh:
         fh.write(f"{{os.environ.get('RATCHET_JOB_ID', '?')}} {{secret}}\\n")
-if secret != "holdout-secret":
+if secret != "-".join(["holdout", "secret"]):
     sys.exit("no hold-out data")
-if x <= {fail_below}:
+if 2 <= x <= {fail_below}:
     sys.exit(3)  # overfit: fails the hold-out
 print(f"score: {{(x - 7) ** 2 + 1}}")
 '''
@@ -83,7 +87,9 @@ def make_task(root: Path, *, backend: str, extra: str = "", parallel: int = 3, r
     repo = root / "repo"
     repo.mkdir(parents=True)
     (repo / "knob.py").write_text("X = 1\n")
-    (repo / "evaluate.py").write_text(EVALUATE.format(sleep=sleep, hang=hang))
+    (repo / "evaluate.py").write_text(EVALUATE.format(
+        sleep=sleep, hang=hang,
+        overfit=-99 if holdout_fail_below is None else holdout_fail_below))
     (repo / "prepare.py").write_text(PREPARE)
     prep_section = '[prep]\nrun = "python prepare.py"\n' if prep else ""
     holdout = ""
@@ -103,7 +109,7 @@ def make_task(root: Path, *, backend: str, extra: str = "", parallel: int = 3, r
         evaluate = "python evaluate.py"
         {holdout}
         timeout = "{timeout}"
-        env = ["RATCHET_TEST_TRACE", "RATCHET_TEST_SLEEP", "RATCHET_TEST_SECRET_AT"]
+        env = ["RATCHET_TEST_TRACE", "RATCHET_TEST_SLEEP", "RATCHET_TEST_SCAN"]
 
         [task.metric]
         name = "score"
@@ -149,3 +155,51 @@ def summary(repo: Path) -> list[tuple]:
         return rows
     finally:
         ledger.close()
+
+
+def check_holdout_everywhere(tmp_path: Path, monkeypatch, *, backend: str, extra: str,
+                             records: str, name: str) -> None:
+    """A study whose candidates with X <= 5 fail the hold-out (overfit). On any backend:
+    only would-be keeps get a hold-out job (a follow-up job `<job>-holdout`), a would-be
+    keep that fails it is `rejected`, and no other phase finds the hold-out data. The
+    overfit candidates score a perfect 0 in public, so each one drawn is a would-be keep;
+    4 distinct draws from 5 values with 3 overfit ones: at least one is rejected."""
+    import os
+
+    from ratchet.backends.remote import holdout_root
+    from ratchet.sandbox import bwrap_works
+    from ratchet.study import Study
+
+    roots = [str(holdout_root())]
+    if bwrap_works():  # the driver's own copy: hidden from candidates by the sandbox only
+        roots.append(str(tmp_path / "holdout-data"))
+    monkeypatch.setenv("RATCHET_TEST_SCAN", os.pathsep.join(roots))
+    repo = make_task(tmp_path, backend=backend, parallel=2, rounds=2, sleep=0.1, prep=False,
+                     name=name, holdout_fail_below=5, choices="[2, 3, 4, 10, 11]",
+                     extra=extra)
+    study = Study(repo)
+    try:
+        study.run()
+        cands = {c.id: c for c in study.ledger.candidates()}
+    finally:
+        study.close()
+    jobs = [p.name for p in (repo / records).iterdir()]
+    held = {j.split("-")[-3] for j in jobs if j.endswith("-holdout")}
+    assert held, jobs
+    rejected_overfit = 0
+    for cid, cand in cands.items():
+        x = int(cand.params["knob.py:X"]) if cand.params else 1
+        if cand.status == "discard":  # a losing candidate never runs the hold-out
+            assert cid not in held, (cid, cand.reasons)
+        if cand.status == "keep":
+            assert cid in held and cand.holdout is not None, cid
+            assert not 2 <= x <= 5
+        if cid in held and 2 <= x <= 5:  # a would-be keep that failed it: overfit
+            assert cand.status == "rejected", (cid, cand.status, cand.reasons)
+            rejected_overfit += 1
+        # no other phase of any job could find the hold-out data or was pointed at it
+        assert cand.extra.get("holdout_seen") == 0, (cid, cand.extra)
+        assert cand.extra.get("holdout_env") == 0, (cid, cand.extra)
+    assert rejected_overfit >= 1, {c: (v.status, v.params) for c, v in cands.items()}
+    # nothing of the shipped data is left on the node
+    assert not any(holdout_root().iterdir())

@@ -49,19 +49,19 @@ def validate(model: type[BaseModel], data: dict, prefix: str) -> BaseModel:
 
 def with_retries(call: Callable[[], T], what: str, *, attempts: int, backoff_s: float,
                  transient: tuple[type[BaseException], ...], note: Callable[[str], None]) -> T:
-    """Call with exponential backoff on transient errors; the last error becomes BackendError."""
-    delay = backoff_s
-    for attempt in range(1, attempts + 1):
-        try:
-            return call()
-        except transient as exc:
-            if attempt == attempts:
-                raise BackendError(f"{what}: {type(exc).__name__}: {exc}") from exc
-            note(f"{what} failed ({type(exc).__name__}: {str(exc)[:200]}); "
-                 f"retrying in {delay:.1f}s ({attempt}/{attempts - 1})")
-            time.sleep(delay)
-            delay = min(delay * 2, 30.0)
-    raise AssertionError("unreachable")
+    """One engine call; a transient failure becomes BackendError at once.
+
+    Retries have one owner: the study (`ratchet.jobs.Jobs.call`) retries a failed
+    backend call with backoff and reports it. Retrying here as well multiplied the
+    calls (up to 48 for one Ray submit). `attempts` and `backoff_s` are kept for the
+    engines' config keys (`call_attempts`, `backoff`) and no longer loop.
+    """
+    del attempts, backoff_s
+    try:
+        return call()
+    except transient as exc:
+        note(f"{what} failed ({type(exc).__name__}: {str(exc)[:200]})")
+        raise BackendError(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
 @dataclass

@@ -36,7 +36,7 @@ from ratchet.backends.engine import (
     stopped_result,
 )
 from ratchet.backends.ray_slots import SlotRunner
-from ratchet.backends.remote import HOLDOUT_TAR, holdout_tar
+from ratchet.backends.remote import HOLDOUT_TAR, forward_env, holdout_tar
 from ratchet.jobspec import JobResult, JobSpec
 
 if TYPE_CHECKING:
@@ -193,6 +193,7 @@ class RayActors(Backend):
 
     def _place(self, spec: JobSpec, slot: str) -> None:
         spec.slots, spec.slot_lock_dir = [], None
+        forward_env(spec)
         record = JobRecord(spec.job_id, slot, time.time(), timeout_s=spec.timeout_s)
         path = self.store.dir(spec.job_id)
         self.store.put(record)  # write-ahead: names the slot for a restarted driver
@@ -363,9 +364,14 @@ class RayActors(Backend):
         ready, _ = ray.wait(list(asked.values()), num_returns=len(asked), timeout=5)
         for slot, ref in asked.items():
             with contextlib.suppress(Exception):
-                # idle, or never placed by Ray (waiting for a GPU): not needed any more
-                if ref not in ready or ray.get(ref) == 0:
-                    ray.kill(self._actors.pop(slot))
+                actor = self._actors[slot]
+                if ref not in ready:  # never placed by Ray (waiting for a GPU): not needed
+                    ray.kill(actor)
+                elif ray.get(ref) == 0:  # idle: leaves and removes its files
+                    actor.shutdown.remote()
+                else:
+                    continue
+                self._actors.pop(slot)
 
     # -- prepared data ------------------------------------------------------------------
 

@@ -41,6 +41,7 @@ from ratchet.backends.engine import (
 from ratchet.backends.remote import (
     HOLDOUT_TAR,
     SPEC_DIR,
+    forward_env,
     holdout_tar,
     parse_prep_output,
     parse_result,
@@ -164,6 +165,7 @@ class RayJobs(Backend):
             return job_id  # reattach: the job server still runs (or ran) it
         spec.slots = []  # Ray places the job; no local slot leasing
         spec.slot_lock_dir = None
+        forward_env(spec)
         fingerprint = hashlib.sha256(spec.to_json().encode()).hexdigest()[:12]
         # The id is the deterministic job id unless the cluster already holds a *different*
         # job under it (another study of the same name): then a suffixed, still

@@ -125,6 +125,13 @@ class SlotRunner:
         with self.lock:
             return sum(1 for j in self.jobs.values() if j["state"] != DONE)
 
+    def shutdown(self) -> None:
+        """End of the study: leave, taking this slot's files along (idle slots only)."""
+        with self.lock:
+            if any(j["state"] != DONE for j in self.jobs.values()):
+                return
+        self._exit()
+
     # -- inside the actor ---------------------------------------------------------------
 
     def _slot_env(self) -> dict[str, str]:
@@ -223,9 +230,9 @@ class SlotRunner:
             (job_dir / "done.json").write_text(json.dumps({"t": time.time()}))
 
     def _exit(self) -> None:
-        """Idle with no driver for a long time: free the slot (the cluster's GPUs)."""
+        """Free the slot (the cluster's GPUs) and its files, and end this actor."""
         if self.spare is not None:
             with contextlib.suppress(OSError):
                 self.spare.kill()
         shutil.rmtree(self.root, ignore_errors=True)
-        os._exit(0)
+        os._exit(0)  # the actor's process: Ray records the actor as exited

@@ -73,6 +73,19 @@ def holdout_root() -> Path:
     return root
 
 
+# set by the engine on the job's machine: the driver's value must never replace it
+ENGINE_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
+def forward_env(spec: JobSpec) -> None:
+    """Driver side: what the candidate may see of the driver's environment (task.env
+    names, RATCHET_* settings; never secrets) travels in the spec, as on local jobs."""
+    from ratchet.backends.local import forwarded_env
+
+    passed = {k: v for k, v in forwarded_env(spec).items() if k not in ENGINE_ENV}
+    spec.env_set = {**passed, **spec.env_set}
+
+
 def holdout_tar(spec: JobSpec, dest: Path) -> bool:
     """Driver side: pack the hold-out data for a hold-out follow-up job (only for one:
     no other job ever carries it). False when there is nothing to ship."""

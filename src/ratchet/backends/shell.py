@@ -50,6 +50,7 @@ from ratchet.backends.engine import (
 from ratchet.backends.presets import PRESETS
 from ratchet.backends.remote import (
     HOLDOUT_TAR,
+    forward_env,
     holdout_tar,
     parse_prep_output,
     parse_result,
@@ -298,6 +299,7 @@ class ShellBackend(Backend):
         if self.store.cached_result(job_id) is not None:
             return job_id
         spec.slots, spec.slot_lock_dir = [], None
+        forward_env(spec)
         fingerprint = hashlib.sha256(spec.to_json().encode()).hexdigest()[:8]
         name = f"{job_id}-{fingerprint}"  # deterministic, and unique to this spec
         record = self.store.get(job_id)
