@@ -363,7 +363,7 @@ def status(
         "counts": counts,
         "running": [c.id for c in cands if c.status == "submitted"],
         "job_hours": round(run_s / 3600, 4),
-        "cost_usd": round(sum(c.cost_usd or 0 for c in cands), 4),
+        "cost_usd": round(views.total_cost(cands), 4),
         "wall_hours": round(max(wall, 0) / 3600, 4),
         "hypotheses_per_hour": round(hypotheses / (wall / 3600), 2) if wall > 0 else None,
         "sandbox": study.sandbox_status(),
@@ -377,13 +377,17 @@ def status(
         console.print(f"study {study.name}: not started (run `ratchet run`)")
         study.close()
         return
+    rows = [(cand.id, str(cand.round), cand.short, cand.status, views.fmt(cand.metric)
+             if cand.metric is not None else "", cand.description or "")
+            for cand in cands[-30:]]
     table = Table(show_edge=False)
-    for col in ("id", "round", "commit", "status", metric, "description"):
-        table.add_column(col)
-    for cand in cands[-30:]:
-        value = "" if cand.metric is None else f"{cand.metric:.6g}"
-        table.add_row(cand.id, str(cand.round), cand.short, cand.status, value,
-                      (cand.description or "")[:60])
+    # the short columns keep their width; the description takes the rest on one line
+    for i, col in enumerate(("id", "round", "commit", "status", metric)):
+        table.add_column(col, no_wrap=True,
+                         min_width=max(len(col), *(len(row[i]) for row in rows)))
+    table.add_column("description", no_wrap=True, overflow="ellipsis", ratio=1)
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
     best = summary["incumbent_metric"]
     console.print(
