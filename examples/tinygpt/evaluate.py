@@ -30,15 +30,25 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import argparse  # noqa: E402
+import atexit  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import operator  # noqa: E402
 import random  # noqa: E402
 import re  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 import zipfile  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+# Compile caches the candidates share (the study's) are theirs to write: this process
+# compiles nothing, and must not read what they wrote. Private, empty ones instead.
+_PRIVATE_CACHE = tempfile.mkdtemp(prefix="evaluate-cache-")
+atexit.register(shutil.rmtree, _PRIVATE_CACHE, True)
+for _var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+    os.environ[_var] = os.path.join(_PRIVATE_CACHE, _var.lower())
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

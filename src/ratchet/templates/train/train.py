@@ -16,6 +16,7 @@ first UNTIMED_STEPS steps, where torch.compile compiles, are not counted either.
 import json
 import math
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -73,7 +74,9 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         # Flash / memory-efficient attention where the device has it.
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        # reshape, not .contiguous().view(): export would drop a no-op .contiguous(), and
+        # other devices' attention kernels return other strides.
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
 class MLP(nn.Module):
@@ -173,7 +176,30 @@ def export_program(model: GPT, block_size: int, path: str, meta: dict) -> None:
     torch.export.save(program, path, extra_files={"train.json": json.dumps(meta)})
 
 
+def check_compile_caches() -> None:
+    """Use the study's shared compile caches, or a private one where they cannot be written.
+
+    ratchet points TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR at caches shared by the
+    study's candidates, so the second one to compile the same graph finds it built. Where
+    such a directory is not writable here, torch would fail on first use (even on a CPU):
+    compile into a private directory instead, and say so.
+    """
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        path = os.environ.get(var)
+        if not path:
+            continue
+        try:
+            os.makedirs(path, exist_ok=True)
+            writable = os.access(path, os.W_OK)
+        except OSError:
+            writable = False
+        if not writable:
+            os.environ[var] = tempfile.mkdtemp(prefix=f"{var.lower()}-")
+            print(f"train.py: {var}={path} is not writable here; using {os.environ[var]}")
+
+
 def main() -> None:
+    check_compile_caches()  # before anything imports torch._dynamo
     if os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     gpu = torch.cuda.is_available()
