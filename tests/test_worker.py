@@ -6,7 +6,7 @@ import uuid
 from pathlib import Path
 
 import psutil
-from helpers import config_text, make_repo, ratchet
+from helpers import config_text, git, make_repo, ratchet, results_tsv
 
 from ratchet.ledger import Ledger
 
@@ -136,3 +136,73 @@ def run():
     cand = Ledger(repo / ".ratchet" / "ledger.db").candidates()[1]
     assert cand.status == "crash"
     assert "MemoryError" in cand.reasons
+
+
+ALLOCATE = '''
+import time
+hog = b"\\x01" * (240 << 20)  # ~250 MB, every page touched
+time.sleep(1.5)
+'''
+
+
+def test_memory_gb_is_the_training_runs_peak(tmp_path):
+    """`run` allocates ~250 MB; the evaluator itself is small; memory_gb is the run's."""
+    task = config_text().split("[task.metric]")[0].replace(
+        'evaluate = "python evaluate.py"', 'run = "python train.py"\nevaluate = "python evaluate.py"')
+    repo = single_candidate_repo(tmp_path / "r", "def run():\n    return 2.0 if MODE == 'base' else 1.0\n",
+                                 "import solution\nprint(f'score: {solution.run()}')\n",
+                                 task=task)
+    (repo / "train.py").write_text(ALLOCATE)
+    git(repo, "add", "train.py")
+    git(repo, "commit", "-qm", "train")
+    proc = ratchet(repo, "run")
+    assert proc.returncode == 0, proc.stderr
+    cands = Ledger(repo / ".ratchet" / "ledger.db").candidates()
+    for cand in cands:
+        assert cand.extra["memory_gb"] >= 0.2, cand.extra
+        assert cand.extra["memory_gb"] < 2.0, cand.extra
+        assert cand.result["memory_source"].startswith("run phase")
+    rows = results_tsv(repo)
+    assert all(float(row["memory_gb"]) >= 0.2 for row in rows), rows
+
+
+def test_memory_constraint_uses_the_measurement(tmp_path):
+    task = config_text().split("[task.metric]")[0].replace(
+        'evaluate = "python evaluate.py"',
+        'run = "python train.py"\nevaluate = "python evaluate.py"\n'
+        'constraints = ["memory_gb <= 0.1"]')
+    solution = '''
+def run():
+    return 2.0 if MODE == "base" else 1.0
+'''
+    train = ("import solution, time\nif solution.MODE == 'cand':\n"
+             "    hog = b'\\x01' * (240 << 20)\n    time.sleep(1.0)\n")
+    repo = single_candidate_repo(tmp_path / "r", solution,
+                                 "import solution\nprint(f'score: {solution.run()}')\n"
+                                 "print('memory_gb: 0.001')\n",  # the evaluator's own claim
+                                 task=task)
+    (repo / "train.py").write_text(train)
+    git(repo, "add", "train.py")
+    git(repo, "commit", "-qm", "train")
+    proc = ratchet(repo, "run")
+    assert proc.returncode == 0, proc.stderr
+    base, cand = Ledger(repo / ".ratchet" / "ledger.db").candidates()[:2]
+    assert base.extra["memory_gb"] < 0.1, base.extra
+    assert cand.status == "rejected", (cand.status, cand.reasons)
+    assert "memory_gb <= 0.1" in cand.reasons
+
+
+def test_memory_without_a_run_phase_counts_the_evaluators_children(tmp_path):
+    evaluate = '''
+import subprocess, sys
+subprocess.run([sys.executable, "-c", "import time; hog = b'\\\\x01' * (240 << 20); time.sleep(1.5)"],
+               check=True)
+from solution import MODE
+print(f"score: {2.0 if MODE == 'base' else 1.0}")
+'''
+    repo = single_candidate_repo(tmp_path / "r", "", evaluate)
+    proc = ratchet(repo, "run")
+    assert proc.returncode == 0, proc.stderr
+    for cand in Ledger(repo / ".ratchet" / "ledger.db").candidates():
+        assert cand.extra["memory_gb"] >= 0.2, cand.extra
+        assert "child processes" in cand.result["memory_source"]

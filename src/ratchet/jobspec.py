@@ -240,6 +240,10 @@ class JobResult:
     # or "stdout" (printed lines: unprotected from code running in the evaluator's process)
     metrics_source: str = ""
     notes: list[str] = field(default_factory=list)  # what the worker repaired or measured how
+    # peak memory measured by the worker (GiB): the `run` phase's process tree, else the
+    # candidate's part of the evaluate phase; GPU memory where nvidia-smi sees it
+    memory_gb: float | None = None
+    memory_source: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -215,3 +215,145 @@ def run_capped(
     seconds = time.monotonic() - start
     code = None if (timed_out or stopped) else proc.returncode
     return code, timed_out, log, seconds
+
+
+# ---------------------------------------------------------------------------------------
+# peak memory of a phase's process tree (the `memory_gb` column)
+
+WRAPPERS = {"sh", "dash", "bash", "unshare", "bwrap", "timeout", "env", "nice", "taskset"}
+GPU_QUERY = ["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+
+
+def _high_water_kib(pid: int) -> int:
+    """The kernel's per-process peak RSS (VmHWM), in KiB; 0 if gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+class PeakMemory:
+    """Peak memory of this process's descendants during one phase, sampled by a thread.
+
+    The worker runs one phase at a time and every descendant belongs to it. Two views:
+    the whole tree (a training `run` phase), and only what the evaluator started (its
+    child processes, e.g. the candidate in the two-process harness), so an evaluator's
+    own footprint is never counted as the candidate's. Each figure is a lower bound of
+    the true peak: the largest of (summed RSS at any sample, any one process's kernel
+    high-water mark, and, for the whole tree, the largest reaped descendant's rusage).
+    GPU memory comes from nvidia-smi where it is installed, for the tree's pids.
+    """
+
+    def __init__(self, interval_s: float = 0.5, gpu_interval_s: float = 1.0) -> None:
+        import shutil
+
+        self.interval_s = interval_s
+        self.gpu_interval_s = gpu_interval_s
+        self.smi = shutil.which("nvidia-smi")
+        self.tree_rss = self.child_rss = 0  # bytes
+        self.tree_gpu = self.child_gpu = 0  # bytes
+        self.gpu_seen = False  # nvidia-smi answered at least once
+        self.child_seen = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._rusage_before = 0
+        self._last_gpu = 0.0
+
+    def __enter__(self) -> PeakMemory:
+        self._rusage_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        if after > self._rusage_before:  # a descendant of this phase peaked at `after` KiB
+            self.tree_rss = max(self.tree_rss, after * 1024)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            with contextlib.suppress(Exception):  # measuring must never break a job
+                self.sample()
+
+    @staticmethod
+    def _split(procs) -> tuple[list, list]:
+        """(every process, the evaluator's descendants): below the wrappers' chain."""
+        import psutil
+
+        by_parent: dict[int, list] = {}
+        living = []
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    continue  # e.g. an orphan of a probe, re-parented to us, not yet reaped
+                by_parent.setdefault(proc.ppid(), []).append(proc)
+                living.append(proc)
+        procs = living
+        node = by_parent.get(os.getpid(), [])
+        while len(node) == 1:
+            proc = node[0]
+            try:
+                name = proc.name()
+            except psutil.Error:
+                return procs, []
+            kids = by_parent.get(proc.pid, [])
+            if name not in WRAPPERS:  # the evaluator (or the run command) itself
+                below, todo = [], list(kids)
+                while todo:
+                    child = todo.pop()
+                    below.append(child)
+                    todo.extend(by_parent.get(child.pid, []))
+                return procs, below
+            node = kids
+        return procs, []
+
+    def sample(self) -> None:
+        import psutil
+
+        procs = psutil.Process().children(recursive=True)
+        every, below = self._split(procs)
+        self.tree_rss = max(self.tree_rss, self._rss(every))
+        if below:
+            self.child_seen = True
+            self.child_rss = max(self.child_rss, self._rss(below))
+        if self.smi and time.monotonic() - self._last_gpu >= self.gpu_interval_s:
+            self._last_gpu = time.monotonic()
+            used = self._gpu_by_pid()
+            if used is not None:
+                self.gpu_seen = True
+                self.tree_gpu = max(self.tree_gpu, sum(used.get(p.pid, 0) for p in every))
+                self.child_gpu = max(self.child_gpu, sum(used.get(p.pid, 0) for p in below))
+
+    @staticmethod
+    def _rss(procs) -> int:
+        import psutil
+
+        total, peak_one = 0, 0
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                total += proc.memory_info().rss
+            peak_one = max(peak_one, _high_water_kib(proc.pid) * 1024)
+        return max(total, peak_one)
+
+    def _gpu_by_pid(self) -> dict[int, int] | None:
+        try:
+            out = subprocess.run([self.smi, *GPU_QUERY], capture_output=True, text=True,
+                                 timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            self.smi = None  # stop asking a tool that hangs or vanished
+            return None
+        if out.returncode != 0:
+            return None
+        used: dict[int, int] = {}
+        for line in out.stdout.splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            with contextlib.suppress(ValueError, IndexError):
+                used[int(parts[0])] = used.get(int(parts[0]), 0) + int(float(parts[1])) * (1 << 20)
+        return used

@@ -38,7 +38,7 @@ from ratchet.prep import (  # data_digest: remote backends import it from here
     ensure_intact,
     private_copy,
 )
-from ratchet.procs import become_subreaper, kill_descendants, run_capped
+from ratchet.procs import PeakMemory, become_subreaper, kill_descendants, run_capped
 
 _stop_requested = False
 
@@ -185,6 +185,7 @@ class Job:
         self.sandbox_kind = "none"
         self.channel_data: dict[str, bytes] = {}  # trusted phase -> what its pipe carried
         self.data_dir = Path(spec.data_dir) if spec.data_dir else None  # $RATCHET_DATA
+        self.memory_extra: dict[str, float] = {}  # the worker's measurement wins
 
     def _fresh_eval_dir(self) -> Path:
         """$RATCHET_RESULT's directory, recreated: nothing an earlier phase left counts."""
@@ -220,22 +221,28 @@ class Job:
             if self.spec.holdout_dir and not name.startswith("holdout") else [],
             readonly=self.spec.readonly_paths,
         )
+        # memory_gb: the training run's peak; without a run phase, the evaluation's
+        measure = name == "run" or (not self.spec.run and name.startswith("evaluate"))
+        monitor = PeakMemory() if measure else None
         try:
-            code, timed_out, log, seconds = run_capped(
+            with monitor or contextlib.nullcontext():
+                code, timed_out, log, seconds = run_capped(
                 argv,
-                cwd=self.work,
-                env=env,
-                log_path=self.logs / f"{name}.log",
-                deadline=self.deadline,
-                log_limit=self.spec.log_limit_bytes,
-                memory_limit_bytes=self.spec.memory_limit_bytes,
-                should_stop=lambda: _stop_requested,
-                file_size_limit_bytes=self.spec.file_size_limit_bytes,
-                pass_fds=(pipe.write_fd,) if pipe else (),
-            )
+                    cwd=self.work,
+                    env=env,
+                    log_path=self.logs / f"{name}.log",
+                    deadline=self.deadline,
+                    log_limit=self.spec.log_limit_bytes,
+                    memory_limit_bytes=self.spec.memory_limit_bytes,
+                    should_stop=lambda: _stop_requested,
+                    file_size_limit_bytes=self.spec.file_size_limit_bytes,
+                    pass_fds=(pipe.write_fd,) if pipe else (),
+                )
         finally:
             if pipe is not None:  # run_capped killed the phase's whole tree: EOF is due
                 self.channel_data[name] = pipe.finish()
+        if monitor is not None:
+            self.record_memory(name, monitor)
         phase = PhaseResult(
             name=name,
             command=command,
@@ -248,6 +255,28 @@ class Job:
         )
         self.result.phases.append(phase)
         return phase
+
+    def record_memory(self, name: str, monitor: PeakMemory) -> None:
+        if name == "run":
+            rss, gpu, source = monitor.tree_rss, monitor.tree_gpu, "run phase (whole process tree)"
+        elif monitor.child_seen:
+            rss, gpu = monitor.child_rss, monitor.child_gpu
+            source = "evaluate phase (the evaluator's child processes)"
+        else:
+            rss, gpu = monitor.tree_rss, monitor.tree_gpu
+            source = ("evaluate phase, whole (the evaluator ran the candidate in its own "
+                      "process, so its own footprint is included)")
+        peak = gpu if gpu > 0 else rss
+        if peak <= 0:
+            return  # nothing measured: no figure rather than a dummy 0.0
+        gib = round(peak / (1 << 30), 4)
+        if self.result.memory_gb is None or gib > self.result.memory_gb:
+            self.result.memory_gb = gib
+            self.result.memory_source = source + (": GPU memory (nvidia-smi)" if gpu > 0
+                                                  else ": peak RSS")
+            self.memory_extra = {"memory_gb": gib, "peak_rss_gb": round(rss / (1 << 30), 4)}
+            if gpu > 0:
+                self.memory_extra["peak_gpu_gb"] = gib
 
     def fail(self, outcome: str, stage: str, reason: str) -> JobResult:
         self.result.outcome = outcome
@@ -383,7 +412,10 @@ class Job:
             extra = {k: v for k, v in metrics.items() if k != spec.metric}
         self.result.samples = samples
         self.result.metric = sorted(samples)[len(samples) // 2] if samples else None
-        self.result.extra = extra
+        if "memory_gb" in extra and self.memory_extra:
+            self.result.notes.append(f"the evaluator's memory_gb ({extra['memory_gb']}) is "
+                                     "replaced by the worker's measurement")
+        self.result.extra = {**extra, **self.memory_extra}
         self.result.correct = extra.get("correct") if isinstance(extra.get("correct"), bool) else None
         if spec.run_holdout and spec.holdout:
             return self.run_holdout()

@@ -14,10 +14,25 @@ import pytest
 from helpers import ratchet
 from redteam.test_redteam import FAST_SOLUTION, SOLUTION, cheat, judge, new_study
 
+from ratchet import sandbox
 from ratchet.ledger import Ledger
 from ratchet.prep import data_digest
 
 SLOWER = SOLUTION.replace("DELAY = 0.2", "DELAY = 0.3")
+
+
+def read_only(mode: str) -> bool:
+    """bubblewrap mounts the cache read-only (for root too): the write itself fails."""
+    return sandbox.choose(mode) == "bwrap"
+
+
+def assert_caught(verdict: dict, mode: str) -> None:
+    if read_only(mode):
+        assert verdict["status"] == "crash", verdict
+        assert "Read-only file system" in verdict["reasons"]
+    else:
+        assert verdict["status"] == "rejected", verdict
+        assert "prepared data ($RATCHET_DATA) was modified" in verdict["reasons"]
 
 
 def submit_and_wait(repo, branch: str) -> dict:
@@ -46,9 +61,7 @@ def test_poisoning_ratchet_data_rejects_only_the_offender(template, tmp_path, mo
         os.chmod(path, 0o644)
         json.dump([[1]], open(path, "w"))
     """, "solution.py": FAST_SOLUTION})
-    verdict = judge(repo, poison)
-    assert verdict["status"] == "rejected", verdict
-    assert "prepared data ($RATCHET_DATA) was modified" in verdict["reasons"]
+    assert_caught(judge(repo, poison), mode)
     data, digest = shared_cache(repo)
     assert data_digest(data) == digest  # the shared cache is intact for everyone else
     honest = submit_and_wait(repo, cheat(repo, "honest", {"solution.py": FAST_SOLUTION}))
@@ -69,16 +82,19 @@ def test_poisoning_the_shared_cache_is_restored_for_the_next_job(template, tmp_p
         json.dump([[1]], open(path, "w"))
         print("poisoned", path)
     """, "solution.py": SLOWER})
-    judge(repo, poison)
+    verdict = judge(repo, poison)
     data, digest = shared_cache(repo)
-    assert "poisoned" in ratchet(repo, "logs", "c0001").stdout  # the attack landed
+    if read_only(mode):
+        assert_caught(verdict, mode)
+    else:
+        assert "poisoned" in ratchet(repo, "logs", "c0001").stdout  # the attack landed
     honest = submit_and_wait(repo, cheat(repo, "honest", {"solution.py": FAST_SOLUTION}))
     assert honest["status"] == "keep", honest
     # the first job after the attack (the hold-out of the baseline, or the honest one)
     # found the cache modified and restored it before running anything
     notes = [note for job in (repo / ".ratchet" / "jobs").glob("*/result.json")
              for note in json.loads(job.read_text()).get("notes", [])]
-    assert any("found modified and restored" in note for note in notes), notes
+    assert read_only(mode) or any("found modified and restored" in note for note in notes), notes
     assert data_digest(data) == digest
     assert json.loads((data / "public.json").read_text()) != [[1]]
 
@@ -90,8 +106,6 @@ def test_a_mode_change_alone_is_a_modification(template, tmp_path, mode):
         import os
         os.chmod(os.path.join(os.environ["RATCHET_DATA"], "public.json"), 0o666)
     """, "solution.py": FAST_SOLUTION})
-    verdict = judge(repo, branch)
-    assert verdict["status"] == "rejected", verdict
-    assert "prepared data ($RATCHET_DATA) was modified" in verdict["reasons"]
+    assert_caught(judge(repo, branch), mode)
     honest = submit_and_wait(repo, cheat(repo, "honest", {"solution.py": FAST_SOLUTION}))
     assert honest["status"] == "keep", honest

@@ -120,3 +120,19 @@ def test_sandbox_is_described_plainly():
     line = sandbox.describe()
     kind = sandbox.choose("auto")
     assert {"bwrap": "bwrap", "pidns": "pid namespace", "none": "NO ISOLATION"}[kind] in line
+
+
+def test_each_isolation_level_hides_other_processes(tmp_path):
+    """Run a /proc scan under every level this machine offers: only its own processes."""
+    import pytest
+
+    levels = [kind for kind, works in (("bwrap", sandbox.bwrap_works()),
+                                       ("pidns", sandbox.unshare_prefix() is not None)) if works]
+    if not levels:
+        pytest.skip("neither bubblewrap nor unshare works here")
+    for kind in levels:
+        argv = sandbox.wrap(kind, ["/bin/sh", "-c", "ls /proc | grep -c '^[0-9]'"],
+                            writable=[tmp_path])
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, (kind, out.stderr)
+        assert int(out.stdout.strip()) <= 4, (kind, out.stdout)
