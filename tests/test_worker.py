@@ -206,3 +206,13 @@ print(f"score: {2.0 if MODE == 'base' else 1.0}")
     for cand in Ledger(repo / ".ratchet" / "ledger.db").candidates():
         assert cand.extra["memory_gb"] >= 0.2, cand.extra
         assert "child processes" in cand.result["memory_source"]
+
+
+def test_every_result_records_the_machine(tmp_path):
+    repo = single_candidate_repo(tmp_path / "r", "", "from solution import MODE\n"
+                                 "print(f\"score: {2.0 if MODE == 'base' else 1.0}\")\n")
+    proc = ratchet(repo, "run")
+    assert proc.returncode == 0, proc.stderr
+    for cand in Ledger(repo / ".ratchet" / "ledger.db").candidates():
+        fp = cand.result["fingerprint"]
+        assert fp["cores"] == str(os.cpu_count()) and fp["python"] and "hostname" not in fp

@@ -244,6 +244,7 @@ class JobResult:
     # candidate's part of the evaluate phase; GPU memory where nvidia-smi sees it
     memory_gb: float | None = None
     memory_source: str = ""
+    fingerprint: dict[str, str] = field(default_factory=dict)  # the machine (no hostname)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -475,6 +475,10 @@ def _wait_for_job() -> Path | None:
     """Standby: imports are done; block until the driver names our job directory."""
     import ratchet.gitrepo  # noqa: F401  (warm what every job needs)
     import ratchet.procs  # noqa: F401
+    from ratchet.fingerprint import machine_fingerprint
+
+    with contextlib.suppress(Exception):
+        machine_fingerprint()  # cached: read while idle, not while a job waits
 
     line = sys.stdin.readline().strip()
     if not line:
@@ -540,6 +544,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         kill_descendants()
     result.finished_at = time.time()
+    try:  # after the phases, so reading the machine never delays or disturbs them
+        from ratchet.fingerprint import machine_fingerprint
+
+        result.fingerprint = machine_fingerprint()
+    except Exception as exc:  # a fact we cannot read must not cost the result
+        result.notes.append(f"machine fingerprint unavailable: {type(exc).__name__}: {exc}")
     text = result.to_json()
     job_dir.mkdir(parents=True, exist_ok=True)  # the candidate may have deleted it
     tmp = job_dir / "result.tmp"
