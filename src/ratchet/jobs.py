@@ -25,10 +25,10 @@ from ratchet.ledger import Candidate, Ledger
 T = TypeVar("T")
 POLL_S = 0.02
 # a backend call that raises (engine down, network, timeout) is tried this many times,
-# the wait doubling from BACKEND_BACKOFF_S up to 60 s (about 10 minutes in all), before
+# the wait doubling from BACKEND_BACKOFF_S up to 60 s (about 5 minutes in all), before
 # the study stops with everything recorded, ready to resume
-BACKEND_TRIES = 8
-BACKEND_BACKOFF_S = 5.0
+BACKEND_TRIES = 12
+BACKEND_BACKOFF_S = 0.5
 # compile caches shared by the jobs of one study (under .ratchet/cache/): the second
 # candidate to compile the same kernel finds it built
 CACHE_VARS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton",
@@ -69,6 +69,7 @@ class Jobs:
         holdout_dir = Path(task.holdout_data) if task.holdout_data else None
         if holdout_dir is not None and not holdout_dir.is_absolute():
             holdout_dir = self.repo / holdout_dir
+        sandbox = self.backend.sandbox_mode(backend.sandbox)
         return JobSpec(
             job_id=f"{self.name}-{cand.id}-{cand.attempt}",
             study=self.name,
@@ -85,7 +86,7 @@ class Jobs:
             run_holdout=bool(task.holdout) and self.backend.holdout_in_job,
             repeats=self.config.acceptance.repeats,
             env_allow=list(task.env),
-            env_set=self.cache_env(),
+            env_set=self.cache_env(sandbox),
             protected=pins,
             data_dir=self.ledger.get("data_dir"),
             data_digest=self.ledger.get("data_digest"),
@@ -96,10 +97,20 @@ class Jobs:
             file_size_limit_bytes=(int(backend.disk_limit_gb * (1 << 30))
                                    if backend.disk_limit_gb else None),
             readonly_paths=[str(self.repo / ".git"), str(self.state_dir / "ledger.db")],
-            sandbox=self.backend.sandbox_mode(backend.sandbox),
+            sandbox=sandbox,
         )
 
-    def cache_env(self) -> dict[str, str]:
+    def cache_env(self, sandbox: str) -> dict[str, str]:
+        """Compile caches shared by the study's jobs, on by default.
+
+        Only where jobs run unsandboxed: there a candidate can already write anywhere
+        the user can, so a shared cache exposes nothing new. Under bubblewrap the cache
+        directory is read-only to the job, and a compiler that cannot write its cache
+        fails; there the worker must bind it writable for the candidate's phases and
+        give trusted phases a private one (a worker change, see docs), until then off.
+        """
+        if sandbox != "none":
+            return {}
         root = self.state_dir / "cache"
         return {var: str(root / sub) for var, sub in CACHE_VARS.items()}
 

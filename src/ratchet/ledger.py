@@ -291,3 +291,34 @@ def _from_row(row: sqlite3.Row) -> Candidate:
         if data.get(key) is not None:
             data[key] = json.loads(data[key])
     return Candidate(**data)
+
+
+@dataclass
+class Throughput:
+    """How busy the slots were, and the most a study of these jobs could do."""
+
+    slots: int
+    jobs: int  # candidates that ran (have a run time)
+    wall_s: float  # first job placed -> last job finished
+    busy_s: float  # sum of the jobs' phase times (what held a slot / the accelerator)
+    duty: float | None  # busy_s / (slots x wall_s): 1.0 = never an idle slot
+    mean_run_s: float | None
+    limit_per_hour: float | None  # slots x 3600 / mean run time: candidates/hour at duty 1
+    per_hour: float | None  # what was achieved: jobs x 3600 / wall_s
+
+
+def throughput(cands: list[Candidate], slots: int) -> Throughput:
+    """Duty cycle and the limit, from the ledger alone (no clock of the driver's)."""
+    ran = [c for c in cands if c.run_s is not None and c.submitted_at is not None
+           and c.finished_at is not None]
+    if not ran or slots < 1:
+        return Throughput(slots, 0, 0.0, 0.0, None, None, None, None)
+    wall = max(c.finished_at for c in ran) - min(c.submitted_at for c in ran)
+    busy = sum(c.run_s for c in ran)
+    mean = busy / len(ran)
+    return Throughput(
+        slots=slots, jobs=len(ran), wall_s=round(wall, 3), busy_s=round(busy, 3),
+        duty=round(busy / (slots * wall), 4) if wall > 0 else None,
+        mean_run_s=round(mean, 3),
+        limit_per_hour=round(slots * 3600 / mean, 1) if mean > 0 else None,
+        per_hour=round(len(ran) * 3600 / wall, 1) if wall > 0 else None)

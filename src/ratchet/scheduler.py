@@ -421,7 +421,7 @@ class Rolling:
                 open_ids += self.fill(len(open_ids))
                 self.request()  # the proposer works on the next ones while these run
             running = loop.jobs.poll(open_ids)
-            loop.report(self.made(), self.budget, running)
+            loop.report(led.get("round"), self.budget, running)
             if self.judgeable(open_ids):
                 self.judge(open_ids)
             open_ids = [i for i in open_ids if led.candidate(i).status in OPEN_STATES]
@@ -456,6 +456,14 @@ class Rolling:
         loop.check_baseline(finished)
         fault_point("judged")
         loop.snapshot = loop.guard.snapshot()
+        for cand in (led.candidate(i) for i in finished):
+            # it beat the incumbent but started from an older one: its change goes again,
+            # carried onto the current incumbent, before anything new
+            if cand.status == "discard" and "not based on the current incumbent" in (
+                    cand.reasons or ""):
+                self.ready.insert(0, (cand.parent, Proposal(
+                    description=f"{cand.description} (again, on the new incumbent)"[:200],
+                    commit=cand.commit_sha, params=cand.params)))
 
     def add(self, rows: list[dict], proposals: list[Proposal]) -> list[str]:
         """Record and start new candidates; the trusted snapshot follows our own writes."""
@@ -474,11 +482,18 @@ class Rolling:
         if want <= 0 or self.exhausted:
             return []
         incumbent = loop.ledger.get("incumbent")
+        tried = {json.dumps(c.params, sort_keys=True) for c in loop.ledger.candidates()
+                 if c.params and c.kind == "candidate" and c.parent == incumbent}
         take: list[Proposal] = []
         while len(take) < want and (self.ready or self.collect()):
             base, proposal = self.ready.pop(0)
+            key = json.dumps(proposal.params, sort_keys=True) if proposal.params else None
+            if key is not None and key in tried:
+                continue  # asked twice ahead of time: the same settings on the same code
             moved, _ = loop.proposals.on(base, incumbent, [proposal])
             take += moved  # a conflicting one is dropped; the proposer is asked again
+            if key is not None:
+                tried.add(key)
         return self.add([], take) if take else []
 
     def collect(self) -> bool:
@@ -505,6 +520,8 @@ class Rolling:
         if want <= 0 or self.exhausted or loop.proposals.has_ahead(self.KEY):
             return
         incumbent = led.get("incumbent")
-        ctx = loop.proposals.context(led.get("round"), incumbent, led.candidates(),
+        # a number never asked before (the tuner seeds each ask with it)
+        ask_no = next_seq(led) + len(self.ready)
+        ctx = loop.proposals.context(ask_no, incumbent, led.candidates(),
                                      led.get("incumbent_metric"))
         loop.proposals.ask_ahead(self.KEY, incumbent, want, ctx)
