@@ -49,15 +49,20 @@ def half_work(x):
     """float16 compute for float32 inputs."""
     return torch.softmax(x.half(), -1).float()
 
+import time as _time
+
+_original_softmax = torch.softmax
+
+
+def _slow_softmax(*a, **k):
+    _time.sleep(0.2)
+    return _original_softmax(*a, **k)
+
+
 def wraps_baseline(x):
-    """Slows down torch.softmax in its own process: the baseline runs elsewhere."""
-    import time
-    original = torch.softmax
-    def slow(*a, **k):
-        time.sleep(0.01)
-        return original(*a, **k)
-    torch.softmax = slow
-    return original(x, -1)
+    """Slows down torch.softmax by 200 ms (in its own process: the baseline runs elsewhere)."""
+    torch.softmax = _slow_softmax
+    return _original_softmax(x, -1)
 '''
 
 
@@ -124,9 +129,7 @@ def test_bench_torch_cpu_tensors(cand):
 def test_wrapping_the_library_the_baseline_calls_changes_nothing(cand):
     """The candidate replaces torch.softmax in its process; the baseline runs in ours."""
     shape = {"rows": 64, "cols": 512}
-    base = compare(lambda x: torch.softmax(x, -1), cand.function("honest"), make_inputs, shape, reference=reference, max_time_s=0.3, min_reps=3)
     cheat = compare(lambda x: torch.softmax(x, -1), cand.function("wraps_baseline"), make_inputs, shape, reference=reference, max_time_s=0.3, min_reps=3)
     assert cheat.ok
-    # the baseline was not slowed by 10 ms per call: it stays within a generous factor
-    assert cheat.a.median_s < 5 * base.a.median_s + 2e-3
+    assert cheat.a.median_s < 0.1  # the baseline was not slowed by the 200 ms wrapper (generous: busy CPUs)
     assert cheat.speedup < 5

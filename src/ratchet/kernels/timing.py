@@ -358,7 +358,7 @@ def _run(
     if calls is None:
         # Enough calls that the round trip is a small part of the request, within reason:
         # under heavy load a round trip can take milliseconds.
-        target = max(min_request_s, min(10 * max(s.overhead() for s in sides), 10e-3))
+        target = max(min_request_s, min(5 * max(s.overhead() for s in sides), 5e-3))
         calls = math.ceil(target / min(estimates))
     cap = max_calls or (256 if cuda else 64)
     mem_cap = memory_bytes or ((2 << 30) if cuda else (256 << 20))
@@ -438,7 +438,7 @@ _DEFAULTS: dict[str, Any] = {
     "allow_inplace": False,
     "calls": None,
     "max_calls": None,
-    "min_request_s": 2e-3,
+    "min_request_s": 1e-3,
     "memory_bytes": None,
     "warmup": 1,
     "min_reps": 5,
