@@ -96,15 +96,13 @@ def test_study_on_ray_survives_a_killed_driver_and_matches_local(tmp_path, ray_c
     assert all(c.queue_s is not None for c in cands)
 
     # 4. the study's slot actors are gone at its end (nothing left holding the GPUs)
-    import ray
+    from ray.util.state import list_actors
 
     namespace = (repo / ".ratchet/ray/namespace").read_text().strip()
-    if not ray.is_initialized():
-        ray.init(address=ray_cluster["gcs"], logging_level="WARNING", log_to_driver=False)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        left = [a for a in ray.util.list_named_actors(all_namespaces=True)
-                if a["namespace"] == namespace]
+        left = [a for a in list_actors(address=ray_cluster["address"], limit=10000)
+                if a.ray_namespace == namespace and a.state != "DEAD"]
         if not left:
             break
         time.sleep(0.5)
