@@ -1,16 +1,14 @@
-"""Capture the harness's trusted functions at import and verify them after candidate code ran.
+"""Capture the trusted process's timer and comparison functions, and verify them later.
 
-Candidate code runs in the evaluator's process, so it *can* monkeypatch
-``time.perf_counter``, ``torch.cuda.synchronize``, ``numpy.isfinite`` or this harness's
-own clock. It cannot do so before it is imported, and the evaluator imports
-``ratchet.kernels`` first: we keep the original function objects from that moment, time
-with those, and after each run compare what the modules hold now with what we kept.
-A mismatch is reported with the name of the replaced function; we do not try to repair
-it, the run is simply not trusted.
+Since the harness runs candidates in their own process (ratchet.isolate), candidate code
+never runs here, and this is no longer the defence: it is a tripwire. It catches an
+evaluator that (against docs/kernels.md) imported candidate code after the harness, or a
+sitecustomize that patched the clock: we keep the original function objects from import
+time, time with those, and compare what the modules hold now with what we kept. A
+mismatch is reported with the name of the replaced function and fails the run.
 
-torch is optional and imported lazily elsewhere, so its timers are captured when the
-evaluator calls `capture_timers()` after ``import torch`` and before importing the
-candidate (the examples do this), or at this module's import if torch was loaded already.
+torch is optional, so its timers are captured when `capture_timers()` is called after
+``import torch``, or at this module's import if torch was loaded already.
 """
 
 from __future__ import annotations
