@@ -7,6 +7,7 @@ import sys
 import time
 
 import psutil
+import pytest
 from helpers import ROOT, config_text, make_repo, results_tsv
 
 from ratchet.ledger import Ledger
@@ -32,9 +33,16 @@ def slow_repo(path):
     })
 
 
-def start_run(repo):
+ROLLING_CLI = ROOT / "tests" / "reliability" / "rolling_cli.py"
+
+
+def start_run(repo, mode="rounds"):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.Popen([sys.executable, "-m", "ratchet.cli", "run", "--repo", str(repo)],
+    entry = ["-m", "ratchet.cli"]
+    if mode == "rolling":  # the same CLI with search.mode = "rolling", 5 candidates
+        entry = [str(ROLLING_CLI)]
+        env["RATCHET_TEST_CANDIDATES"] = "5"
+    return subprocess.Popen([sys.executable, *entry, "run", "--repo", str(repo)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -53,9 +61,10 @@ def wait_for_status(repo, status, timeout=60):
     raise AssertionError(f"no candidate reached {status!r}")
 
 
-def test_double_ctrl_c_cancels_running_jobs_and_resume_finishes(tmp_path):
+@pytest.mark.parametrize("mode", ["rounds", "rolling"])
+def test_double_ctrl_c_cancels_running_jobs_and_resume_finishes(tmp_path, mode):
     repo = slow_repo(tmp_path / "r")
-    proc = start_run(repo)
+    proc = start_run(repo, mode)
     wait_for_status(repo, "submitted")
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
@@ -78,12 +87,12 @@ def test_double_ctrl_c_cancels_running_jobs_and_resume_finishes(tmp_path):
     for p in psutil.process_iter(["cmdline"]):
         assert str(repo) not in " ".join(p.info["cmdline"] or []), p.info["cmdline"]
 
-    proc = start_run(repo)
+    proc = start_run(repo, mode)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err
     ledger = Ledger(repo / ".ratchet" / "ledger.db")
     cands = ledger.candidates()
-    assert len(cands) == 6
+    assert len(cands) == 6  # rounds: 3 x K=2 with the baseline; rolling: baseline + 5
     assert all(c.is_judged for c in cands)
     # the interrupted candidates ran again under a new attempt id
     again = ledger.candidate(interrupted[0].id)

@@ -53,9 +53,15 @@ def env(**extra: str) -> dict[str, str]:
     return out
 
 
-def start_run(repo: Path, *args: str, **extra_env: str) -> subprocess.Popen:
+ROLLING_CLI = Path(__file__).parent / "rolling_cli.py"
+
+
+def start_run(repo: Path, *args: str, rolling: bool = False,
+              **extra_env: str) -> subprocess.Popen:
+    """`ratchet run` as a real driver process; `rolling`: search.mode = "rolling"."""
+    entry = [str(ROLLING_CLI)] if rolling else ["-m", "ratchet.cli"]
     return subprocess.Popen(
-        [sys.executable, "-m", "ratchet.cli", "run", "--repo", str(repo), *args],
+        [sys.executable, *entry, "run", "--repo", str(repo), *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(**extra_env),
     )
 

@@ -128,3 +128,74 @@ def test_driver_killed_at_20_points_resumes_to_the_same_result(tmp_path):
         assert [r["status"] for r in results_tsv(repo)] == [c.status for c in cands]
     finally:
         db.close()
+
+
+ROLLING_BUDGET = 24
+
+
+def rolling_schedule(seed: int = 7) -> list[tuple[str, float]]:
+    rng = random.Random(seed)
+    plan = [(label, 1 if rng.random() < 0.7 else 2) for label in LABELS]
+    plan += [("time", round(rng.uniform(0.4, 2.0), 2)) for _ in range(3)]
+    rng.shuffle(plan)
+    return plan
+
+
+@pytest.mark.slow
+def test_rolling_driver_killed_at_every_boundary_keeps_its_guarantees(tmp_path):
+    """Rolling search has no fixed order to compare with a reference run; what must
+    hold is the same: nothing lost, nothing counted twice, no job run twice, and the
+    incumbent is the best keep, on the branch."""
+    repo = deterministic_repo(tmp_path / "rolling", rounds=1)
+    budget = {"RATCHET_TEST_CANDIDATES": str(ROLLING_BUDGET)}
+    killed = []
+    for label, arg in rolling_schedule():
+        if label == "time":
+            proc = start_run(repo, rolling=True, **budget)
+            time.sleep(arg)
+            proc.send_signal(signal.SIGKILL)
+        else:
+            proc = start_run(repo, rolling=True, RATCHET_FAULT=f"{label}:{arg}", **budget)
+        _, err = proc.communicate(timeout=120)
+        assert "Traceback" not in err, err
+        if proc.returncode == -signal.SIGKILL:
+            killed.append(f"{label}:{arg}")
+        else:
+            assert proc.returncode == 0, err
+    assert {k.split(":")[0] for k in killed} >= set(LABELS), killed
+    final = start_run(repo, rolling=True, **budget)
+    _, err = final.communicate(timeout=180)
+    assert final.returncode == 0, err
+    assert wait_no_processes(tmp_path) == []
+
+    db = ledger(repo)
+    try:
+        cands = db.candidates()
+        assert sum(c.kind == "candidate" for c in cands) == ROLLING_BUDGET
+        assert [c.seq for c in cands] == list(range(len(cands)))
+        assert all(c.is_judged for c in cands), [(c.id, c.status) for c in cands]
+        commits = [c.commit_sha for c in cands if c.kind == "candidate"]
+        assert len(set(commits)) == len(commits)
+        assert all(c.attempt == 0 for c in cands), [(c.id, c.attempt) for c in cands]
+        assert not [e for e in db.events() if e["kind"] in ("lost", "lost-resubmitted")]
+        jobs = repo / ".ratchet" / "jobs"
+        assert sorted(p.name for p in jobs.iterdir()) == sorted(c.job_id for c in cands)
+        for cand in cands:
+            log = (jobs / cand.job_id / "worker.log").read_text()
+            assert log.count(RESULT_MARKER) == 1, (cand.id, log)
+            assert json.loads((jobs / cand.job_id / "result.json").read_text())["metric"] \
+                == cand.metric
+            if cand.kind == "candidate":  # the incumbent it started from is recorded
+                assert git(repo, "rev-parse", f"{cand.commit_sha}^") == cand.parent
+                assert git(repo, "rev-parse", f"refs/ratchet/demo/{cand.id}") == \
+                    cand.commit_sha
+        # every keep beat the incumbent of its time; the last keep is the incumbent
+        keeps = sorted((c for c in cands if c.status == "keep"), key=lambda c: c.judged_at)
+        assert all(b.metric < a.metric for a, b in zip(keeps, keeps[1:], strict=False))
+        incumbent = db.candidate(db.get("incumbent_id"))
+        assert incumbent.id == keeps[-1].id
+        assert git(repo, "rev-parse", "ratchet/demo") == db.get("incumbent") \
+            == incumbent.commit_sha
+        assert [r["status"] for r in results_tsv(repo)] == [c.status for c in cands]
+    finally:
+        db.close()

@@ -1,0 +1,32 @@
+"""`ratchet ...` with `search.mode = "rolling"` (and `search.candidates` from
+RATCHET_TEST_CANDIDATES), for the reliability tests of rolling search.
+
+The config file cannot say `mode = "rolling"` until config.py accepts it; the tests
+run this instead of `python -m ratchet.cli`, so they exercise the same CLI code path
+with the study's config switched to rolling.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ratchet import cli
+from ratchet.study import Study
+
+
+class RollingStudy(Study):
+    def __init__(self, repo, config=None, **kwargs) -> None:
+        if config is not None:
+            config = config.model_copy(update={"search": config.search.model_copy(
+                update={"mode": "rolling"})})
+        super().__init__(repo, config, **kwargs)
+
+    def run(self, rounds: int | None = None, candidates: int | None = None) -> None:
+        budget = os.environ.get("RATCHET_TEST_CANDIDATES")
+        super().run(rounds, candidates or (int(budget) if budget else None))
+
+
+cli.Study = RollingStudy
+
+if __name__ == "__main__":
+    cli.main()
