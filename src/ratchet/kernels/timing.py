@@ -306,7 +306,7 @@ def _run(
     allow_inplace: bool,
     calls: int | None,
     max_calls: int | None,
-    min_request_s: float,
+    min_request_s: float | None,
     memory_bytes: int | None,
     warmup: int,
     min_reps: int,
@@ -356,12 +356,18 @@ def _run(
     except CallFailed as exc:
         return _abort(sides, f"{exc}", warmup, target_sem, cuda), []
     if calls is None:
-        # Enough calls that the round trip is a small part of the request, within reason:
-        # under heavy load a round trip can take milliseconds.
-        target = max(min_request_s, min(5 * max(s.overhead() for s in sides), 5e-3))
+        # Enough calls that the round trip is a small part of the request. CPU: within
+        # reason (under heavy load a round trip can take milliseconds, and the kernel's
+        # own time is what matters). GPU: a replay or a batch of a few ms, so the round
+        # trip's jitter is a percent or less of it.
+        rtt = max(s.overhead() for s in sides)
+        if cuda:
+            target = max(min_request_s or 5e-3, 20 * rtt)
+        else:
+            target = max(min_request_s or 1e-3, min(5 * rtt, 5e-3))
         calls = math.ceil(target / min(estimates))
     cap = max_calls or (256 if cuda else 64)
-    mem_cap = memory_bytes or ((2 << 30) if cuda else (256 << 20))
+    mem_cap = memory_bytes or ((8 << 30) if cuda else (256 << 20))
     calls = int(max(1, min(calls, cap, mem_cap // set_bytes)))
     for side in sides:
         side.runner.release(side.slots)
@@ -438,7 +444,7 @@ _DEFAULTS: dict[str, Any] = {
     "allow_inplace": False,
     "calls": None,
     "max_calls": None,
-    "min_request_s": 1e-3,
+    "min_request_s": None,  # 1 ms on CPU, 5 ms on CUDA
     "memory_bytes": None,
     "warmup": 1,
     "min_reps": 5,
