@@ -133,3 +133,19 @@ def test_wrapping_the_library_the_baseline_calls_changes_nothing(cand):
     assert cheat.ok
     assert cheat.a.median_s < 0.1  # the baseline was not slowed by the 200 ms wrapper (generous: busy CPUs)
     assert cheat.speedup < 5
+
+
+def test_device_side_comparison_agrees_with_the_host_one():
+    """CUDA outputs are compared on the device (_compare_torch); same verdicts as on the host."""
+    from ratchet.kernels.correctness import _compare, _compare_torch
+
+    rng = np.random.default_rng(3)
+    want = rng.standard_normal((16, 33))
+    for noise in (0.0, 1e-7, 1e-3):
+        got = want + noise * rng.standard_normal(want.shape)
+        host = _compare(got, want, 1e-4, 1e-5)
+        device = _compare_torch(torch.from_numpy(got), torch.from_numpy(want), 1e-4, 1e-5)
+        assert bool(host[0]) == bool(device[0])
+        assert device[1] == pytest.approx(host[1]) and device[3] == pytest.approx(host[3])
+        if host[0]:
+            assert host[0][0].split(";")[0] == device[0][0].split(";")[0]  # same count of bad elements
