@@ -130,7 +130,10 @@ class SlotRunner:
         with self.lock:
             if any(j["state"] != DONE for j in self.jobs.values()):
                 return
-        self._exit()
+        self._clean()
+        import ray
+
+        ray.actor.exit_actor()  # an intended exit: Ray reports no worker failure
 
     # -- inside the actor ---------------------------------------------------------------
 
@@ -229,10 +232,13 @@ class SlotRunner:
         with contextlib.suppress(OSError):
             (job_dir / "done.json").write_text(json.dumps({"t": time.time()}))
 
-    def _exit(self) -> None:
-        """Free the slot (the cluster's GPUs) and its files, and end this actor."""
+    def _clean(self) -> None:
         if self.spare is not None:
             with contextlib.suppress(OSError):
                 self.spare.kill()
         shutil.rmtree(self.root, ignore_errors=True)
-        os._exit(0)  # the actor's process: Ray records the actor as exited
+
+    def _exit(self) -> None:
+        """Idle without a driver: free the slot (the cluster's GPUs) and its files."""
+        self._clean()
+        os._exit(0)  # from the actor's own thread: Ray records the actor as dead
