@@ -1,0 +1,43 @@
+"""One driver per study: an flock on .ratchet/lock, so a dead holder never blocks us."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+
+
+class StudyLocked(Exception):
+    """Another driver holds the study (the Study front reports it as a StudyError)."""
+
+
+class StudyLock:
+    """One driver per study. The lock is an flock, so a dead holder never blocks us."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fh = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(self.path, "a+")  # noqa: SIM115
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            fh.close()
+            raise StudyLocked(
+                f"study is locked by {holder}; wait for it to finish or stop it (Ctrl-C)"
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} on {os.uname().nodename} since {time.ctime()}\n")
+        fh.flush()
+        self.fh = fh
+
+    def release(self) -> None:
+        if self.fh:
+            self.fh.close()
+            self.fh = None
