@@ -39,3 +39,26 @@ def test_run_with_the_tuner_and_no_knobs_says_what_is_missing(tmp_path):
     proc = ratchet(repo, "run")
     assert proc.returncode == 2
     assert "search.proposer = 'tune' needs at least one [tune.knobs] entry" in proc.stderr
+
+
+def test_submitting_the_only_commit_makes_it_the_baseline(tmp_path):
+    repo = agent_repo(tmp_path / "r")
+    assert git(repo, "rev-list", "--count", "HEAD") == "1"
+    head = git(repo, "rev-parse", "HEAD")
+    submitted = ratchet(repo, "submit", "HEAD")
+    assert submitted.returncode == 0, submitted.stderr
+    assert submitted.stdout.split() == ["c0000"]
+    waited = ratchet(repo, "wait", "c0000", "--json")
+    assert waited.returncode == 0, waited.stderr
+    (line,) = [json.loads(x) for x in waited.stdout.splitlines()]
+    assert line["commit"] == head and line["status"] == "keep" and line["metric"] == 3.0625
+    assert git(repo, "rev-parse", "ratchet/demo") == head
+    # the next commit is compared with it
+    (repo / "solution.py").write_text((repo / "solution.py").read_text()
+                                      .replace("X = 3.0", "X = 2.0"))
+    git(repo, "commit", "-qam", "x to 2")
+    nxt = ratchet(repo, "submit", "HEAD")
+    assert nxt.returncode == 0, nxt.stderr
+    assert nxt.stdout.split() == ["c0001"]
+    waited = ratchet(repo, "wait", "c0001", "--json")
+    assert json.loads(waited.stdout)["status"] == "keep"

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ratchet import __version__, gitrepo, views
-from ratchet.config import ConfigError, load_config
+from ratchet.config import Config, ConfigError, load_config
 from ratchet.ledger import Candidate
 from ratchet.study import Progress, Study, StudyError
 
@@ -66,12 +66,38 @@ def open_study(repo: Path, **kwargs) -> Study:
         if not gitrepo.is_repo(repo):
             fail(f"{repo}: not a git repository (run `git init` and commit your files first)")
         top = gitrepo.toplevel(repo)
-        config = load_config(top)
-        kwargs.setdefault("log", lambda m: err.print(m))
+        on_disk = load_config(top)  # the file as it is: a broken one stops us, even uncommitted
+        config, source = _study_config(top, on_disk)
+        log = kwargs.setdefault("log", lambda m: err.print(m))
+        if source and config != on_disk:
+            log(f"warning: ratchet.toml has changes that are not in the study's config; "
+                f"they are ignored: the study reads ratchet.toml as {source}")
         return Study(top, config, **kwargs)
     except (ConfigError, StudyError, gitrepo.GitError) as exc:
         fail(str(exc))
     raise AssertionError
+
+
+def _study_config(top: Path, on_disk: Config) -> tuple[Config, str | None]:
+    """The config a study runs with, and where it comes from: the one pinned when the study
+    started, else the one committed in HEAD (where a new study starts). An uncommitted
+    edit never takes effect: candidates are evaluated against committed files only."""
+    from ratchet.config import CONFIG_FILE, loads_config
+    from ratchet.ledger import Ledger
+
+    db = top / ".ratchet" / "ledger.db"
+    if db.exists():
+        ledger = Ledger(db)
+        pinned, start = ledger.get("config"), ledger.get("pinned")
+        ledger.close()
+        if pinned:
+            return (loads_config(pinned.encode(), f"{CONFIG_FILE} pinned at the study's start"),
+                    f"committed in {str(start)[:7]}, where the study started")
+    head = gitrepo.try_rev_parse(top, "HEAD")
+    if head is None or not gitrepo.path_exists(top, head, CONFIG_FILE):
+        return on_disk, None  # no commit or not committed: starting says what to do
+    raw = gitrepo.show(top, head, CONFIG_FILE)
+    return loads_config(raw, f"{CONFIG_FILE} in HEAD {head[:7]}"), f"committed in HEAD {head[:7]}"
 
 
 def _guard(fn):
@@ -284,8 +310,9 @@ def submit(
     """Evaluate REV as a candidate; print its id and return at once."""
     study = open_study(repo)
     made = _guard(lambda: study.submit_rev(rev, message, base))
+    only_baseline = not any(cand.kind == "candidate" for cand in made)  # REV is the start
     for cand in made:
-        if cand.kind == "candidate":
+        if cand.kind == "candidate" or only_baseline:
             if cand.status == "rejected":
                 err.print(f"{cand.id} rejected: {cand.reasons}", highlight=False)
             console.print(cand.id)

@@ -31,6 +31,7 @@ from ratchet.jobs import BackendDown, Jobs
 from ratchet.jobspec import JobSpec
 from ratchet.ledger import Candidate, Ledger
 from ratchet.proposers import Proposer
+from ratchet.proposers.knobs import KnobError, knob_values
 from ratchet.scheduler import Loop, Proposals, Rolling, Rounds, ScheduleError, StopFlag
 from ratchet.views import write_results_tsv
 
@@ -169,6 +170,10 @@ class Study:
                                  "files first")
             committed = committed_config(self.repo, head)
             check_commands(self.repo, self.config, head)
+            try:  # declared knobs must be in the start commit: fail before pinning anything
+                knob_values(self.repo, head, self.config.tune.knobs)
+            except KnobError as exc:
+                raise StudyError(str(exc)) from None
             if gitrepo.is_dirty(self.repo):
                 self.log("warning: uncommitted changes are ignored; the study starts from "
                          f"HEAD {head[:7]}")
@@ -199,8 +204,8 @@ class Study:
         self.lock.acquire()
         target = rounds or self.config.search.rounds
         self._check_ideas_file()  # bad input fails before anything is recorded
+        self.proposer  # noqa: B018  (built first: its config errors come before any record)
         self.ensure_started()
-        self.proposer  # noqa: B018  (built now: its config errors come before any job)
         self.backend.warm_up()  # workers start their interpreters while proposals are made
         if self.config.prep:
             self.prepare()
@@ -244,18 +249,21 @@ class Study:
         commit = gitrepo.try_rev_parse(self.repo, rev)
         if commit is None:
             raise StudyError(f"{rev!r} is not a commit in {self.repo}")
-        if base is None:
-            base = f"{commit}^" if gitrepo.try_rev_parse(self.repo, "HEAD") == commit else "HEAD"
-        self.ensure_started(base)
+        if base is None and gitrepo.try_rev_parse(self.repo, "HEAD") == commit:
+            # the agent committed on the current branch: start from its parent, or from
+            # the commit itself when it has none (a repository's first commit)
+            base = gitrepo.try_rev_parse(self.repo, f"{commit}^") or commit
+        self.ensure_started(base or "HEAD")
         if self.config.prep:
             self.prepare()
         incumbent, round_no = self.ledger.get("incumbent"), self.ledger.get("round")
         rows = self._loop().fixed_rows(incumbent)[:1]
         rows = [r for r in rows if r["kind"] == "baseline"]
         subject = gitrepo.git(self.repo, "log", "-1", "--format=%s", commit)
-        made = self.proposals.record(round_no, incumbent,
-                                     [Proposal(description=message or subject, commit=commit)],
-                                     rows, proposer="submit")
+        # submitting the start commit itself before anything ran makes it the baseline
+        proposals = [] if rows and commit == incumbent else [
+            Proposal(description=message or subject, commit=commit)]
+        made = self.proposals.record(round_no, incumbent, proposals, rows, proposer="submit")
         for cand in made:
             if cand.status == "committed":
                 with _as_study_errors():

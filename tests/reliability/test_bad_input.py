@@ -152,3 +152,66 @@ def test_detached_head_is_a_fine_starting_point(tmp_path):
     db.close()
     assert git(repo, "rev-parse", "HEAD") == head  # the user's checkout stays detached
     assert git(repo, "rev-parse", "ratchet/demo") != ""
+
+
+# -- issue 12, items 5 and 6: a start that fails pins nothing; the committed config rules --
+
+def assert_nothing_recorded(repo) -> None:
+    db = ledger(repo)
+    try:
+        assert db.get("pinned") is None
+        assert db.candidates() == []
+        assert db.db.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 0
+    finally:
+        db.close()
+    assert git(repo, "branch", "--list", "ratchet/*") == ""
+
+
+def test_bad_knob_pins_nothing_and_the_fixed_commit_starts_the_study(tmp_path):
+    repo = deterministic_repo(tmp_path / "r", rounds=1)
+    toml = repo / "ratchet.toml"
+    toml.write_text(toml.read_text().replace('"solution.py:X"', '"solution.py:Y"'))
+    git(repo, "commit", "-qam", "a knob that is not there")
+    proc = ratchet(repo, "run")
+    assert_one_clear_error(
+        proc, "tune.knobs: 'solution.py:Y': solution.py: no module-level assignment `Y = ")
+    assert_nothing_recorded(repo)
+    toml.write_text(toml.read_text().replace('"solution.py:Y"', '"solution.py:X"'))
+    git(repo, "commit", "-qam", "fix the knob")
+    fixed = git(repo, "rev-parse", "HEAD")
+    proc = ratchet(repo, "run")
+    assert proc.returncode == 0, proc.stderr
+    db = ledger(repo)
+    assert db.get("pinned") == fixed  # the study starts from the fixed commit
+    db.close()
+
+
+def test_tuner_without_knobs_pins_nothing(tmp_path):
+    repo = make_repo(tmp_path / "r", {
+        "ratchet.toml": config_text(knobs=""), "solution.py": "X = 3.0\n",
+        "evaluate.py": "print('score: 1')\n"})
+    proc = ratchet(repo, "run")
+    assert_one_clear_error(proc, "needs at least one [tune.knobs] entry")
+    assert_nothing_recorded(repo)
+
+
+def test_uncommitted_config_edit_never_takes_effect(tmp_path):
+    repo = deterministic_repo(tmp_path / "r", rounds=1)
+    toml = repo / "ratchet.toml"
+    assert "parallel = 2" in toml.read_text()
+    toml.write_text(toml.read_text().replace("parallel = 2", "parallel = 3"))
+    proc = ratchet(repo, "run")
+    assert proc.returncode == 0, proc.stderr
+    assert "ratchet.toml has changes that are not in the study's config; they are ignored" \
+        in proc.stderr
+    db = ledger(repo)
+    assert len(db.candidates(round=1)) == 2  # K as committed, not as edited
+    db.close()
+    # a started study keeps the config it was pinned with, even after a commit
+    git(repo, "commit", "-qam", "three at a time")
+    proc = ratchet(repo, "run", "--rounds", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "the study reads ratchet.toml as committed in" in proc.stderr
+    db = ledger(repo)
+    assert len(db.candidates(round=2)) == 2
+    db.close()

@@ -70,3 +70,23 @@ def format_value(value: object) -> str:
 def set_knob(source: bytes, name: str, value: object, file: str = "<file>") -> bytes:
     site = find_knob(source, name, file)
     return source[: site.start] + format_value(value).encode() + source[site.end :]
+
+
+def knob_values(repo, commit: str, keys) -> dict[str, object]:
+    """Each `"file.py:NAME"` knob's literal in `commit`; KnobError names the first that is
+    not there (a missing file, no `NAME = <literal>`), phrased for `tune.knobs`."""
+    from ratchet import gitrepo
+
+    values = {}
+    for key in keys:
+        file, _, name = key.rpartition(":")
+        try:
+            source = gitrepo.show(repo, commit, file)
+        except gitrepo.GitError:
+            raise KnobError(f"tune.knobs: {key!r}: {file} does not exist in commit "
+                            f"{commit[:7]}") from None
+        try:
+            values[key] = find_knob(source, name, file).value
+        except KnobError as exc:
+            raise KnobError(f"tune.knobs: {key!r}: {exc}") from None
+    return values

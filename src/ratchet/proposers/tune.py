@@ -31,7 +31,7 @@ from ratchet.candidate import Proposal
 from ratchet.config import Config, Knob, matches_any
 from ratchet.ledger import Candidate
 from ratchet.proposers import ProposalContext, ProposerError
-from ratchet.proposers.knobs import KnobError, find_knob, format_value, set_knob
+from ratchet.proposers.knobs import KnobError, format_value, knob_values, set_knob
 
 optuna.logging.set_verbosity(logging.WARNING)
 MAX_ASKS_PER_CANDIDATE = 40
@@ -164,18 +164,10 @@ class TuneProposer:
         return study
 
     def current_values(self, repo: Path, commit: str) -> dict[str, object]:
-        values = {}
-        for key in self.knobs:
-            file, _, name = key.rpartition(":")
-            try:
-                source = gitrepo.show(repo, commit, file)
-            except gitrepo.GitError:
-                raise ProposerError(f"tune.knobs: {key!r}: {file} does not exist") from None
-            try:
-                values[key] = find_knob(source, name, file).value
-            except KnobError as exc:
-                raise ProposerError(f"tune.knobs: {key!r}: {exc}") from None
-        return values
+        try:
+            return knob_values(repo, commit, self.knobs)
+        except KnobError as exc:
+            raise ProposerError(str(exc)) from None
 
     def propose(self, k: int, ctx: ProposalContext) -> list[Proposal]:
         if self._files is None:
