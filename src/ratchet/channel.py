@@ -91,6 +91,8 @@ def _format(value: Value) -> str:
         return "true" if value else "false"
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, str):  # one line per metric: text cannot forge a second line
+        return " ".join(value.splitlines())
     return str(value)  # repr-exact for floats, so the printed line matches the channel
 
 
