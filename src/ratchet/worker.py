@@ -223,7 +223,9 @@ class Job:
         )
         # memory_gb: the training run's peak; without a run phase, the evaluation's
         measure = name == "run" or (not self.spec.run and name.startswith("evaluate"))
-        monitor = PeakMemory() if measure else None
+        # sampling is light (~7 ms a sample) and sparser while an evaluator may be timing;
+        # the kernel's per-process high-water marks keep the peaks between samples
+        monitor = PeakMemory(interval_s=0.5 if name == "run" else 1.0) if measure else None
         try:
             with monitor or contextlib.nullcontext():
                 code, timed_out, log, seconds = run_capped(
