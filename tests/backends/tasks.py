@@ -158,7 +158,7 @@ def summary(repo: Path) -> list[tuple]:
 
 
 def check_holdout_everywhere(tmp_path: Path, monkeypatch, *, backend: str, extra: str,
-                             records: str, name: str) -> None:
+                             records: str, name: str, scan: tuple[Path, ...] = ()) -> None:
     """A study whose candidates with X <= 5 fail the hold-out (overfit). On any backend:
     only would-be keeps get a hold-out job (a follow-up job `<job>-holdout`), a would-be
     keep that fails it is `rejected`, and no other phase finds the hold-out data. The
@@ -170,7 +170,7 @@ def check_holdout_everywhere(tmp_path: Path, monkeypatch, *, backend: str, extra
     from ratchet.sandbox import bwrap_works
     from ratchet.study import Study
 
-    roots = [str(holdout_root())]
+    roots = [str(holdout_root()), *map(str, scan)]
     if bwrap_works():  # the driver's own copy: hidden from candidates by the sandbox only
         roots.append(str(tmp_path / "holdout-data"))
     monkeypatch.setenv("RATCHET_TEST_SCAN", os.pathsep.join(roots))

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tasks import make_task, summary
+from tasks import check_holdout_everywhere, make_task, summary
 
 from ratchet.backends.shell import ShellBackend, load_shell_config
 from ratchet.config import ConfigError, load_config
@@ -229,3 +229,13 @@ def test_accounting_disabled_is_an_answer_not_a_retry_storm(tmp_path, engine):
     log = (repo / ".ratchet/shell/backend.log").read_text()
     assert "accounting storage is disabled" in log
     assert "retrying" not in log
+
+
+def test_holdout_only_for_the_would_be_keep_and_unreadable_elsewhere(tmp_path, engine,
+                                                                     monkeypatch):
+    engine(no_accounting=True)
+    check_holdout_everywhere(tmp_path, monkeypatch, backend="shell", records=".ratchet/shell/jobs",
+                             extra=shell_section(tmp_path, "slurm"), name="hold",
+                             scan=(tmp_path / "stage",))
+    # the staged copy went with its job: no hold-out data left in the stage directory
+    assert not list((tmp_path / "stage").rglob("holdout.tar"))

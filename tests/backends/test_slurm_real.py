@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tasks import make_task, summary
+from tasks import check_holdout_everywhere, make_task, summary
 
 from ratchet.study import Study
 
@@ -45,3 +45,13 @@ def test_study_on_real_slurm(tmp_path):
         study.close()
     rows = summary(repo)
     assert len(rows) == 4 and all(s in ("keep", "discard") for _, s, _, _ in rows), rows
+
+
+def test_holdout_on_real_slurm(tmp_path, monkeypatch):
+    extra = "\n".join([
+        "[backend.shell]", 'preset = "slurm"', f'stage_dir = "{tmp_path / "stage"}"',
+        f'python = "{sys.executable}"', "poll = 0.5",
+        'vars = { sbatch_args = "--cpus-per-task=1" }', ""])
+    check_holdout_everywhere(tmp_path, monkeypatch, backend="shell",
+                             records=".ratchet/shell/jobs", extra=extra, name="hold",
+                             scan=(tmp_path / "stage",))
