@@ -330,9 +330,25 @@ def _as_json(cand: Candidate, metric: str) -> dict:
         "metric_name": metric,
         "description": cand.description,
         "reasons": cand.reasons,
+        "reason": cand.reasons,  # the guard's or judge's reason, under its singular name too
+        "metrics_source": (cand.result or {}).get("metrics_source"),
         "gain": cand.gain,
         "margin": cand.margin,
     }
+
+
+def _measurement_lines(result: dict) -> list[str]:
+    """Where the worker took the metrics and the memory figure from (its own record)."""
+    lines = []
+    source = result.get("metrics_source")
+    if source:
+        lines.append("metrics from: " + ("trusted channel" if source == "channel" else
+                                         "unprotected (stdout): code running in the "
+                                         "evaluator's process could have printed them"))
+    if result.get("memory_gb") is not None:
+        lines.append(f"memory_gb {result['memory_gb']:g}: {result.get('memory_source', '')}")
+    lines.extend(f"note: {note}" for note in result.get("notes") or [])
+    return lines
 
 
 @app.command()
@@ -474,6 +490,8 @@ def show(
         parent = cand.parent
     for line in views.show_lines(cand, study.config.metric.name, parent):
         console.print(line)
+    for line in _measurement_lines(cand.result or {}):
+        console.print(line, highlight=False, markup=False)
     if cand.context_path:
         console.print(f"context the proposer saw: {cand.context_path}")
     if cand.commit_sha and cand.parent and cand.commit_sha != cand.parent:
