@@ -178,3 +178,26 @@ def test_job_mode_places_one_ray_job_per_candidate(tmp_path, ray_cluster):  # no
     ids = submission_ids(ray_cluster["address"], name)
     assert sorted(i for i in ids if "-prep-" not in i) == \
         sorted(f"{name}-c{n:04d}-0" for n in range(len(cands)))
+
+
+def test_prep_across_nodes_needs_a_shared_location():
+    from ratchet.backends.ray import check_shared_prep
+    from ratchet.prep import PrepError
+
+    check_shared_prep(1)  # a single node sees the driver's cache
+    with pytest.raises(PrepError, match=r"cluster of 3 nodes needs \[backend.ray\] data_uri"):
+        check_shared_prep(3)
+
+
+@pytest.mark.parametrize("mode", ["actors", "job"])
+def test_node_count_of_the_test_cluster(tmp_path, ray_cluster, mode):  # noqa: F811
+    from ratchet.backends.ray import RayBackend
+    from ratchet.config import load_config
+
+    repo = make_task(tmp_path, backend="ray", name=f"nodes-{mode}",
+                     extra=ray_section(tmp_path, ray_cluster, mode=f'"{mode}"'))
+    backend = RayBackend(repo / ".ratchet", load_config(repo).backend)
+    try:
+        assert backend.node_count() == 1
+    finally:
+        backend.close()

@@ -57,6 +57,18 @@ class RayConfig(BaseModel):
     poll: Duration = 0.2  # ask about a job at most this often
 
 
+def check_shared_prep(nodes: int) -> None:
+    """Prepared data without `data_uri` lives in this machine's cache, which only a
+    single-node cluster sees: refuse before anything runs rather than have every job
+    rejected for "modified" data it could not find."""
+    if nodes > 1:
+        from ratchet.prep import PrepError
+
+        raise PrepError(f"[prep] on a Ray cluster of {nodes} nodes needs [backend.ray] "
+                        "data_uri (a path every node mounts): this machine's prep cache is "
+                        "not on the other nodes")
+
+
 class RayBackend(Backend):
     """Delegates every verb and hook to the configured mode."""
 
@@ -110,14 +122,7 @@ class RayBackend(Backend):
     def prepare(self, *, study: str, repo: Path, command: str, pinned_commit: str,
                 key: str, env_allow: list[str], timeout_s: float) -> tuple[str, str] | None:
         if not self.cfg.data_uri:
-            nodes = self.node_count()
-            if nodes > 1:
-                from ratchet.prep import PrepError
-
-                raise PrepError(
-                    f"[prep] on a Ray cluster of {nodes} nodes needs [backend.ray] data_uri "
-                    "(a path every node mounts): this machine's prep cache is not on the "
-                    "other nodes")
+            check_shared_prep(self.node_count())
         return self.mode.prepare(study=study, repo=repo, command=command,
                                  pinned_commit=pinned_commit, key=key, env_allow=env_allow,
                                  timeout_s=timeout_s)
