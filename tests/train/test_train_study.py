@@ -1,10 +1,10 @@
 """Training research through the real CLI: the architecture is free, the evaluator is not fooled.
 
-A temporary git repository holds the tinygpt example with a 2-second budget. Four candidate
+A temporary git repository holds the tinygpt example with a 2-second budget. Three candidate
 commits go through `ratchet submit` and one `ratchet wait --json`, as an agent would send
-them: two architecture changes the old evaluator could not score honestly, a model that
-looks ahead, and a train.py that would betray any import of candidate Python by the
-evaluator. Real worker processes, real training, real exported programs.
+them: two architecture changes the old evaluator could not score honestly (one of them with
+a train.py that would betray any import of candidate Python by the evaluator), and a model
+that looks ahead. Real worker processes, real training, real exported programs.
 """
 
 from __future__ import annotations
@@ -37,12 +37,13 @@ DECOYS = '''for decoy in ("numpy.py", "torch.py"):  # left after training, besid
     print("saved: model.pt2")'''
 
 
+TRAP_EDITS = [('"""Train a tiny', TRAP + '"""Train a tiny'), ('print("saved: model.pt2")', DECOYS)]
+# The ReLU candidate also carries the trap: one job fewer, and a trapped candidate whose
+# score must still come out.
 CANDIDATES = {
     "narrow": ("MLP 2x instead of 4x", [("4 * n_embd", "2 * n_embd")]),
-    "relu": ("ReLU instead of GELU", [("F.gelu(self.fc(x))", "F.relu(self.fc(x))")]),
+    "relu": ("ReLU instead of GELU", [("F.gelu(self.fc(x))", "F.relu(self.fc(x))"), *TRAP_EDITS]),
     "lookahead": ("attention sees the future", [("is_causal=True", "is_causal=False")]),
-    "trap": ("train.py that betrays an import", [('"""Train a tiny', TRAP + '"""Train a tiny'),
-                                                 ('print("saved: model.pt2")', DECOYS)]),
 }
 
 
@@ -102,22 +103,21 @@ def test_a_model_that_looks_ahead_is_rejected(judged):
 
 def test_the_evaluator_never_imports_candidate_python(judged):
     repo, ids, verdicts = judged
-    logs = ratchet(repo, "logs", ids["trap"], check=True).stdout
+    logs = ratchet(repo, "logs", ids["relu"], check=True).stdout
     assert "TRAIN_PY_WAS_IMPORTED" not in logs and "DECOY_WAS_IMPORTED" not in logs
     assert "saved: model.pt2" in logs  # printed after the decoys were written
-    assert verdicts["trap"]["status"] in ("keep", "discard"), verdicts["trap"]
-    # The trap is armed: importing that train.py, or a decoy it left, does fail loudly.
+    assert verdicts["relu"]["status"] in ("keep", "discard"), verdicts["relu"]
+    # The trap is armed: importing that train.py does fail loudly.
     work = repo / "trap-check"
     work.mkdir()
-    (work / "train.py").write_text(git(repo, "show", "trap:train.py") + "\n")
+    (work / "train.py").write_text(git(repo, "show", "relu:train.py") + "\n")
     proc = subprocess.run([sys.executable, "-c", "import train"], cwd=work,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "TRAIN_PY_WAS_IMPORTED" in proc.stdout
 
 
-@pytest.mark.skip(reason="memory_gb of the run phase is measured by the worker (engineer H2's "
-                         "change), not landed when this test was written; remove this mark then")
 def test_memory_gb_is_the_training_runs_peak(judged):
     repo, _, _ = judged
     rows = [row for row in results_tsv(repo) if row["status"] in ("keep", "discard")]
-    assert rows and all(float(row["memory_gb"]) > 0 for row in rows)
+    # The worker's measurement of the run phase (peak RSS on a CPU), not a dummy 0.0.
+    assert len(rows) == 3 and all(float(row["memory_gb"]) > 0 for row in rows), rows
