@@ -164,6 +164,7 @@ def test_memory_gb_is_the_training_runs_peak(tmp_path):
         assert cand.result["memory_source"].startswith("run phase")
     rows = results_tsv(repo)
     assert all(float(row["memory_gb"]) >= 0.2 for row in rows), rows
+    assert "memory_gb 0.2" in ratchet(repo, "show", "c0001").stdout
 
 
 def test_memory_constraint_uses_the_measurement(tmp_path):

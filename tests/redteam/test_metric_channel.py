@@ -136,6 +136,9 @@ def test_honest_control_is_kept(template, tmp_path, evaluator):
     verdict = json.loads(ratchet(repo, "wait", cand_id, "--json").stdout.splitlines()[-1])
     assert verdict["status"] == "keep", verdict
     assert result_of(repo, cand_id)["metrics_source"] == evaluator
+    assert verdict["metrics_source"] == evaluator
+    expected = "trusted channel" if evaluator == "channel" else "unprotected (stdout)"
+    assert f"metrics from: {expected}" in shown(repo, cand_id)
 
 
 @pytest.mark.parametrize("evaluator", ["stdout", "channel"])
@@ -144,6 +147,7 @@ def test_atexit_handler_printing_a_better_metric(template, tmp_path, evaluator):
     verdict = judge(repo, cheat(repo, "atexit", {"solution.py": ATEXIT_CHEAT}))
     assert verdict["status"] == "rejected", verdict
     assert "tampering" in verdict["reasons"] and "time_ms" in verdict["reasons"]
+    assert verdict["reason"] == verdict["reasons"]
     assert "tampering" in shown(repo, verdict["id"])
 
 
