@@ -109,3 +109,25 @@ def test_a_mode_change_alone_is_a_modification(template, tmp_path, mode):
     assert_caught(judge(repo, branch), mode)
     honest = submit_and_wait(repo, cheat(repo, "honest", {"solution.py": FAST_SOLUTION}))
     assert honest["status"] == "keep", honest
+
+
+def test_concurrent_honest_candidate_is_not_blamed(template, tmp_path):
+    """Two jobs at once, no sandbox: one poisons $RATCHET_DATA, the other is honest. Each
+    job has its own copy of small prepared data, so only the offender is rejected."""
+    repo = new_study(template, tmp_path, "none")
+    ratchet(repo, "submit", "main")  # the baseline first, so both run side by side next
+    poison = cheat(repo, "poison-slow", {"train.py": """
+        import json, os, time
+        path = os.path.join(os.environ["RATCHET_DATA"], "public.json")
+        os.chmod(path, 0o644)
+        json.dump([[1]], open(path, "w"))
+        time.sleep(2)  # keep the poisoned data around while the other job evaluates
+    """, "solution.py": FAST_SOLUTION})
+    honest = cheat(repo, "honest", {"solution.py": FAST_SOLUTION})
+    ids = [ratchet(repo, "submit", b).stdout.strip().splitlines()[-1] for b in (poison, honest)]
+    proc = ratchet(repo, "wait", *ids, "--json")
+    assert proc.returncode == 0, proc.stderr
+    verdicts = {v["id"]: v for v in map(json.loads, proc.stdout.strip().splitlines())}
+    assert verdicts[ids[0]]["status"] == "rejected", verdicts
+    assert "prepared data ($RATCHET_DATA) was modified" in verdicts[ids[0]]["reasons"]
+    assert verdicts[ids[1]]["status"] == "keep", verdicts

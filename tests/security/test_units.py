@@ -136,3 +136,26 @@ def test_each_isolation_level_hides_other_processes(tmp_path):
         out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, (kind, out.stderr)
         assert int(out.stdout.strip()) <= 4, (kind, out.stdout)
+
+
+def test_gpu_memory_is_read_for_the_phase_processes(tmp_path):
+    """A stand-in nvidia-smi (the real one needs a GPU) reports 2 GiB for the phase's pid
+    and 5 GiB for an unrelated one: only the phase's count."""
+    from ratchet.procs import PeakMemory
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\necho '{child.pid}, 2048'\necho '1, 5120'\n")
+    fake.chmod(0o755)
+    try:
+        monitor = PeakMemory(interval_s=0.2, gpu_interval_s=0.0)
+        monitor.smi = str(fake)
+        with monitor:
+            import time
+
+            time.sleep(1.0)
+    finally:
+        child.kill()
+        child.wait()
+    assert monitor.gpu_seen and monitor.tree_gpu == 2 << 30
+    assert 0 < monitor.tree_rss < 1 << 30
