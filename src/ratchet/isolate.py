@@ -51,8 +51,6 @@ from multiprocessing import shared_memory
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from . import channel  # noqa: F401 - takes the metric channel (and goes non-dumpable) before any child starts
 from .jobspec import is_secret
 
@@ -358,6 +356,8 @@ class CandidateProcess:
 
     def empty(self, shape: Sequence[int], dtype: str, *, like: str = "numpy", device: Any = None) -> SharedArray:
         """A new buffer both sides see. like: 'numpy', 'torch' (CPU shm) or 'cuda' (IPC)."""
+        import numpy as np  # noqa: PLC0415 - lazy: an evaluator can start the child before numpy loads
+
         shape = tuple(int(d) for d in shape)
         ident = next(self._ids)
         if like == "cuda":
@@ -409,6 +409,8 @@ class CandidateProcess:
 
     def empty_like(self, x: Any) -> SharedArray:
         """A shared buffer with x's shape and dtype, on x's kind of memory (not filled)."""
+        import numpy as np  # noqa: PLC0415
+
         if _is_torch(x):
             kind = "cuda" if x.is_cuda else "torch"
             return self.empty(tuple(x.shape), str(x.dtype).removeprefix("torch."), like=kind, device=x.device if x.is_cuda else None)
@@ -417,6 +419,8 @@ class CandidateProcess:
 
     def share(self, x: Any) -> SharedArray:
         """A shared copy of x (numpy array or torch tensor)."""
+        import numpy as np  # noqa: PLC0415
+
         buf = self.empty_like(x)
         if _is_torch(x):
             buf.array.copy_(x)
@@ -485,8 +489,10 @@ class CandidateProcess:
         """
         shared: list[SharedArray] = []
 
+        np = sys.modules.get("numpy")  # no numpy loaded: no array can be among the arguments
+
         def wrap(v: Any) -> Any:
-            if isinstance(v, np.ndarray) or _is_torch(v):
+            if (np is not None and isinstance(v, np.ndarray)) or _is_torch(v):
                 buf = self.share(v)
                 shared.append(buf)
                 return buf
@@ -507,6 +513,7 @@ def _decode(item: Any) -> Any:
         raise CandidateCrashed("candidate process returned a malformed value")
     if "value" in item:
         return item["value"]
+    import numpy as np  # noqa: PLC0415
     spec = item.get("array")
     if not isinstance(spec, dict):
         raise CandidateCrashed("candidate process returned a malformed value")
