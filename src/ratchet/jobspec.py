@@ -10,7 +10,7 @@ import base64
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +203,11 @@ class JobSpec:
         tmp.replace(path)
 
 
+def _known(cls, data: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
 @dataclass
 class PhaseResult:
     name: str
@@ -251,8 +256,9 @@ class JobResult:
 
     @classmethod
     def from_json(cls, text: str) -> JobResult:
-        data = json.loads(text)
-        data["phases"] = [PhaseResult(**p) for p in data.get("phases", [])]
+        """Old results (fewer fields) and newer workers' (more fields) load alike."""
+        data = _known(cls, json.loads(text))
+        data["phases"] = [PhaseResult(**_known(PhaseResult, p)) for p in data.get("phases", [])]
         return cls(**data)
 
     @classmethod

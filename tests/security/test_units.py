@@ -113,7 +113,11 @@ def test_data_digest_covers_modes_and_restores(tmp_path):
 def test_old_results_still_load():
     old = {"job_id": "j", "outcome": "ok", "phases": []}
     result = JobResult.from_json(json.dumps(old))
-    assert result.metrics_source == "" and result.notes == []
+    assert result.metrics_source == "" and result.notes == [] and result.fingerprint == {}
+    newer = {**old, "a_field_from_a_newer_worker": 1, "fingerprint": {"cores": "2"}}
+    assert JobResult.from_json(json.dumps(newer)).fingerprint == {"cores": "2"}
+    result.memory_gb = 0.25
+    assert JobResult.from_json(result.to_json()) == result
 
 
 def test_sandbox_is_described_plainly():
