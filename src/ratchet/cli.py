@@ -609,6 +609,18 @@ def export_(
     study.close()
 
 
+def _whole_summaries() -> None:
+    """`ratchet --help` lists each command with its docstring's first sentence, whole:
+    click would cut it to fit ("keep the..."). Runs after every command is defined."""
+    for info in app.registered_commands:
+        doc = info.callback.__doc__ if info.callback else None
+        if info.short_help is None and doc:
+            info.short_help = " ".join(doc.strip().split("\n\n")[0].split())
+
+
+_whole_summaries()  # keep this after the last command
+
+
 def main() -> None:  # pragma: no cover
     app()
 
