@@ -1,0 +1,203 @@
+"""Overhead per candidate on local, Ray (slot actors, and one Ray Job per candidate) and
+Slurm, side by side in one run, on a synthetic fixed-duration task.
+
+The same study (K slots, ROUNDS rounds, an evaluator that sleeps SLEEP_S seconds) runs
+on each backend in turn with the same K slots: local `slots = K`; Ray on a private local
+cluster with K logical GPUs (`num_gpus = 1` per job); Slurm on a running single-node
+Slurm (scripts/slurm_local.sh start), if `sbatch` answers. Overhead per candidate = (the
+study's wall time - the critical path of the jobs' own phase times) / candidates, the
+same measure as bench/fanout.py (it includes the driver's start-up, e.g. connecting to
+Ray, spread over the candidates). Also shown: the median per job of (placed -> result
+recorded) minus the job's own phase time, and the median engine queue wait (`queue_s`).
+
+    .venv/bin/python bench/distributed.py [--sleep 1.0] [--k 2] [--rounds 4]
+        [--only local,ray,ray-job,slurm] [--record]
+
+A Ray cluster named by RATCHET_RAY_STATE (scripts/ray_cluster.sh start) is used as is;
+otherwise one is started for the run and stopped after it (only its own processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tests" / "backends"))  # ray_cluster: the private test cluster
+
+from ratchet.ledger import Ledger  # noqa: E402
+
+CONFIG = """
+[task]
+name = "dist-{backend}"
+editable = ["knob.py"]
+protected = ["evaluate.py"]
+evaluate = "python evaluate.py"
+timeout = "2m"
+
+[task.metric]
+name = "score"
+goal = "minimize"
+
+[search]
+proposer = "tune"
+parallel = {k}
+rounds = {rounds}
+
+[tune.knobs]
+"knob.py:X" = {{ choices = {choices} }}
+
+[backend]
+kind = "{kind}"
+{backend_keys}
+"""
+
+EVALUATE = """
+import time
+import knob
+time.sleep({sleep})
+print(f"score: {{knob.X}}")
+"""
+
+
+def git(repo: Path, *args: str) -> None:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@b",
+           "GIT_COMMITTER_NAME": "b", "GIT_COMMITTER_EMAIL": "b@b"}
+    subprocess.run(["git", "-C", str(repo), *args], check=True, env=env, capture_output=True)
+
+
+def backend_keys(name: str, k: int, base: Path, cluster: dict | None) -> tuple[str, str]:
+    python = sys.executable
+    if name == "local":
+        return "local", f"slots = {k}"
+    if name in ("ray", "ray-job"):
+        mode = "actors" if name == "ray" else "job"
+        return "ray", "\n".join([
+            "[backend.ray]", f'mode = "{mode}"', f'cluster = "{cluster["gcs"]}"',
+            f'address = "{cluster["address"]}"', f'python = "{python}"', "num_gpus = 1",
+            "num_cpus = 0", "poll = 0.1"])
+    return "shell", "\n".join([
+        "[backend.shell]", 'preset = "slurm"', f'stage_dir = "{base / "stage"}"',
+        f'python = "{python}"', "poll = 0.2", 'vars = { sbatch_args = "--cpus-per-task=1" }'])
+
+
+def one_run(name: str, k: int, rounds: int, sleep: float, base: Path,
+            cluster: dict | None) -> dict:
+    repo = base / name
+    repo.mkdir()
+    kind, keys = backend_keys(name, k, base, cluster)
+    jobs = k * rounds
+    (repo / "ratchet.toml").write_text(CONFIG.format(
+        backend=name, k=k, rounds=rounds, choices=list(range(100, 100 + 2 * jobs)), kind=kind,
+        backend_keys=keys))
+    (repo / "knob.py").write_text("X = 1000\n")
+    (repo / "evaluate.py").write_text(EVALUATE.format(sleep=sleep))
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "bench")
+    started = time.perf_counter()
+    run = subprocess.run([str(ROOT / ".venv" / "bin" / "ratchet"), "run", "--repo", str(repo)],
+                         capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if run.returncode != 0:
+        raise RuntimeError(f"{name}: ratchet run failed: {run.stderr[-1500:]}")
+    ledger = Ledger(repo / ".ratchet" / "ledger.db")
+    try:
+        cands = ledger.candidates()
+    finally:
+        ledger.close()
+    assert len(cands) == jobs, (name, len(cands))
+    own = {c.id: sum(p["seconds"] for p in c.phases or []) for c in cands}
+    per_round: dict[int, float] = {}
+    for c in cands:
+        per_round[c.round] = max(per_round.get(c.round, 0.0), own[c.id])
+    critical = sum(per_round.values())
+    queue = [c.queue_s for c in cands if c.queue_s is not None]
+    # each job's own latency beyond its phases: placed -> result recorded by the driver
+    per_job = [c.finished_at - c.submitted_at - own[c.id] for c in cands
+               if c.finished_at and c.submitted_at]
+    return {"backend": name, "jobs": jobs, "wall": wall, "critical": critical,
+            "overhead": (wall - critical) / jobs, "per_job": statistics.median(per_job),
+            "queue_median": statistics.median(queue) if queue else float("nan")}
+
+
+def slurm_up() -> bool:
+    if not shutil.which("sbatch"):
+        return False
+    conf = Path(os.environ.get("RATCHET_SLURM_DIR", "/tmp/ratchet-slurm")) / "slurm.conf"
+    if "SLURM_CONF" not in os.environ and conf.is_file():
+        os.environ["SLURM_CONF"] = str(conf)
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sleep", type=float, default=1.0)
+    parser.add_argument("--k", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--only", default="local,ray,ray-job,slurm")
+    parser.add_argument("--record", action="store_true", help="append to bench/RESULTS.md")
+    args = parser.parse_args()
+    wanted = args.only.split(",")
+    skipped = []
+    if "slurm" in wanted and not slurm_up():
+        wanted.remove("slurm")
+        skipped.append("slurm (no running Slurm: scripts/slurm_local.sh start)")
+    import ray_cluster
+
+    cluster, started_cluster = None, False
+    if any(w.startswith("ray") for w in wanted):
+        state = os.environ.get("RATCHET_RAY_STATE")
+        if state and Path(state).is_file():
+            cluster = json.loads(Path(state).read_text())
+        else:
+            os.environ["RAY_NUM_GPUS"] = str(args.k)
+            cluster, started_cluster = ray_cluster.start(), True
+    base = Path(tempfile.mkdtemp(prefix="ratchet-dist-"))
+    rows = []
+    try:
+        for name in wanted:
+            rows.append(one_run(name, args.k, args.rounds, args.sleep, base, cluster))
+            print(f"{name}: {rows[-1]['overhead']:.3f} s/candidate", file=sys.stderr)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        if started_cluster:
+            ray_cluster.stop(cluster)
+    lines = [
+        f"{args.k * args.rounds} candidates (K={args.k}, {args.rounds} rounds), evaluator "
+        f"sleeps {args.sleep:.2f} s, {os.cpu_count()} cores, load average "
+        f"{os.getloadavg()[0]:.1f}, Python {platform.python_version()}",
+        "| backend | wall s | jobs' own time s (critical path) | overhead s/candidate | "
+        "median per job: placed to result minus own time, s | median queue_s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['backend']} | {r['wall']:.2f} | {r['critical']:.2f} | "
+                     f"{r['overhead']:.3f} | {r['per_job']:.3f} | {r['queue_median']:.3f} |")
+    lines.append("targets: ray <= 1 s/candidate (goal 0.3 s), slurm <= 2 s/candidate")
+    lines += [f"skipped: {s}" for s in skipped]
+    text = "\n".join(lines)
+    print(text)
+    if args.record:
+        stamp = time.strftime("%Y-%m-%d")
+        with (ROOT / "bench" / "RESULTS.md").open("a") as fh:
+            fh.write(f"\n### distributed, {stamp}\n\nCommand: `.venv/bin/python "
+                     f"bench/distributed.py --sleep {args.sleep} --k {args.k} --rounds "
+                     f"{args.rounds} --only {args.only} --record`\n\n{text}\n")
+
+
+if __name__ == "__main__":
+    main()
