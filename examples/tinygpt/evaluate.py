@@ -74,8 +74,10 @@ MAX_CONTEXT = 4096
 MAX_BATCH = 256
 # Causality checks, each on a randomly chosen scoring batch (positions drawn by the OS).
 CHECKS = 4
-# Outputs that should not change may differ by float rounding at most.
+# Outputs that should not change may differ by float rounding at most: compared as
+# log-probabilities (nats), floored, so that no logit's size widens the tolerance.
 CHECK_TOLERANCE = 1e-3
+LOGP_FLOOR = -30.0
 
 
 class Rejected(Exception):
@@ -274,8 +276,15 @@ def windows(tokens: torch.Tensor, context: int) -> tuple[torch.Tensor, torch.Ten
 
 
 def differs(a: torch.Tensor, b: torch.Tensor) -> bool:
-    scale = max(1.0, float(a.abs().max()))
-    return bool((a - b).abs().max() > CHECK_TOLERANCE * scale) or not torch.isfinite(b).all()
+    """True when two outputs predict differently (NaN anywhere counts as different).
+
+    A tolerance relative to the logits' size would let a model inflate one unused logit
+    to widen it; log-probabilities below the floor cost a target 30 nats whenever they
+    are used, so a leak hidden there cannot pay.
+    """
+    diff = (F.log_softmax(a, -1).clamp(min=LOGP_FLOOR)
+            - F.log_softmax(b, -1).clamp(min=LOGP_FLOOR)).abs()
+    return bool(diff.isnan().any() or diff.max() > CHECK_TOLERANCE)
 
 
 def check_causal(run: Scorer, x: torch.Tensor, out: torch.Tensor, spare: torch.Tensor,

@@ -60,8 +60,11 @@ class Tiny(nn.Module):
             x = x + x.mean(0, keepdim=True)
         B, T, C = x.shape
         q, k, v = (t.view(B, T, 2, C // 2).transpose(1, 2) for t in self.qkv(x).split(C, 2))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.variant != "lookahead")
+        causal = self.variant not in ("lookahead", "loud_lookahead")
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         logits = self.head(y.transpose(1, 2).reshape(B, T, C))
+        if self.variant == "loud_lookahead":  # one huge, unused logit: a tolerance scaled
+            logits = torch.cat([logits[..., :1] - 1e6, logits[..., 1:]], -1)  # by it misses
         if self.variant == "noisy":
             logits = logits + torch.rand_like(logits)
         if self.variant == "int_logits":
@@ -169,6 +172,7 @@ def test_windows_score_every_target_once(ev):
 
 CHEATS = {
     "lookahead": "not causal: outputs at positions",
+    "loud_lookahead": "not causal: outputs at positions",
     "cross_row": "only the others changed",
     "narrow_vocab": "expected logits of shape (64, 32, 256)",
     "int_logits": "expected a float dtype",
