@@ -55,3 +55,33 @@ def test_a_round_is_proposed_from_the_previous_round_in_flight():
     assert seen.status == "submitted" and not seen.is_judged
     assert seen.metric is None and seen.reasons is None and seen.judged_at is None
     assert seen.params == {"X": 1}  # what was tried stays visible (no duplicates)
+
+
+def test_a_knob_setting_made_ahead_is_reapplied_on_the_moved_incumbent(tmp_path):
+    from helpers import config_text
+
+    from ratchet.config import load_config
+    from ratchet.ledger import Ledger
+    from ratchet.scheduler import Proposals
+
+    repo = make_repo(tmp_path / "r", {
+        "ratchet.toml": config_text(),
+        "solution.py": "X = 3.0\nY = 1\n",
+        "evaluate.py": "print('score: 1')\n"})
+    old = git(repo, "rev-parse", "HEAD")
+    new = gitrepo.commit_files(repo, old, {"solution.py": b"X = 1.5\nY = 2\n"}, "keep")
+    ledger = Ledger(tmp_path / "ledger.db")
+    proposals = Proposals(repo, tmp_path, load_config(repo), ledger, "tune")
+    try:
+        made = Proposal(description="tune: X=0.0", files={"solution.py": b"X = 0.0\nY = 1\n"},
+                        params={"solution.py:X": 0.0})
+        moved, conflicting = proposals.on(old, new, [made])
+        assert conflicting == [] and len(moved) == 1
+        # the setting is applied to the new incumbent's file: Y = 2 of the keep survives
+        assert moved[0].files["solution.py"] == b"X = 0.0\nY = 2\n"
+        # a free-form edit of the same line cannot be carried: it is handed back
+        edit = Proposal(description="edit", files={"solution.py": b"X = 9.0\nY = 1\n"})
+        assert proposals.on(old, new, [edit]) == ([], [edit])
+    finally:
+        proposals.close()
+        ledger.close()

@@ -132,8 +132,28 @@ class Proposals:
         """Carry proposals made on `base` onto `incumbent`: (re-based, conflicting)."""
         if base == incumbent:
             return proposals, []
-        moved = [(p, rebase(self.repo, p, base, incumbent)) for p in proposals]
+        moved = [(p, rebase(self.repo, p, base, incumbent) or self._retune(p, incumbent))
+                 for p in proposals]
         return [m for _, m in moved if m is not None], [p for p, m in moved if m is None]
+
+    def _retune(self, proposal: Proposal, incumbent: str) -> Proposal | None:
+        """Settings of declared knobs (`tune.knobs`) are re-applied on the new incumbent,
+        where a text merge of the same line would conflict."""
+        from ratchet.proposers.knobs import KnobError, set_knob
+
+        knobs = self.config.tune.knobs
+        params = proposal.params or {}
+        if proposal.error or not params or not set(params) <= set(knobs):
+            return None
+        files: dict[str, bytes] = {}
+        try:
+            for key, value in params.items():
+                file, _, name = key.rpartition(":")
+                source = files.get(file) or gitrepo.show(self.repo, incumbent, file)
+                files[file] = set_knob(source, name, value, file)
+        except (KnobError, gitrepo.GitError):
+            return None
+        return replace(proposal, files=files, commit=None)
 
     def record(self, round_no: int, incumbent: str, proposals: list[Proposal],
                rows: list[dict], proposer: str | None = None,
