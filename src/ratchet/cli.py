@@ -300,8 +300,8 @@ def _print_summary(study: Study) -> None:
 
 @app.command()
 def submit(
-    rev: Annotated[str, typer.Argument(help="commit to evaluate")] = "HEAD",
-    message: Annotated[str | None, typer.Option("-m", help="description")] = None,
+    rev: Annotated[str, typer.Argument(metavar="REV", help="commit to evaluate")] = "HEAD",
+    message: Annotated[str | None, typer.Option("-m", metavar="TEXT", help="description")] = None,
     base: Annotated[
         str | None, typer.Option(help="where a new study starts (default: HEAD, or REV^ when REV is HEAD)")
     ] = None,
@@ -353,7 +353,7 @@ def _measurement_lines(result: dict) -> list[str]:
 
 @app.command()
 def wait(
-    ids: Annotated[list[str], typer.Argument(help="candidate ids from `ratchet submit`")],
+    ids: Annotated[list[str], typer.Argument(metavar="ID", help="candidate ids from `ratchet submit`")],
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object per line")] = False,
     repo: RepoOption = Path("."),
 ) -> None:
@@ -447,7 +447,7 @@ def status(
 
 @app.command()
 def logs(
-    candidate: Annotated[str, typer.Argument(help="candidate id, job id or commit")],
+    candidate: Annotated[str, typer.Argument(metavar="ID", help="candidate id, job id or commit")],
     repo: RepoOption = Path("."),
 ) -> None:
     """Print a candidate's job logs (each phase, capped)."""
@@ -464,7 +464,7 @@ def logs(
 
 @app.command()
 def cancel(
-    candidate: Annotated[str, typer.Argument(help="candidate id, job id or commit")],
+    candidate: Annotated[str, typer.Argument(metavar="ID", help="candidate id, job id or commit")],
     repo: RepoOption = Path("."),
 ) -> None:
     """Cancel a candidate's job; it is recorded as cancelled."""
@@ -476,7 +476,7 @@ def cancel(
 
 @app.command()
 def show(
-    candidate: Annotated[str, typer.Argument(help="candidate id, job id or commit")],
+    candidate: Annotated[str, typer.Argument(metavar="ID", help="candidate id, job id or commit")],
     repo: RepoOption = Path("."),
 ) -> None:
     """The audit trail of one candidate: diff, phases, verdict and its reasons."""
@@ -502,7 +502,7 @@ def show(
 
 @app.command()
 def idea(
-    text: Annotated[str, typer.Argument(help="an idea for the next candidates")],
+    text: Annotated[str, typer.Argument(metavar="TEXT", help="an idea for the next candidates")],
     repo: RepoOption = Path("."),
 ) -> None:
     """Queue an idea: the next candidates take pending ideas first, one each."""
