@@ -12,8 +12,14 @@ from helpers import RATCHET, ROOT, git, ratchet, score_repo
 
 import ratchet as ratchet_pkg
 
-COMMANDS = ["init", "prep", "run", "submit", "wait", "status", "logs", "cancel", "show",
-            "idea", "report"]
+
+def _commands() -> list[str]:
+    from ratchet.cli import app
+
+    return [c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands]
+
+
+COMMANDS = _commands()  # every command, including ones added later
 
 
 def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
