@@ -120,3 +120,22 @@ def test_tune_without_knobs_is_valid_config():
     """`submit` / `wait` use no proposer; the knobs are checked when the tuner is built."""
     cfg = load(config_text(knobs=""))
     assert cfg.search.proposer == "tune" and not cfg.tune.knobs
+
+
+def test_misspelling_helper_works_for_any_section_model():
+    """Engines and proposers validate their own sections; they can name the key meant."""
+    from pydantic import BaseModel, ConfigDict, ValidationError
+
+    from ratchet.config import misspelling
+
+    class Section(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        address: str = ""
+        queue_timeout: float = 0.0
+
+    with pytest.raises(ValidationError) as info:
+        Section.model_validate({"adress": "x"})
+    assert misspelling(info.value.errors()[0], Section) == "address"
+    with pytest.raises(ValidationError) as info:
+        Section.model_validate({"colour": "x"})
+    assert misspelling(info.value.errors()[0], Section) is None

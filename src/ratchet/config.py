@@ -319,9 +319,9 @@ def matches_any(path: str, globs: list[str]) -> bool:
 # loading
 
 
-def _model_at(loc: tuple) -> type[BaseModel] | None:
+def _model_at(loc: tuple, root: type[BaseModel]) -> type[BaseModel] | None:
     """The section model that holds the key at `loc` (None if it is not a section)."""
-    model: Any = Config
+    model: Any = root
     for part in loc[:-1]:
         if typing.get_origin(model) is dict:  # `part` is a key of a table of sections
             model = _section_type(typing.get_args(model)[1])
@@ -350,10 +350,12 @@ def _keys_of(model: type[BaseModel]) -> list[str]:
     return [f.alias or n for n, f in model.model_fields.items()]
 
 
-def _suggestion(error: dict[str, Any]) -> str | None:
-    """For an unknown key, the known key it most probably meant ('editabel' -> 'editable')."""
+def misspelling(error: dict[str, Any], root: type[BaseModel] | None = None) -> str | None:
+    """For a pydantic `extra_forbidden` error, the known key it most probably meant
+    ('editabel' -> 'editable'), or None. `root`: the model that was validated (any
+    section model, e.g. an engine's or a proposer's settings); default the whole config."""
     loc = error["loc"]
-    model = _model_at(loc) if loc else None
+    model = _model_at(loc, root or Config) if loc else None
     if model is None or not isinstance(loc[-1], str):
         return None
     close = difflib.get_close_matches(loc[-1], _keys_of(model), n=1, cutoff=0.6)
@@ -365,7 +367,7 @@ def _describe(error: dict[str, Any]) -> str:
     message = error["msg"]
     message = message.removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
-        meant = _suggestion(error)
+        meant = misspelling(error)
         message = "unknown key (check the spelling; see the README for the keys)"
         if meant is not None:
             message = f"unknown key; did you mean {meant!r}? (check the spelling)"
@@ -386,7 +388,7 @@ def parse_config(data: dict[str, Any], source: str = CONFIG_FILE) -> Config:
         # "missing" error it explains is not counted as another problem.
         unknown = [e for e in errors if e["type"] == "extra_forbidden"]
         explained = {(*e["loc"][:-1], meant) for e in unknown
-                     if (meant := _suggestion(e)) is not None}
+                     if (meant := misspelling(e)) is not None}
         errors = unknown + [e for e in errors if e["type"] != "extra_forbidden"
                             and not (e["type"] == "missing" and tuple(e["loc"]) in explained)]
         first = errors[0]
