@@ -22,6 +22,7 @@ import logging
 import os
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -56,6 +57,7 @@ class RayActors(Backend):
         self._load: dict[str, int] | None = None  # slot -> our unfinished jobs there
         self._seen: dict[str, tuple[float, JobState]] = {}
         self._submits: dict[str, object] = {}  # job id -> its submit call, until answered
+        self._lock = threading.RLock()  # connecting and creating actors: one thread at once
 
     def describe(self) -> str:
         gpus = f"{self.cfg.num_gpus:g} GPU" if self.cfg.num_gpus else "no GPU"
@@ -78,6 +80,12 @@ class RayActors(Backend):
         return name
 
     def _connect(self):
+        if self._ray is not None:
+            return self._ray
+        with self._lock:
+            return self._connect_once()
+
+    def _connect_once(self):
         if self._ray is not None:
             return self._ray
         loopback = self.cfg.cluster.split("://")[-1].rsplit(":", 1)[0] in (
@@ -122,6 +130,13 @@ class RayActors(Backend):
         actor = self._actors.get(slot)
         if actor is not None:
             return actor
+        with self._lock:
+            return self._actor_once(slot, create)
+
+    def _actor_once(self, slot: str, create: bool):
+        actor = self._actors.get(slot)
+        if actor is not None:
+            return actor
         ray = self._connect()
         try:
             actor = ray.get_actor(slot, namespace=self.namespace)
@@ -155,10 +170,11 @@ class RayActors(Backend):
                                f"{self.cfg.request_timeout:g}s") from None
 
     def warm_up(self) -> None:
-        """Start the slot actors (and their standby workers) before the first round."""
-        refs = [self._actor(s).info.remote() for s in self._slot_names()]
-        # wait a little for them to come up; ones Ray cannot place yet stay queued
-        self._ray.wait(refs, num_returns=len(refs), timeout=min(self.cfg.request_timeout, 60))
+        """Connect and ask Ray for the slot actors now (they and their standby workers
+        start while the study makes its first proposals). Connecting happens here, on
+        the calling thread: Ray's driver wants the main thread."""
+        for slot in self._slot_names():
+            self._actor(slot)  # creation is asynchronous on Ray's side
 
     # -- verbs ------------------------------------------------------------------------------
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
+import io
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -70,11 +71,11 @@ class SlotRunner:
                 return self.jobs[job_id]["state"]
             job_dir = self.root / job_id
             job_dir.mkdir(parents=True)
-            (job_dir / "snapshot.tar").write_bytes(snapshot)
             if holdout is not None:
                 (job_dir / "holdout.tar").write_bytes(holdout)
-            (job_dir / "spec.in.json").write_text(spec_json)
-            self.jobs[job_id] = {"state": PENDING, "queued_at": time.time()}
+                (job_dir / "holdout.tar").chmod(0o600)
+            self.jobs[job_id] = {"state": PENDING, "queued_at": time.time(),
+                                 "spec": spec_json, "snapshot": snapshot}
             self.queue.append(job_id)
         self.wake.set()
         return PENDING
@@ -111,6 +112,7 @@ class SlotRunner:
                     self.queue.remove(job_id)
                 result = JobResult(job_id=job_id, outcome="cancelled", failed_stage="queue",
                                    reason="cancelled before it started")
+                job.pop("snapshot", None)
                 job.update(state=DONE, result=result.to_json(), logs="")
                 return
             job["cancel"] = True
@@ -165,26 +167,27 @@ class SlotRunner:
                 with self.lock:
                     job_id = self.queue.popleft() if self.queue else None
                     if job_id is not None:
-                        self.jobs[job_id]["state"] = RUNNING
+                        job = self.jobs[job_id]
+                        job["state"] = RUNNING
+                        spec_json, snapshot = job.pop("spec"), job.pop("snapshot")
                 if job_id is None:
                     break
-                self._run(job_id)
+                self._run(job_id, spec_json, snapshot)
             if time.monotonic() - self.last_call > self.idle_exit_s and not self.queue:
                 self._exit()
 
-    def _run(self, job_id: str) -> None:
+    def _run(self, job_id: str, spec_json: str, snapshot: bytes) -> None:
         from ratchet.backends.remote import echo_logs, place_holdout
         from ratchet.gitrepo import GitError  # noqa: F401  (import cost paid here, once)
 
         job_dir = self.root / job_id
         shipped = None
         try:
-            spec = JobSpec.from_json((job_dir / "spec.in.json").read_text())
+            spec = JobSpec.from_json(spec_json)
             work = job_dir / "work"
             work.mkdir()
-            subprocess.run(["tar", "-x", "-C", str(work), "-f", str(job_dir / "snapshot.tar")],
-                           check=True, capture_output=True)
-            (job_dir / "snapshot.tar").unlink()
+            with tarfile.open(fileobj=io.BytesIO(snapshot)) as tar:  # in memory: no fork
+                tar.extractall(work, filter="tar")
             shipped = place_holdout(spec, job_dir / "holdout.tar")
             spec.repo = None
             spec.reuse_workdir = str(work)  # unpacked here: the worker materialises nothing
@@ -209,7 +212,6 @@ class SlotRunner:
             if cancelled:
                 worker.send_signal(signal.SIGTERM)
             worker.wait()
-            self._start_spare()  # for the next job, while the driver judges this one
             try:
                 text = (job_dir / "result.json").read_text()
                 JobResult.from_json(text)
@@ -229,8 +231,7 @@ class SlotRunner:
         with self.lock:
             self.current = None
             self.jobs[job_id].update(state=DONE, result=text, logs=logs)
-        with contextlib.suppress(OSError):
-            (job_dir / "done.json").write_text(json.dumps({"t": time.time()}))
+        self._start_spare()  # for the next job, while the driver judges this one
 
     def _clean(self) -> None:
         if self.spare is not None:
