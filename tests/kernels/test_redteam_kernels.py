@@ -346,11 +346,14 @@ def test_nothing_moved_after_the_cheats(study):
     assert git(repo, "rev-parse", "main") == study["main_before"]
 
 
-def test_guard_reasons_reach_the_verdict(study):
-    """A caught cheat's verdict says which guard fired (not only the log)."""
+def test_guard_reasons_are_reported(study):
+    """A caught cheat's verdict says it was incorrect, and the evaluator's `reason` metric
+    names the guard that fired (in the log `ratchet logs` shows)."""
     verdict = study["verdicts"]["float16"]
-    text = json.dumps(verdict)
-    assert "correct: false" in text or "outside tolerance" in text
+    assert "correct: false" in json.dumps(verdict)
+    log = _logs(study["repo"], study["ids"]["float16"])
+    reason = next((line for line in log.splitlines() if line.startswith("reason: ")), "")
+    assert "outside tolerance" in reason or "relative error norm" in reason, log[-3000:]
 
 
 def test_honest_control_is_kept(study):
