@@ -61,6 +61,15 @@ def obj_array(x):
 def a_function():
     return print
 
+def start_counter(buf):
+    import threading
+    def count():
+        while True:
+            buf[0] += 1
+            time.sleep(0.001)
+    threading.Thread(target=count, daemon=True).start()
+    return 0
+
 def softmax_t(x):
     import torch
     return torch.softmax(x.float(), dim=-1).to(x.dtype)
@@ -188,6 +197,26 @@ def test_torch_cpu_tensors_go_through_shared_memory(cand):
     assert not out.array.isnan().any()
     torch.testing.assert_close(out.array, torch.softmax(x.array.float(), dim=-1).to(torch.bfloat16))
     cand.release([x, out])
+
+
+def test_freeze_stops_every_thread_of_the_child(cand_path):
+    """What the harness does between a reply and reading outputs: nothing may run."""
+    with CandidateProcess(cand_path, timeout=20) as proc:
+        counter = proc.empty((1,), "int64")
+        counter.array[0] = 0
+        proc.run("start_counter", [isolate.Call([counter], mode="value")])
+        time.sleep(0.1)
+        assert counter.array[0] > 0  # the thread runs
+        proc.freeze()
+        try:
+            frozen = int(counter.array[0])
+            time.sleep(0.2)
+            assert int(counter.array[0]) == frozen
+        finally:
+            proc.thaw()
+        time.sleep(0.2)
+        assert int(counter.array[0]) > frozen
+        assert proc.call("score", 1.25) == 0.0  # thawed: it answers again
 
 
 @pytest.mark.gpu

@@ -228,6 +228,31 @@ class CandidateProcess:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
 
+    def freeze(self, wait_s: float = 0.005) -> None:
+        """Stop the child's whole process group (SIGSTOP) and wait until its threads are stopped.
+
+        The harness freezes the child between a reply and reading the outputs back, so a
+        thread left running after the answer cannot finish the work while it reads.
+        """
+        if self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + wait_s
+        task_dir = Path(f"/proc/{self.proc.pid}/task")
+        while time.monotonic() < deadline:
+            try:
+                states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in task_dir.iterdir()]
+            except (OSError, IndexError):
+                return  # not Linux, or the child is gone
+            if all(state in ("T", "t") for state in states):
+                return
+
+    def thaw(self) -> None:
+        """Let a frozen child run again (SIGCONT)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGCONT)
+
     def log_tail(self, limit: int = 2000) -> str:
         """The end of the child's log (for error messages)."""
         self._drain.join(timeout=0.2) if self.proc.poll() is not None else None

@@ -392,7 +392,8 @@ def _run_once(runner: Runner, slot: Slot, fresh: tuple[Any, ...], mode: str, all
         runner.run([slot], mode)
     except CallFailed as exc:
         raise _Fail(f"{who} failed: {exc}") from exc
-    taken = snapshot(slot)
+    with runner.frozen():  # a thread the call left running cannot finish the work now
+        taken = snapshot(slot)
     unwritten_or_bad(taken, who)
     if not allow_inplace:
         inputs_unchanged(slot, fresh, who)

@@ -17,7 +17,7 @@ a timed batch: the requests look the same.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +88,11 @@ class Runner:
 
     def release(self, slots: Sequence[Slot]) -> None:
         """Free the slots' buffers (default: nothing to free)."""
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """While the harness reads outputs back: nothing of the implementation may run."""
+        yield
 
     def close(self) -> None:
         """Release what the runner owns (default: nothing)."""
@@ -224,6 +229,14 @@ class RemoteRunner(Runner):
             return self.process.replay(graph)
         except isolate.CandidateError as exc:
             raise CallFailed(f"{self.label}: {exc}") from exc
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        self.process.freeze()
+        try:
+            yield
+        finally:
+            self.process.thaw()
 
     def release(self, slots: Sequence[Slot]) -> None:
         buffers = [b for slot in slots for b in (*slot.inputs, *slot.outputs) if isinstance(b, isolate.SharedArray)]

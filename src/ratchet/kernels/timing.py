@@ -235,7 +235,8 @@ class _Side:
         verifier = self.verifier
         if verifier is None:
             return
-        taken = [snapshot(slot) for slot in self.slots]
+        with self.runner.frozen():  # a thread left running cannot finish the work while we read
+            taken = [snapshot(slot) for slot in self.slots]
         who = self.label
         for k, outs in enumerate(taken):
             unwritten_or_bad(outs, f"{who} (call {k} of a batch)")
