@@ -201,3 +201,39 @@ def test_node_count_of_the_test_cluster(tmp_path, ray_cluster, mode):  # noqa: F
         assert backend.node_count() == 1
     finally:
         backend.close()
+
+
+def test_a_slot_that_left_when_idle_is_replaced_without_losing_the_job(tmp_path, ray_cluster):  # noqa: F811
+    from ratchet.backends.ray import RayBackend
+    from ratchet.config import load_config
+    from ratchet.jobspec import JobSpec
+
+    repo = make_task(tmp_path, backend="ray", parallel=1, rounds=2, sleep=0.1, prep=False,
+                     name=f"idle-{uuid.uuid4().hex[:6]}",
+                     extra=ray_section(tmp_path, ray_cluster, slots="1", idle_exit='"1s"'))
+    study = Study(repo)
+    try:
+        study.ensure_started()
+        first = study.job_spec(study._propose_round(1)[0])
+    finally:
+        study.close()
+    backend = RayBackend(repo / ".ratchet", load_config(repo).backend)
+
+    def run(spec):
+        job_id = backend.submit(spec)
+        deadline = time.monotonic() + 120
+        while backend.poll([job_id])[job_id] != "done":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        return backend.result(job_id)
+
+    try:
+        assert run(first).outcome == "ok"
+        time.sleep(8)  # the slot leaves: idle for longer than idle_exit, no calls
+        second = JobSpec.from_json(first.to_json())
+        second.job_id = f"{first.job_id}-again"
+        result = run(second)
+        assert result.outcome == "ok", result
+        assert "placed again on a fresh one" in (repo / ".ratchet/ray/backend.log").read_text()
+    finally:
+        backend.close()

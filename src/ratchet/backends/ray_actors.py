@@ -291,13 +291,14 @@ class RayActors(Backend):
         return states
 
     def _settle_submits(self, job_ids: list[str]) -> set[str]:
-        """Collect answered submit calls; the slots whose actor died meanwhile."""
+        """Collect answered submit calls. A submit that met a dead actor (one that left
+        after `idle_exit`, or lost its node) never ran: it goes to a fresh actor under
+        the same id. Returns nothing dead: that is for polls to find."""
         ray = self._ray
         waiting = {self._submits[j]: j for j in job_ids if j in self._submits}
         if not waiting:
             return set()
         ready, _ = ray.wait(list(waiting), num_returns=len(waiting), timeout=0)
-        dead = set()
         for ref in ready:
             job_id = waiting[ref]
             del self._submits[job_id]
@@ -305,10 +306,13 @@ class RayActors(Backend):
                 ray.get(ref)
             except ray.exceptions.RayActorError:
                 record = self.store.get(job_id)
-                if record and record.engine_id:
+                path = self.store.dir(job_id) / "spec.json"
+                if record and record.engine_id and path.is_file():
                     self._actors.pop(record.engine_id, None)
-                    dead.add(record.engine_id)
-        return dead
+                    self.store.note(f"{job_id}: slot {record.engine_id} was gone; placed "
+                                    "again on a fresh one")
+                    self._place(JobSpec.from_json(path.read_text()), record.engine_id)
+        return set()
 
     def _finish(self, record: JobRecord, answer: dict) -> JobState:
         logs = answer.get("logs") or ""
