@@ -101,17 +101,18 @@ def pristine_path(data: Path) -> Path:
     return data.parent / "pristine"
 
 
-def ensure_intact(data: Path, digest: str) -> str | None:
+def ensure_intact(data: Path, digest: str, keep_pristine: bool = True) -> str | None:
     """Make the shared data match `digest`, restoring it from the pristine copy if needed.
 
     Returns None if it was intact, or a note saying it was restored; raises DataError if
     neither the data nor its pristine copy is intact. The first time the data is found
-    intact, the pristine copy is made from it.
+    intact, the pristine copy is made from it (unless `keep_pristine` is False: under a
+    read-only sandbox no candidate can write the data, and the copy would only cost disk).
     """
     with _data_lock(data):
         pristine = pristine_path(data)
         if data.is_dir() and not data.is_symlink() and data_digest(data) == digest:
-            if not pristine.is_dir():  # checked against the digest when it is used
+            if keep_pristine and not pristine.is_dir():  # digest-checked when used
                 with contextlib.suppress(OSError):  # best effort: a read-only cache
                     _copy_tree(data, pristine)
             return None

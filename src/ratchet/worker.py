@@ -320,7 +320,8 @@ class Job:
             return None
         shared = Path(spec.data_dir)
         try:
-            note = ensure_intact(shared, spec.data_digest)
+            note = ensure_intact(shared, spec.data_digest,
+                                 keep_pristine=self.sandbox_kind != sandbox.BWRAP)
             if note:
                 self.result.notes.append(note)
             if self.sandbox_kind != sandbox.BWRAP and private_copy(
