@@ -482,6 +482,7 @@ def _wait_for_job() -> Path | None:
 
     with contextlib.suppress(Exception):
         machine_fingerprint()  # cached: read while idle, not while a job waits
+        sandbox.choose("auto")  # the isolation probes too
 
     line = sys.stdin.readline().strip()
     if not line:
