@@ -49,13 +49,14 @@ class Tiny(nn.Module):
         torch.manual_seed(0)
         self.variant = variant
         self.wte = nn.Embedding(256, WIDTH)
+        self.wpe = nn.Embedding(CONTEXT, WIDTH)
         self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
         self.head = nn.Linear(WIDTH, 128 if variant == "narrow_vocab" else 256)
         if variant == "stateful":
             self.register_buffer("calls", torch.zeros(1))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.wte(idx)
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         if self.variant == "cross_row":  # reads the other sequences of the batch
             x = x + x.mean(0, keepdim=True)
         B, T, C = x.shape
@@ -157,6 +158,15 @@ def test_an_honest_program_is_scored(ev, tmp_path, val_bytes):
     bpb = score(ev, export(tmp_path / "model.pt2"), val_bytes)
     # An untrained model on printable bytes: close to a uniform guess (8 bits), finite.
     assert 6.0 < bpb < 10.0
+
+
+def test_the_program_moves_to_the_evaluators_device(ev, tmp_path):
+    """The GPU path's move, exercised here with the meta device standing in for CUDA."""
+    module, batch, context, n_params = ev.load_program(export(tmp_path / "m.pt2"), torch.device("meta"))
+    assert (batch, context) == (BATCH, CONTEXT) and n_params > 0
+    assert {t.device.type for t in module.state_dict().values()} == {"meta"}
+    arange = [n for n in module.graph.nodes if "arange" in str(n.target)]
+    assert arange and all(str(n.kwargs.get("device")) == "meta" for n in arange)
 
 
 def test_windows_score_every_target_once(ev):

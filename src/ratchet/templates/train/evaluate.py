@@ -53,6 +53,7 @@ for _var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from torch.export.passes import move_to_device_pass  # noqa: E402 - not loaded by torch.export
 
 try:
     from ratchet.channel import report
@@ -227,7 +228,7 @@ def load_program(path: Path, device: torch.device):
     batch, context = check_program(program)
     try:
         if device.type != "cpu":
-            program = torch.export.passes.move_to_device_pass(program, device)
+            program = move_to_device_pass(program, device)
         module = program.module()
     except Exception as err:
         raise Rejected(f"the program cannot be prepared: {type(err).__name__}: {str(err)[:200]}") from None
