@@ -7,6 +7,7 @@ the attacker: it reads its environment, or every `/proc/<pid>/environ` it can se
 from __future__ import annotations
 
 import json
+import os
 import uuid
 
 import pytest
@@ -67,21 +68,38 @@ def extras(repo) -> list[dict]:
         ledger.close()
 
 
-@pytest.mark.skipif(sandbox.choose("auto") == "none",
-                    reason="nothing can isolate processes here (no bwrap, no unshare)")
-def test_scanning_proc_environ_finds_no_driver_key(tmp_path):
+def without_bwrap(tmp_path) -> dict[str, str]:
+    """An environment whose PATH finds a bubblewrap that does not work (as on a machine
+    without it), so ratchet falls back to the next level."""
+    stub = tmp_path / "stub-bin"
+    stub.mkdir()
+    (stub / "bwrap").write_text("#!/bin/sh\nexit 1\n")
+    (stub / "bwrap").chmod(0o755)
+    return {"PATH": f"{stub}{os.pathsep}{os.environ['PATH']}"}
+
+
+@pytest.mark.parametrize("level", ["bwrap", "pidns"])
+def test_scanning_proc_environ_finds_no_driver_key(tmp_path, level):
+    if level == "bwrap" and not sandbox.bwrap_works():
+        pytest.skip("bubblewrap does not work here")
+    if level == "pidns" and sandbox.unshare_prefix() is None:
+        pytest.skip("unshare cannot make a PID namespace here")
     secret = f"sk-live-{uuid.uuid4().hex}"
     repo = scan_repo(tmp_path / "r", secret, "auto")
-    proc = ratchet(repo, "run", env={"OPENAI_API_KEY": secret, "MY_LLM_KEY": secret})
+    env = {"OPENAI_API_KEY": secret, "MY_LLM_KEY": secret,
+           **(without_bwrap(tmp_path) if level == "pidns" else {})}
+    proc = ratchet(repo, "run", env=env)
     assert proc.returncode == 0, proc.stderr
     found = extras(repo)
     assert len(found) == 2 and all("leaks" in e for e in found), found
     assert [e["leaks"] for e in found] == [0, 0]
     # it saw only its own processes: no driver, no standby workers, no other job
     assert all(e["visible_processes"] <= 4 for e in found), found
-    status = ratchet(repo, "status", "--json")
-    assert "pid namespace" in json.loads(status.stdout)["sandbox"].lower() or \
-        "bwrap" in json.loads(status.stdout)["sandbox"]
+    ledger = Ledger(repo / ".ratchet" / "ledger.db")
+    assert {c.result["sandbox"] for c in ledger.candidates()} == {level}
+    ledger.close()
+    status = json.loads(ratchet(repo, "status", "--json", env=env).stdout)["sandbox"]
+    assert ("pid namespace only" if level == "pidns" else "own PID namespace") in status
 
 
 def test_workers_start_from_a_scrubbed_environment(tmp_path):
