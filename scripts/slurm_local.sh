@@ -45,6 +45,7 @@ SlurmdPidFile=$dir/slurmd.pid
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
 SchedulerParameters=sched_interval=1
 ReturnToService=2
 JobAcctGatherType=jobacct_gather/none
