@@ -9,12 +9,14 @@
 #    are there) and ratchet itself go into this python with pip --no-index --no-deps
 #    (PYTHONPATH is not enough: the worker drops it from a candidate's environment)
 # 1. the card's bf16 matmul peak, measured once and cached ($RATCHET_CACHE) for MFU
-# 2. speed: the GPU default config trained directly for $SPEED_BUDGET s (default 20):
+# 2. speed: the GPU default config trained directly for $SPEED_BUDGET s (default 15):
 #    tokens/s, MFU, peak memory; then the trusted evaluator on the GPU
 # 3. a 2-round study (`ratchet run --rounds 2 --parallel 1`, tune over GPU_LEARNING_RATE,
-#    $STUDY_BUDGET s of training per candidate, default 10): baseline val_bpb -> kept
+#    $STUDY_BUDGET s of training per candidate, default 8): baseline val_bpb -> kept
+#    (round 1 is the baseline alone, round 2 one tuned candidate)
 # 4. verdicts through `ratchet submit` + `ratchet wait --json`: an architecture change
 #    (MLP 2x + ReLU) must be scored (keep/discard), a look-ahead model must be rejected
+#    (both eager, GPU_COMPILE = False: a new graph would cost a cold compile each)
 # 5. the summary table, printed last
 #
 # Wheels to carry (cp312 manylinux, ~9 MB), fetched on a machine with network, e.g.:
@@ -31,8 +33,8 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/gpu_train_logs.XXXXXX")"   # tarred into $OUT at the end
 SCRATCH="$(mktemp -d "${TMPDIR:-/tmp}/gpu_train_work.XXXXXX")"
-SPEED_BUDGET="${SPEED_BUDGET:-20}"
-STUDY_BUDGET="${STUDY_BUDGET:-10}"
+SPEED_BUDGET="${SPEED_BUDGET:-15}"
+STUDY_BUDGET="${STUDY_BUDGET:-8}"
 PY="${PYTHON:-$(command -v python3)}"
 PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
 export PIP_NO_INDEX=1                                # nothing may be downloaded
@@ -95,7 +97,7 @@ cp -r "$ROOT/examples/tinygpt" "$SPEED"
   cd "$SPEED" && export RATCHET_DATA="$SCRATCH/data" TINYGPT_TIME_BUDGET="$SPEED_BUDGET" &&
   timeout 60 "$PY" prepare.py && timeout 300 "$PY" train.py
 ) >"$LOGS/speed_train.log" 2>&1 || { log "speed run FAILED (speed_train.log)"; status=1; }
-( cd "$SPEED" && RATCHET_DATA="$SCRATCH/data" timeout 120 "$PY" -I evaluate.py ) \
+( cd "$SPEED" && RATCHET_DATA="$SCRATCH/data" timeout 180 "$PY" -I evaluate.py ) \
   >"$LOGS/speed_eval.log" 2>&1 || { log "evaluate FAILED (speed_eval.log)"; status=1; }
 grep -E '^(device|steps|train_seconds|wall_seconds|tokens_per_sec|mfu_percent|peak_memory_gb|num_params):' \
   "$LOGS/speed_train.log" | tee -a "$LOGS/check.log"
@@ -137,11 +139,12 @@ log "step 4: an architecture change and a look-ahead model, through submit + wai
   g() { git -c user.name=gpu-check -c user.email=gpu-check@localhost "$@"; }
   base="$(git rev-parse HEAD)"
   g checkout -q -b arch "$base"
-  sed -i -e 's/4 \* n_embd/2 * n_embd/g' -e 's/F\.gelu(self\.fc(x))/F.relu(self.fc(x))/' train.py
+  sed -i -e 's/4 \* n_embd/2 * n_embd/g' -e 's/F\.gelu(self\.fc(x))/F.relu(self.fc(x))/' \
+         -e 's/^GPU_COMPILE = True/GPU_COMPILE = False/' train.py
   g commit -qam "MLP 2x + ReLU"
   arch="$(git rev-parse HEAD)"
   g checkout -q -b ahead "$base"
-  sed -i 's/is_causal=True/is_causal=False/' train.py
+  sed -i -e 's/is_causal=True/is_causal=False/' -e 's/^GPU_COMPILE = True/GPU_COMPILE = False/' train.py
   g commit -qam "attention sees the future"
   ahead="$(git rev-parse HEAD)"
   g checkout -q main
