@@ -1,16 +1,18 @@
 """Overhead per candidate on local, Ray (slot actors, and one Ray Job per candidate) and
 Slurm, side by side in one run, on a synthetic fixed-duration task.
 
-The same study (K slots, ROUNDS rounds, an evaluator that sleeps SLEEP_S seconds) runs
-on each backend in turn with the same K slots: local `slots = K`; Ray on a private local
-cluster with K logical GPUs (`num_gpus = 1` per job); Slurm on a running single-node
-Slurm (scripts/slurm_local.sh start), if `sbatch` answers. Overhead per candidate = (the
+The same study (K candidates per round, ROUNDS rounds, an evaluator that sleeps SLEEP_S
+seconds) runs on each backend in turn with the same SLOTS slots (default K): local
+`slots = SLOTS`; Ray on a private local cluster with SLOTS logical GPUs (`num_gpus = 1`,
+`slots = SLOTS`); Slurm on a running single-node Slurm (scripts/slurm_local.sh start;
+as many at once as the node has cores), if `sbatch` answers. Engine settings are the
+defaults (poll intervals included). Overhead per candidate = (the
 study's wall time - the critical path of the jobs' own phase times) / candidates, the
 same measure as bench/fanout.py (it includes the driver's start-up, e.g. connecting to
 Ray, spread over the candidates). Also shown: the median per job of (placed -> result
 recorded) minus the job's own phase time, and the median engine queue wait (`queue_s`).
 
-    .venv/bin/python bench/distributed.py [--sleep 1.0] [--k 2] [--rounds 4]
+    .venv/bin/python bench/distributed.py [--sleep 1.0] [--k 2] [--slots K] [--rounds 4]
         [--only local,ray,ray-job,slurm] [--record]
 
 A Ray cluster named by RATCHET_RAY_STATE (scripts/ray_cluster.sh start) is used as is;
@@ -76,26 +78,27 @@ def git(repo: Path, *args: str) -> None:
     subprocess.run(["git", "-C", str(repo), *args], check=True, env=env, capture_output=True)
 
 
-def backend_keys(name: str, k: int, base: Path, cluster: dict | None) -> tuple[str, str]:
+def backend_keys(name: str, slots: int, base: Path, cluster: dict | None) -> tuple[str, str]:
     python = sys.executable
     if name == "local":
-        return "local", f"slots = {k}"
+        return "local", f"slots = {slots}"
     if name in ("ray", "ray-job"):
         mode = "actors" if name == "ray" else "job"
         return "ray", "\n".join([
             "[backend.ray]", f'mode = "{mode}"', f'cluster = "{cluster["gcs"]}"',
             f'address = "{cluster["address"]}"', f'python = "{python}"', "num_gpus = 1",
-            "num_cpus = 0", "poll = 0.1"])
+            f"slots = {slots}",
+            "num_cpus = 0"])
     return "shell", "\n".join([
         "[backend.shell]", 'preset = "slurm"', f'stage_dir = "{base / "stage"}"',
-        f'python = "{python}"', "poll = 0.2", 'vars = { sbatch_args = "--cpus-per-task=1" }'])
+        f'python = "{python}"', 'vars = { sbatch_args = "--cpus-per-task=1" }'])
 
 
-def one_run(name: str, k: int, rounds: int, sleep: float, base: Path,
+def one_run(name: str, k: int, slots: int, rounds: int, sleep: float, base: Path,
             cluster: dict | None) -> dict:
     repo = base / name
     repo.mkdir()
-    kind, keys = backend_keys(name, k, base, cluster)
+    kind, keys = backend_keys(name, slots, base, cluster)
     jobs = k * rounds
     (repo / "ratchet.toml").write_text(CONFIG.format(
         backend=name, k=k, rounds=rounds, choices=list(range(100, 100 + 2 * jobs)), kind=kind,
@@ -146,11 +149,14 @@ def slurm_up() -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sleep", type=float, default=1.0)
-    parser.add_argument("--k", type=int, default=2)
+    parser.add_argument("--k", type=int, default=2, help="candidates per round")
+    parser.add_argument("--slots", type=int, default=0,
+                        help="GPU slots (local slots, Ray logical GPUs); default: k")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--only", default="local,ray,ray-job,slurm")
     parser.add_argument("--record", action="store_true", help="append to bench/RESULTS.md")
     args = parser.parse_args()
+    slots = args.slots or args.k
     wanted = args.only.split(",")
     skipped = []
     if "slurm" in wanted and not slurm_up():
@@ -164,20 +170,21 @@ def main() -> None:
         if state and Path(state).is_file():
             cluster = json.loads(Path(state).read_text())
         else:
-            os.environ["RAY_NUM_GPUS"] = str(args.k)
+            os.environ["RAY_NUM_GPUS"] = str(slots)
             cluster, started_cluster = ray_cluster.start(), True
     base = Path(tempfile.mkdtemp(prefix="ratchet-dist-"))
     rows = []
     try:
         for name in wanted:
-            rows.append(one_run(name, args.k, args.rounds, args.sleep, base, cluster))
+            rows.append(one_run(name, args.k, slots, args.rounds, args.sleep, base, cluster))
             print(f"{name}: {rows[-1]['overhead']:.3f} s/candidate", file=sys.stderr)
     finally:
         shutil.rmtree(base, ignore_errors=True)
         if started_cluster:
             ray_cluster.stop(cluster)
     lines = [
-        f"{args.k * args.rounds} candidates (K={args.k}, {args.rounds} rounds), evaluator "
+        f"{args.k * args.rounds} candidates (K={args.k}, {slots} slots, {args.rounds} rounds), "
+        "evaluator "
         f"sleeps {args.sleep:.2f} s, {os.cpu_count()} cores, load average "
         f"{os.getloadavg()[0]:.1f}, Python {platform.python_version()}",
         "| backend | wall s | jobs' own time s (critical path) | overhead s/candidate | "
@@ -195,7 +202,8 @@ def main() -> None:
         stamp = time.strftime("%Y-%m-%d")
         with (ROOT / "bench" / "RESULTS.md").open("a") as fh:
             fh.write(f"\n### distributed, {stamp}\n\nCommand: `.venv/bin/python "
-                     f"bench/distributed.py --sleep {args.sleep} --k {args.k} --rounds "
+                     f"bench/distributed.py --sleep {args.sleep} --k {args.k} --slots {slots} "
+                     f"--rounds "
                      f"{args.rounds} --only {args.only} --record`\n\n{text}\n")
 
 

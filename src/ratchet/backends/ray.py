@@ -54,7 +54,7 @@ class RayConfig(BaseModel):
     request_timeout: Duration = 30.0  # each call to the cluster
     call_attempts: int = Field(default=1, ge=1)  # job: tries per call (the study retries)
     backoff: Duration = 0.5
-    poll: Duration = 0.2  # ask about a job at most this often
+    poll: Duration = 0.1  # ask about a job at most this often (actors: one call per slot)
 
 
 def check_shared_prep(nodes: int) -> None:

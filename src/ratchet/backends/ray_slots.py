@@ -74,7 +74,7 @@ class SlotRunner:
             if holdout is not None:
                 (job_dir / "holdout.tar").write_bytes(holdout)
                 (job_dir / "holdout.tar").chmod(0o600)
-            self.jobs[job_id] = {"state": PENDING, "queued_at": time.time(),
+            self.jobs[job_id] = {"state": PENDING, "times": {"received": time.time()},
                                  "spec": spec_json, "snapshot": snapshot}
             self.queue.append(job_id)
         self.wake.set()
@@ -88,7 +88,8 @@ class SlotRunner:
             for job_id in job_ids:
                 job = self.jobs.get(job_id)
                 if job is not None:
-                    out[job_id] = {k: job[k] for k in ("state", "result", "logs") if k in job}
+                    out[job_id] = {k: job[k] for k in ("state", "result", "logs", "times")
+                                   if k in job}
         return out
 
     def forget(self, job_ids: list[str]) -> None:
@@ -181,6 +182,8 @@ class SlotRunner:
         from ratchet.gitrepo import GitError  # noqa: F401  (import cost paid here, once)
 
         job_dir = self.root / job_id
+        times = self.jobs[job_id]["times"]  # where a job's time goes, for the bench
+        times["taken"] = time.time()
         shipped = None
         try:
             spec = JobSpec.from_json(spec_json)
@@ -206,12 +209,14 @@ class SlotRunner:
             else:
                 worker.stdin.write(f"{job_dir}\n".encode())
                 worker.stdin.close()
+            times["handed"] = time.time()
             with self.lock:
                 self.current = worker
                 cancelled = self.jobs[job_id].get("cancel")
             if cancelled:
                 worker.send_signal(signal.SIGTERM)
             worker.wait()
+            times["worker_exited"] = time.time()
             try:
                 text = (job_dir / "result.json").read_text()
                 JobResult.from_json(text)
@@ -228,6 +233,7 @@ class SlotRunner:
             if shipped is not None:
                 shutil.rmtree(shipped, ignore_errors=True)
             shutil.rmtree(job_dir / "work", ignore_errors=True)
+        times["stored"] = time.time()
         with self.lock:
             self.current = None
             self.jobs[job_id].update(state=DONE, result=text, logs=logs)

@@ -43,6 +43,7 @@ SLURM = {
     },
     "logs": "cat {stage}/engine.log",
     "cancel": "scancel {id}",
+    "poll": 0.5,  # one squeue for all jobs per poll: cheap for slurmctld
     "vars": {"sbatch_args": ""},
 }
 
