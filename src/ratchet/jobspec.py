@@ -49,6 +49,10 @@ ENV_ALLOW = (
     "HF_HUB_OFFLINE",
 )
 ENV_ALLOW_PREFIXES = ("LC_", "RATCHET_")
+# Compile caches a study shares between its jobs (set by the study in `env_set`). The
+# worker binds them writable for the candidate's phases and gives trusted phases private
+# ones, so an evaluator never loads a compiled artefact a candidate could have written.
+COMPILE_CACHE_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "NUMBA_CACHE_DIR")
 SECRET_SUFFIXES = ("_API_KEY", "_TOKEN", "_SECRET", "_PASSWORD", "_ACCESS_KEY", "_KEY_ID")
 SECRET_NAMES = ("RATCHET_DRIVER_TOKEN",)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ratchet import sandbox
 from ratchet.jobspec import (
+    COMPILE_CACHE_VARS,
     RESULT_MARKER,
     STDOUT,
     JobResult,
@@ -197,6 +198,25 @@ class Job:
         eval_dir.mkdir()
         return eval_dir
 
+    def _compile_caches(self, env: dict[str, str], name: str, trusted: bool) -> list[Path]:
+        """Shared compile caches: writable for the candidate's phases; private when trusted.
+
+        A shared cache that a candidate can write could hand the evaluator a poisoned
+        compiled kernel, so trusted phases compile into their own directory instead.
+        """
+        shared = []
+        for var in COMPILE_CACHE_VARS:
+            if var not in env:
+                continue
+            if trusted:
+                path = self.job_dir / "tmp" / f"{name}-cache" / var.lower()
+                env[var] = str(path)
+            else:
+                path = Path(env[var])
+                shared.append(path)
+            path.mkdir(parents=True, exist_ok=True)  # bwrap binds only what exists
+        return shared
+
     def phase(self, name: str, command: str, *, trusted: bool = False) -> PhaseResult:
         env = dict(self.env)
         result_file = self.job_dir / "eval" / f"{name}.json"
@@ -211,6 +231,7 @@ class Job:
                 env["RATCHET_HOLDOUT"] = self.spec.holdout_dir
         argv = ["/bin/sh", "-c", command]
         writable = [self.work, self.job_dir / "tmp"] + ([result_file.parent] if trusted else [])
+        writable += self._compile_caches(env, name, trusted)
         argv = sandbox.wrap(
             self.sandbox_kind,
             argv,
@@ -372,7 +393,11 @@ class Job:
             return reading.metrics, self.fail("violation", name, f"{name}: {reason}")
         metrics = reading.metrics
         if metrics.get("correct") is False:
-            return metrics, self.fail("failed", name, f"{name}: evaluator reported correct: false")
+            why = metrics.get("reason")
+            detail = f" ({why[:300]})" if isinstance(why, str) and why else ""
+            return metrics, self.fail(
+                "failed", name, f"{name}: evaluator reported correct: false{detail}"
+            )
         value = metrics.get(self.spec.metric)
         if not isinstance(value, int | float) or isinstance(value, bool) or value != value:
             why = (f"{name} printed no '{self.spec.metric}: <number>' line"
