@@ -12,7 +12,7 @@ mkdir -p "$work"
 rm -rf "${work:?}/$example"
 cp -r "$here/examples/$example" "$work/$example"
 cd "$work/$example"
-rm -rf data model.pt .ratchet results.tsv
+rm -rf data model.pt model.pt2 .ratchet results.tsv
 git init -q
 git add -A
 git -c user.name=ratchet-demo -c user.email=demo@ratchet.invalid commit -qm "$example task"
