@@ -77,11 +77,13 @@ def _added_lines(diff: str) -> str:
 
 
 def materialise(repo: Path, state_dir: Path, config: Config, proposal: Proposal,
-                incumbent: str, cand_id: str, proposer: str) -> dict:
+                incumbent: str, cand_id: str, proposer: str,
+                checked: dict[tuple[str, str], list[str]] | None = None) -> dict:
     """The ledger fields of a new candidate: its commit on the incumbent, or why not.
 
     Everything here is git plumbing (content-addressed, no checkout), so candidates of a
-    round can be built side by side.
+    round can be built side by side. `checked`: scope checks already made, by
+    (parent, commit) (a proposal built ahead of time).
     """
     fields = dict(parent=incumbent, description=proposal.description[:200],
                   proposer=proposer, params=proposal.params, idea=proposal.idea)
@@ -97,7 +99,8 @@ def materialise(repo: Path, state_dir: Path, config: Config, proposal: Proposal,
         commit = make_commit(repo, incumbent, proposal, cand_id)
     except gitrepo.GitError as exc:
         return {**fields, "status": "rejected", "reasons": f"could not commit: {exc}"}
-    problems = scope_violations(repo, config, incumbent, commit)
+    known = (checked or {}).get((incumbent, commit))
+    problems = known if known is not None else scope_violations(repo, config, incumbent, commit)
     if problems:
         return {**fields, "commit_sha": commit, "status": "rejected",
                 "reasons": "; ".join(problems)}

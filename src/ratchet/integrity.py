@@ -143,15 +143,33 @@ class Guard:
 
     def snapshot(self) -> dict:
         """What the driver trusts, taken before candidates run."""
-        refs = gitrepo.git(self.repo, "for-each-ref", "--format=%(refname) %(objectname)",
-                           f"refs/ratchet/{self.study}/", self.branch)
+        out = gitrepo.git(self.repo, "for-each-ref", "--format=%(refname) %(objectname)",
+                          f"refs/ratchet/{self.study}/", self.branch)
         tsv = self.repo / "results.tsv"
         return {
             "meta": {key: self.ledger.get(key) for key in TRUSTED_META},
-            "refs": refs,
+            "refs": dict(line.split() for line in out.splitlines() if line.strip()),
             "tsv": tsv.read_bytes() if tsv.exists() else None,
             "verdicts": {c.id: (c.status, c.metric) for c in self.ledger.candidates()
                          if c.is_judged},
+        }
+
+    def expect(self, before: dict, *, meta: dict | None = None,
+               refs: dict[str, str] | None = None,
+               verdicts: dict[str, tuple] | None = None) -> dict:
+        """`before` plus the driver's own writes since: what `check` must then find.
+
+        Rolling search writes while candidates run; checking against this (rather than
+        a fresh snapshot) catches a candidate that wrote at the same time. results.tsv
+        is taken as it is now: it is a view the driver has just rebuilt from the ledger.
+        """
+        tsv = self.repo / "results.tsv"
+        return {
+            "meta": {**before["meta"],
+                     **{k: v for k, v in (meta or {}).items() if k in TRUSTED_META}},
+            "refs": {**before["refs"], **(refs or {})},
+            "tsv": tsv.read_bytes() if tsv.exists() else None,
+            "verdicts": {**before["verdicts"], **(verdicts or {})},
         }
 
     def check(self, before: dict, ids: list[str]) -> bool:
@@ -169,11 +187,10 @@ class Guard:
             self.ledger.set(**before["meta"])
         if after["refs"] != before["refs"]:
             problems.append("git refs of the study were moved")
-            for line in before["refs"].splitlines():
-                ref, sha = line.split()
-                gitrepo.update_ref(self.repo, ref, sha, reason="ratchet: undo tampering")
-            for line in after["refs"].splitlines():
-                ref = line.split()[0]
+            for ref, sha in before["refs"].items():
+                if after["refs"].get(ref) != sha:
+                    gitrepo.update_ref(self.repo, ref, sha, reason="ratchet: undo tampering")
+            for ref in after["refs"]:
                 if ref not in before["refs"]:
                     gitrepo.git(self.repo, "update-ref", "-d", ref)
         if after["verdicts"] != before["verdicts"]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -50,6 +51,7 @@ class Jobs:
         self.on_trouble = on_trouble  # the live view shows backend trouble while we wait
         self.trouble = ""
         self._backend: Backend | None = None
+        self._cleaner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratchet-clean")
 
     @property
     def backend(self) -> Backend:
@@ -58,6 +60,7 @@ class Jobs:
         return self._backend
 
     def close(self) -> None:
+        self._cleaner.shutdown(wait=True)
         if self._backend is not None:
             self._backend.close()
 
@@ -137,19 +140,33 @@ class Jobs:
         self.call("submit", lambda: self.backend.submit(spec), cand.id)
 
     def start(self, cands: list[Candidate], stop_hard: Callable[[], bool]) -> None:
-        """Resume or place the jobs of these candidates (committed ones are placed)."""
-        for cand in cands:
-            cand = self.ledger.candidate(cand.id)
-            if stop_hard():
-                return
+        """Resume or place the jobs of these candidates (committed ones are placed).
+
+        The job ids of all new placements are recorded in one transaction (one fsync
+        for a round, not one per job), then the jobs are placed.
+        """
+        fresh = []
+        for cand in (self.ledger.candidate(c.id) for c in cands):
             if cand.status == "interrupted":
                 # one write: a driver killed before the submit must not count it twice
                 self.ledger.update(cand.id, attempt=cand.attempt + 1, status="committed")
-                self.submit(self.ledger.candidate(cand.id))
+                fresh.append(self.ledger.candidate(cand.id))
             elif cand.status == "submitted":
                 self.reattach(cand)
             elif cand.status == "committed":
-                self.submit(cand)
+                fresh.append(cand)
+        if not fresh or stop_hard():
+            return
+        specs = [self.spec(cand) for cand in fresh]
+        now = time.time()
+        with self.ledger.transaction():
+            for cand, spec in zip(fresh, specs, strict=True):
+                self.ledger.update(cand.id, "submitted", status="submitted", job_id=spec.job_id,
+                                   submitted_at=now)
+        fault_point("submit-recorded")
+        for cand, spec in zip(fresh, specs, strict=True):  # all of them: each is recorded
+            self.call("submit", lambda s=spec: self.backend.submit(s), cand.id)
+            fault_point("submitted")
 
     # -- the one retry loop ---------------------------------------------------------------
 
@@ -191,18 +208,26 @@ class Jobs:
             return []
         states: dict[str, JobState] = self.call(
             "status", lambda: self.backend.poll([c.job_id for c in cands]))
-        running = []
+        running, done, lost = [], [], []
         now = time.time()
         for cand in cands:
             state = states.get(cand.job_id, "lost")
             if state == "done":
-                self.record_result(cand, self.call(
-                    "result", lambda c=cand: self.backend.result(c.job_id), cand.id))
+                result = self.call("result", lambda c=cand: self.backend.result(c.job_id),
+                                   cand.id)
+                (done if result is not None else lost).append((cand, result))
             elif state == "lost":
-                self.handle_lost(cand)
+                lost.append((cand, None))
             else:
                 running.append((cand.id, cand.description, now - (cand.submitted_at or now),
                                 state))
+        if done:  # the results of one look in one transaction (one fsync)
+            with self.ledger.transaction():
+                for cand, result in done:
+                    self._record(cand, result)
+            fault_point("result-recorded")
+        for cand, _ in lost:  # outside it: a rerun is recorded before it is placed
+            self.handle_lost(cand)
         return running
 
     def wait(self, ids: list[str], report: Callable[[list], None],
@@ -246,6 +271,10 @@ class Jobs:
         if result is None:
             self.handle_lost(cand)
             return
+        self._record(cand, result)
+        fault_point("result-recorded")
+
+    def _record(self, cand: Candidate, result: JobResult) -> None:
         run_s = sum(p.seconds for p in result.phases)
         self.ledger.update(
             cand.id,
@@ -265,7 +294,6 @@ class Jobs:
             reasons=result.reason or None,
             result=json.loads(result.to_json()),
         )
-        fault_point("result-recorded")
 
     def cost(self, run_s: float) -> float:
         backend = self.config.backend
@@ -310,7 +338,8 @@ class Jobs:
             cand = self.ledger.candidate(cand.id)
             if not cand.job_id or (policy == "kept" and cand.status == "keep"):
                 continue
-            self.backend.clean_up(cand.job_id)
+            # off the loop: deleting a checkpoint must not delay the next round
+            self._cleaner.submit(self.backend.clean_up, cand.job_id)
 
     def cancel(self, cand: Candidate) -> None:
         if cand.job_id:

@@ -188,7 +188,9 @@ class Entry:
     seq: int
     result: JobResult
     commit: str | None = None
-    based_on_incumbent: bool = True  # its commit descends from the current incumbent
+    # its commit descends from the current incumbent (a callable is asked only for the
+    # would-be winner: it may cost a git call)
+    based_on_incumbent: bool | Callable[[], bool] = True
 
 
 @dataclass
@@ -276,7 +278,8 @@ def judge_group(config: Config, entries: list[Entry], incumbent: Incumbent,
             verdict.status = "rejected"
             verdict.reasons.append(overfit)
             continue
-        if not entry.based_on_incumbent:
+        based = entry.based_on_incumbent
+        if not (based() if callable(based) else based):
             verdict.status = "discard"
             verdict.reasons.append("not based on the current incumbent")
             continue

@@ -29,10 +29,18 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from ratchet import gitrepo, judge
-from ratchet.candidate import Proposal, materialise, rebase, study_ref
+from ratchet.candidate import (
+    Proposal,
+    make_commit,
+    materialise,
+    rebase,
+    scope_violations,
+    study_ref,
+)
 from ratchet.config import Config
 from ratchet.faults import fault_point
 from ratchet.integrity import Guard
@@ -81,6 +89,7 @@ class Proposals:
         self._proposer: Proposer | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratchet-propose")
         self._ahead: dict[object, tuple[str, Future]] = {}  # key -> (base commit, proposals)
+        self._checked: dict[tuple[str, str], list[str]] = {}  # (parent, commit) -> problems
 
     @property
     def proposer(self) -> Proposer:
@@ -115,7 +124,26 @@ class Proposals:
                   future: Future | None = None) -> None:
         """Start proposing for `key` now (or keep `future` as that request)."""
         if key not in self._ahead:
-            self._ahead[key] = (base, future or self.ask(k, ctx))
+            if future is None:
+                proposer = self.proposer
+                future = self._pool.submit(self._propose_and_build, proposer, k, ctx, base)
+            self._ahead[key] = (base, future)
+
+    def _propose_and_build(self, proposer: Proposer, k: int, ctx: ProposalContext,
+                           base: str) -> list[Proposal]:
+        """Propose, then build the commits on `base` too (git plumbing, off the loop):
+        when the incumbent has not moved, recording them costs no git work."""
+        proposals = proposer.propose(k, ctx)
+        built = []
+        for i, proposal in enumerate(proposals):
+            if not proposal.error and not proposal.commit:
+                with contextlib.suppress(gitrepo.GitError):  # recording reports it
+                    commit = make_commit(self.repo, base, proposal, f"ahead {ctx.round}.{i}")
+                    proposal = replace(proposal, commit=commit, files={})
+                    self._checked[(base, commit)] = scope_violations(
+                        self.repo, self.config, base, commit)
+            built.append(proposal)
+        return built
 
     def take_ahead(self, key: object) -> tuple[str, Future] | None:
         return self._ahead.pop(key, None)
@@ -168,7 +196,7 @@ class Proposals:
             built = list(pool.map(
                 lambda item: materialise(self.repo, self.state_dir, self.config, item[1][1],
                                          item[1][0], f"c{base_seq + item[0]:04d}",
-                                         proposer or self.kind),
+                                         proposer or self.kind, dict(self._checked)),
                 enumerate(items)))
         rows = [*rows, *built]
         fault_point("proposed")
@@ -179,9 +207,11 @@ class Proposals:
                 kind = fields.pop("kind", "candidate")
                 created.append(self.ledger.new_candidate(round_no, kind=kind, **fields))
         fault_point("recorded")
+        refs = "".join(f"update {study_ref(self.name, c.id)} {c.commit_sha}\n"
+                       for c in created if c.commit_sha and c.kind == "candidate")
+        if refs:  # every candidate keeps a ref, kept or not (one git call for all)
+            gitrepo.git(self.repo, "update-ref", "--stdin", input=refs.encode())
         for cand, fields in zip(created, rows, strict=True):
-            if cand.commit_sha and cand.kind == "candidate":
-                gitrepo.update_ref(self.repo, study_ref(self.name, cand.id), cand.commit_sha)
             if cand.idea:  # a proposal that failed outright is that idea's outcome
                 self.ledger.mark_idea(cand.idea, cand.id,
                                       "rejected" if cand.status == "rejected" else None)
@@ -227,6 +257,8 @@ class Loop:
     log: Callable[[str], None]
     name: str = ""
     snapshot: dict = field(default_factory=dict)
+    # what the last settle wrote to trusted state: (meta, verdicts by id)
+    written: tuple[dict, dict] = field(default_factory=lambda: ({}, {}))
 
     # -- judging (the ledger side of the pure judge) -------------------------------------
 
@@ -243,9 +275,8 @@ class Loop:
             holdout=led.get("incumbent_holdout"), sem=led.get("incumbent_sem"))
         entries = [judge.Entry(id=c.id, kind=c.kind, seq=c.seq, commit=c.commit_sha,
                                result=JobResult.from_json(json.dumps(c.result)),
-                               based_on_incumbent=(c.kind != "candidate" or
-                                                   _descends(self.repo, c.commit_sha,
-                                                             incumbent.commit)))
+                               based_on_incumbent=True if c.kind != "candidate" else
+                               partial(_descends, self.repo, c.commit_sha, incumbent.commit))
                    for c in finished]
         by_id = {c.id: c for c in finished}
         decision = judge.judge_group(self.config, entries, incumbent,
@@ -270,6 +301,8 @@ class Loop:
             if meta:
                 led.set(**meta)
         fault_point("verdicts")
+        self.written = (meta, {i: (v.status, led.candidate(i).metric)
+                               for i, v in decision.verdicts.items()})
         for cand in finished:
             if cand.idea:
                 led.mark_idea(cand.idea, cand.id, decision.verdicts[cand.id].status)
@@ -398,9 +431,9 @@ class Rounds:
 
     def run_group(self, cands: list[Candidate], round_no: int) -> None:
         loop = self.loop
+        trusted = loop.guard.snapshot()  # before any of them can run
         loop.jobs.start(cands, lambda: loop.stop.hard)
         self.ask_ahead(round_no + 1)  # the proposer works while the round runs
-        trusted = loop.guard.snapshot()
         ids = [c.id for c in cands]
         loop.jobs.wait(ids, lambda running: loop.report(round_no, self.target, running),
                        lambda: loop.stop.hard)
@@ -422,6 +455,7 @@ class Rolling:
         self.loop, self.budget = loop, budget
         self.ready: list[tuple[str, Proposal]] = []  # (base commit, proposal) made ahead
         self.exhausted = False
+        self.open_ids: list[str] = []  # recorded, not judged yet
 
     def made(self) -> int:
         return sum(1 for c in self.loop.ledger.candidates() if c.kind == "candidate")
@@ -430,30 +464,31 @@ class Rolling:
         loop, led = self.loop, self.loop.ledger
         resumed = [c for c in led.candidates() if c.status in OPEN_STATES]
         loop.ensure_refs(resumed)
-        loop.jobs.start(resumed, lambda: loop.stop.hard)
-        open_ids = [c.id for c in resumed]
-        if not any(c.kind == "baseline" for c in led.candidates()):
-            open_ids += self.add(loop.fixed_rows(led.get("incumbent")), [])
         loop.snapshot = loop.guard.snapshot()
+        loop.jobs.start(resumed, lambda: loop.stop.hard)
+        self.open_ids = [c.id for c in resumed]
+        if not any(c.kind == "baseline" for c in led.candidates()):
+            self.open_ids += self.add(loop.fixed_rows(led.get("incumbent")), [])
         cancelled = False
         while True:
             if not loop.stop.soft:
-                open_ids += self.fill(len(open_ids))
+                self.open_ids += self.fill(len(self.open_ids))
                 self.request()  # the proposer works on the next ones while these run
-            running = loop.jobs.poll(open_ids)
+            running = loop.jobs.poll(self.open_ids)
             loop.report(led.get("round"), self.budget, running)
-            if self.judgeable(open_ids):
-                self.judge(open_ids)
-            open_ids = [i for i in open_ids if led.candidate(i).status in OPEN_STATES]
+            if self.judgeable(self.open_ids):
+                self.judge(self.open_ids)
+            self.open_ids = [i for i in self.open_ids
+                             if led.candidate(i).status in OPEN_STATES]
             if loop.stop.hard:
                 if not cancelled:
                     cancelled = True
                     for cand_id, *_ in running:
                         loop.jobs.interrupt(led.candidate(cand_id))
-                if not any(led.candidate(i).status == "submitted" for i in open_ids):
+                if not any(led.candidate(i).status == "submitted" for i in self.open_ids):
                     break
-            elif not open_ids and (loop.stop.soft or self.exhausted
-                                   or self.made() >= self.budget):
+            elif not self.open_ids and (loop.stop.soft or self.exhausted
+                                        or self.made() >= self.budget):
                 break
             time.sleep(0.02)
         loop.proposals.take_ahead(self.KEY)
@@ -466,16 +501,16 @@ class Rolling:
 
     def judge(self, open_ids: list[str]) -> None:
         loop, led = self.loop, self.loop.ledger
-        if loop.guard.check(loop.snapshot, open_ids):
-            for cand in (led.candidate(i) for i in open_ids):
-                if cand.status == "rejected" and cand.job_id:
-                    loop.jobs.cancel(cand)  # rejected while it ran: free its slot
-            loop.write_views()
+        self.verify(loop.snapshot, open_ids)
+        before = loop.snapshot
         finished = [i for i in open_ids if led.candidate(i).status == "finished"]
-        loop.settle(finished, on_keep={"round": led.get("round") + 1})
+        winner = loop.settle(finished, on_keep={"round": led.get("round") + 1})
+        meta, verdicts = loop.written
+        branch = {loop.guard.branch: meta["incumbent"]} if winner else {}
+        # the others ran on while we judged: anything but our own writes is theirs
+        self.verify(before, open_ids, meta=meta, refs=branch, verdicts=verdicts)
         loop.check_baseline(finished)
         fault_point("judged")
-        loop.snapshot = loop.guard.snapshot()
         for cand in (led.candidate(i) for i in finished):
             # it beat the incumbent but started from an older one: its change goes again,
             # carried onto the current incumbent, before anything new
@@ -485,14 +520,40 @@ class Rolling:
                     description=f"{cand.description} (again, on the new incumbent)"[:200],
                     commit=cand.commit_sha, params=cand.params)))
 
+    def verify(self, before: dict, ids: list[str], **writes) -> None:
+        """Trusted state must be `before` plus our own `writes` (Guard.expect); anything
+        else was written by a running candidate: restored, and the candidates that ran
+        (`ids`) are rejected and stopped. The result is the new trusted state."""
+        loop = self.loop
+        expected = loop.guard.expect(before, **writes)
+        if not loop.guard.check(expected, ids):
+            loop.snapshot = expected
+            return
+        rejected = [c for c in (loop.ledger.candidate(i) for i in ids)
+                    if c.status == "rejected"]
+        for cand in rejected:
+            if cand.job_id:
+                loop.jobs.cancel(cand)  # rejected while it ran: stop it, free its slot
+        # what they wrote until they were stopped is undone too (never taken as trusted)
+        expected = loop.guard.expect(expected, verdicts={c.id: (c.status, c.metric)
+                                                         for c in rejected})
+        loop.guard.check(expected, ids)
+        loop.write_views()
+        loop.snapshot = loop.guard.expect(expected)
+
     def add(self, rows: list[dict], proposals: list[Proposal]) -> list[str]:
         """Record and start new candidates; the trusted snapshot follows our own writes."""
         loop, led = self.loop, self.loop.ledger
+        before = loop.snapshot or loop.guard.snapshot()  # the last trusted state
         created = loop.proposals.record(led.get("round"), led.get("incumbent"), proposals,
                                         rows)
-        loop.jobs.start(created, lambda: loop.stop.hard)
         loop.write_views()
-        loop.snapshot = loop.guard.snapshot()
+        # others run meanwhile: check against before + our own new refs and verdicts
+        refs = {study_ref(self.loop.name, c.id): c.commit_sha for c in created
+                if c.commit_sha and c.kind == "candidate"}
+        judged = {c.id: (c.status, c.metric) for c in created if c.is_judged}
+        self.verify(before, self.open_ids, refs=refs, verdicts=judged)
+        loop.jobs.start(created, lambda: loop.stop.hard)  # after the trusted state is set
         return [c.id for c in created if c.status in OPEN_STATES]
 
     def fill(self, busy: int) -> list[str]:

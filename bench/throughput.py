@@ -1,0 +1,243 @@
+"""Throughput, side by side in one run: is every slot kept busy?
+
+1. LLM latency hidden: the `llm` proposer against a fake OpenAI-compatible server on
+   loopback (inside this process), K=4, evaluations of TASK_S seconds, 16 candidates;
+   once answering at once, once after LLM_DELAY_S per reply. Target: within 3%.
+   The fake model proposes settings that never beat the incumbent, so proposals made
+   ahead are used as made (the case where the incumbent does not move).
+2. Fan-out: the `tune` proposer, 16 candidates of TASK_S seconds, K=4 against K=1.
+   Targets: ratio >= 3.9, overhead <= 0.05 s/candidate beyond the ideal schedule
+   (K=1: the jobs' own time; K=4: per round, the slowest job), study start-up included.
+3. Rolling vs rounds: 4 slots, 32 candidates whose run times are heavy-tailed
+   (lognormal, drawn from the candidate's number, so both modes see the same times).
+   Target: rolling >= 1.3x faster.
+4. One-GPU pipelining: not built (see the report); nothing is measured for it.
+
+Each study runs in this process (`Study.run`), timed from constructing the study to the
+last verdict. The duty cycle is `ratchet.ledger.throughput`: job time over slots x wall.
+
+    .venv/bin/python bench/throughput.py [--task-s 3] [--delay 1] [--record]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from llm_server import Answer, LLMServer  # noqa: E402
+
+from ratchet.config import load_config  # noqa: E402
+from ratchet.ledger import Ledger, throughput  # noqa: E402
+from ratchet.study import Study  # noqa: E402
+
+CONFIG = """
+[task]
+name = "tp"
+editable = ["knob.py"]
+protected = ["evaluate.py"]
+evaluate = "python evaluate.py"
+timeout = "5m"
+
+[task.metric]
+name = "score"
+goal = "minimize"
+
+[search]
+proposer = "{proposer}"
+parallel = {k}
+rounds = {rounds}
+
+[tune]
+sampler = "random"
+
+[tune.knobs]
+"knob.py:X" = {{ choices = {choices} }}
+
+[backend]
+kind = "local"
+slots = {k}
+{extra}
+"""
+
+# the run time is the task's alone: fixed, or lognormal by the candidate's number
+EVALUATE = """
+import os, random, time
+import knob
+seq = int(os.environ.get("RATCHET_CANDIDATE", "c0")[1:] or 0)
+sleep = {sleep}
+if {lognormal}:
+    sleep = {sleep} * random.Random(seq).lognormvariate(0.0, 0.9)
+time.sleep(sleep)
+print(f"score: {{knob.X}}")
+"""
+
+LLM = """
+[llm]
+timeout = 30
+max_retries = 0
+retries = 1
+backoff = 0.05
+
+[[llm.models]]
+provider = "openai"
+model = "fake"
+base_url = "{url}"
+"""
+
+
+def git(repo: Path, *args: str) -> None:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@b",
+           "GIT_COMMITTER_NAME": "b", "GIT_COMMITTER_EMAIL": "b@b"}
+    subprocess.run(["git", "-C", str(repo), *args], check=True, env=env, capture_output=True)
+
+
+def make_repo(path: Path, *, k: int, rounds: int, sleep: float, proposer: str = "tune",
+              extra: str = "", lognormal: bool = False) -> Path:
+    path.mkdir(parents=True)
+    (path / "ratchet.toml").write_text(CONFIG.format(
+        proposer=proposer, k=k, rounds=rounds, extra=extra,
+        choices=list(range(100, 300))))  # never better than X = 10: no keeps
+    (path / "knob.py").write_text("X = 10\n")
+    (path / "evaluate.py").write_text(EVALUATE.format(sleep=sleep, lognormal=lognormal))
+    (path / "program.md").write_text("# program\nLower X.\n")
+    git(path, "init", "-q", "-b", "main")
+    git(path, "add", "-A")
+    git(path, "commit", "-qm", "bench")
+    return path
+
+
+def timed_run(repo: Path, *, rolling: bool = False, candidates: int | None = None) -> dict:
+    config = load_config(repo)
+    if rolling:
+        config = config.model_copy(update={"search": config.search.model_copy(
+            update={"mode": "rolling"})})
+    started = time.perf_counter()
+    study = Study(repo, config)
+    try:
+        study.run(candidates=candidates)
+    finally:
+        study.close()
+    wall = time.perf_counter() - started
+    ledger = Ledger(repo / ".ratchet" / "ledger.db")
+    cands = ledger.candidates()
+    ledger.close()
+    own = {c.id: c.run_s or 0.0 for c in cands}
+    per_round: dict[int, float] = {}
+    for c in cands:
+        per_round[c.round] = max(per_round.get(c.round, 0.0), own[c.id])
+    tp = throughput(cands, config.search.parallel)
+    return {"wall": wall, "n": len(cands), "critical": sum(per_round.values()),
+            "duty": tp.duty, "limit": tp.limit_per_hour, "per_hour": tp.per_hour,
+            "statuses": sorted({c.status for c in cands})}
+
+
+def llm_latency(base: Path, task_s: float, delay: float, repeats: int) -> list[str]:
+    counter = itertools.count(11)
+
+    def reply(_request) -> Answer:
+        value = next(counter)  # a new setting every time, never better than 10
+        return Answer(f"DESCRIPTION: set X to {value}\n\nknob.py\n<<<<<<< SEARCH\nX = 10\n"
+                      f"=======\nX = {value}\n>>>>>>> REPLACE\n", delay=delay_now[0])
+
+    delay_now = [0.0]
+    rows = []
+    os.environ.setdefault("OPENAI_API_KEY", "sk-bench")
+    with LLMServer() as server:
+        server.respond_with(reply)
+        runs: dict[str, list[dict]] = {"no latency": [], f"{delay:g} s latency": []}
+        for rep in range(repeats):  # alternating, so machine load hits both alike
+            for name, d in (("no latency", 0.0), (f"{delay:g} s latency", delay)):
+                delay_now[0] = d
+                repo = make_repo(base / f"llm-{d:g}-{rep}", k=4, rounds=4, sleep=task_s,
+                                 proposer="llm", extra=LLM.format(url=server.openai_url))
+                runs[name].append(timed_run(repo))
+    results = {name: min(rs, key=lambda r: r["wall"]) for name, rs in runs.items()}
+    ratio = results[f"{delay:g} s latency"]["wall"] / results["no latency"]["wall"]
+    rows.append("**1. LLM latency hidden** (llm proposer, loopback fake server, K=4, "
+                f"{task_s:g} s tasks, 16 candidates)")
+    rows.append(f"| LLM reply | wall s (best of {repeats}) | all runs s | duty | candidates |")
+    rows.append("|---|---|---|---|---|")
+    for name, r in results.items():
+        every = ", ".join(f"{x['wall']:.2f}" for x in runs[name])
+        rows.append(f"| {name} | {r['wall']:.2f} | {every} | {r['duty']} | {r['n']} |")
+    rows.append(f"delayed / immediate wall time: **{ratio:.3f}** (target <= 1.03)")
+    return rows
+
+
+def fan_out(base: Path, task_s: float) -> list[str]:
+    results = {}
+    for k in (1, 4):
+        repo = make_repo(base / f"fan-{k}", k=k, rounds=16 // k, sleep=task_s)
+        results[k] = timed_run(repo)
+    rows = [f"**2. Fan-out** (tune proposer, 16 candidates of {task_s:g} s)",
+            "| K | wall s | ideal s | overhead s/candidate | duty |", "|---|---|---|---|---|"]
+    for k, r in results.items():
+        rows.append(f"| {k} | {r['wall']:.2f} | {r['critical']:.2f} | "
+                    f"{(r['wall'] - r['critical']) / r['n']:.3f} | {r['duty']} |")
+    rows.append(f"K=1 / K=4 wall time: **{results[1]['wall'] / results[4]['wall']:.2f}** "
+                "(target >= 3.9; overhead target <= 0.05 s/candidate)")
+    return rows
+
+
+def rolling_vs_rounds(base: Path, task_s: float) -> list[str]:
+    mean = task_s / 3  # lognormal(0, 0.9) has mean ~1.5: keep the total comparable
+    rounds = timed_run(make_repo(base / "rounds", k=4, rounds=8, sleep=mean, lognormal=True))
+    rolling = timed_run(make_repo(base / "rolling", k=4, rounds=8, sleep=mean,
+                                  lognormal=True), rolling=True, candidates=31)
+    rows = ["**3. Rolling vs rounds** (4 slots, 32 candidates incl. the baseline, run time "
+            f"{mean:g} s x lognormal(0, 0.9) by candidate number)",
+            "| mode | wall s | duty | limit /h | achieved /h |", "|---|---|---|---|---|"]
+    for name, r in (("rounds", rounds), ("rolling", rolling)):
+        rows.append(f"| {name} | {r['wall']:.2f} | {r['duty']} | {r['limit']} | "
+                    f"{r['per_hour']} |")
+    rows.append(f"rounds / rolling wall time: **{rounds['wall'] / rolling['wall']:.2f}** "
+                "(target >= 1.3)")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--task-s", type=float, default=3.0)
+    parser.add_argument("--delay", type=float, default=1.0)
+    parser.add_argument("--only", choices=["llm", "fanout", "rolling"], default=None)
+    parser.add_argument("--repeats", type=int, default=2, help="LLM runs per setting")
+    parser.add_argument("--record", action="store_true", help="append to bench/RESULTS.md")
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="ratchet-throughput-"))
+    lines = [f"{os.cpu_count()} cores (shared), Python {platform.python_version()}", ""]
+    try:
+        # warm-up (imports, git, the file cache), not measured
+        timed_run(make_repo(base / "warm-up", k=2, rounds=1, sleep=0.1))
+        if args.only in (None, "llm"):
+            lines += llm_latency(base, args.task_s, args.delay, args.repeats) + [""]
+        if args.only in (None, "fanout"):
+            lines += fan_out(base, args.task_s) + [""]
+        if args.only in (None, "rolling"):
+            lines += rolling_vs_rounds(base, args.task_s) + [""]
+        lines.append("**4. One-GPU pipelining**: not built; not measured.")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    text = "\n".join(lines)
+    print(text)
+    if args.record:
+        stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        with (ROOT / "bench" / "RESULTS.md").open("a") as fh:
+            fh.write(f"\n### throughput, {stamp}\n\nCommand: `.venv/bin/python "
+                     f"bench/throughput.py --task-s {args.task_s:g} --delay {args.delay:g}"
+                     f" --record`\n\n{text}\n")
+
+
+if __name__ == "__main__":
+    main()
