@@ -32,6 +32,7 @@ from ratchet.jobspec import JobResult, JobSpec, Slot, worker_env
 
 # job states as the actor reports them
 PENDING, RUNNING, DONE = "pending", "running", "done"
+SPARE_DELAY_S = 0.5
 
 
 class SlotRunner:
@@ -154,7 +155,13 @@ class SlotRunner:
 
     def _start_spare(self) -> None:
         """A worker with its interpreter up and modules imported, waiting for a job."""
-        self.spare = subprocess.Popen(
+        with self.lock:
+            if self.spare is not None and self.spare.poll() is None:
+                return  # one is waiting already
+            self.spare = self._popen_spare()
+
+    def _popen_spare(self) -> subprocess.Popen:
+        return subprocess.Popen(
             [self.python, "-m", "ratchet.worker", "--standby"],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, cwd=self.root, env=worker_env(dict(os.environ)),
@@ -197,9 +204,10 @@ class SlotRunner:
             spec.slots = [Slot(name=self.slot, env=dict(self.env))]
             spec.slot_lock_dir = str(self.root / "locks")
             (job_dir / "spec.json").write_text(spec.to_json())
-            worker = self.spare if self.spare is not None and self.spare.poll() is None \
-                else None
-            self.spare = None
+            with self.lock:
+                worker = self.spare if self.spare is not None and self.spare.poll() is None \
+                    else None
+                self.spare = None
             if worker is None:
                 worker = subprocess.Popen(
                     [self.python, "-m", "ratchet.worker", str(job_dir)],
@@ -210,6 +218,9 @@ class SlotRunner:
                 worker.stdin.write(f"{job_dir}\n".encode())
                 worker.stdin.close()
             times["handed"] = time.time()
+            # the next job's worker starts while this one runs (a moment later, so the
+            # two interpreters do not compete for the cores at this job's start)
+            threading.Timer(SPARE_DELAY_S, self._start_spare).start()
             with self.lock:
                 self.current = worker
                 cancelled = self.jobs[job_id].get("cancel")
@@ -237,7 +248,7 @@ class SlotRunner:
         with self.lock:
             self.current = None
             self.jobs[job_id].update(state=DONE, result=text, logs=logs)
-        self._start_spare()  # for the next job, while the driver judges this one
+        self._start_spare()  # if the early one failed to start
 
     def _clean(self) -> None:
         if self.spare is not None:
