@@ -2,7 +2,7 @@
 
 import json
 
-from helpers import git, make_repo, ratchet, results_tsv, score_repo
+from helpers import config_text, git, make_repo, ratchet, results_tsv, score_repo
 
 from ratchet.ledger import Ledger
 
@@ -157,3 +157,37 @@ def test_templates_match_the_examples():
             if rel in ("program.md",) and template == "kernel":
                 continue
             assert (ROOT / "examples" / example / rel).read_bytes() == content, (template, rel)
+
+
+def test_jobs_share_the_study_compile_caches(tmp_path):
+    """The candidate's phases compile into the study's caches under .ratchet/cache/; the
+    trusted evaluator into a private one (never an artefact a candidate wrote)."""
+    probe = ("import os\n"
+             "names = ('TRITON_CACHE_DIR', 'TORCHINDUCTOR_CACHE_DIR', 'NUMBA_CACHE_DIR')\n"
+             "open('cache.txt', 'w').write(' '.join(os.environ.get(n, '') for n in names))\n")
+    evaluator = ("import os, solution\n"
+                 "root = os.path.realpath(os.path.join(os.environ['RATCHET_WORKDIR'],"
+                 " *['..'] * 4, '.ratchet', 'cache'))\n"
+                 "seen = open('cache.txt').read().split()\n"
+                 "shared = len(seen) == 3 and all(os.path.realpath(os.path.dirname(p)) == root"
+                 " for p in seen)\n"
+                 "own = os.environ.get('TRITON_CACHE_DIR', '')\n"
+                 "private = bool(own) and not os.path.realpath(own).startswith(root)\n"
+                 "print(f'cache_shared: {int(shared)}')\n"
+                 "print(f'cache_private: {int(private)}')\n"
+                 "print(f'score: {solution.score()}')\n")
+    task = config_text().split("[task.metric]")[0].replace(
+        'evaluate = "python evaluate.py"', 'evaluate = "python evaluate.py"\nrun = "python probe.py"')
+    repo = make_repo(tmp_path / "r", {
+        "ratchet.toml": config_text(task=task, search='[search]\nparallel = 2\nrounds = 1\n'),
+        "evaluate.py": evaluator,
+        "probe.py": probe,
+        "solution.py": "X = 3.0\n\ndef score():\n    return (X - 1.25) ** 2\n",
+    })
+    proc = ratchet(repo, "run")
+    assert proc.returncode == 0, proc.stderr
+    cands = ledger(repo).candidates()
+    assert cands and all(c.extra.get("cache_shared") == 1 for c in cands), \
+        [(c.extra, c.reasons) for c in cands]
+    assert all(c.extra.get("cache_private") == 1 for c in cands)
+    assert (repo / ".ratchet" / "cache" / "triton").is_dir()

@@ -89,7 +89,7 @@ class Jobs:
             run_holdout=bool(task.holdout) and self.backend.holdout_in_job,
             repeats=self.config.acceptance.repeats,
             env_allow=list(task.env),
-            env_set=self.cache_env(sandbox),
+            env_set=self.cache_env(),
             protected=pins,
             data_dir=self.ledger.get("data_dir"),
             data_digest=self.ledger.get("data_digest"),
@@ -103,19 +103,16 @@ class Jobs:
             sandbox=sandbox,
         )
 
-    def cache_env(self, sandbox: str) -> dict[str, str]:
-        """Compile caches shared by the study's jobs, on by default.
-
-        Only where jobs run unsandboxed: there a candidate can already write anywhere
-        the user can, so a shared cache exposes nothing new. Under bubblewrap the cache
-        directory is read-only to the job, and a compiler that cannot write its cache
-        fails; there the worker must bind it writable for the candidate's phases and
-        give trusted phases a private one (a worker change, see docs), until then off.
-        """
-        if sandbox != "none":
-            return {}
-        root = self.state_dir / "cache"
-        return {var: str(root / sub) for var, sub in CACHE_VARS.items()}
+    def cache_env(self) -> dict[str, str]:
+        """Compile caches shared by the study's jobs, on by default. The worker binds them
+        writable for the candidate's phases and gives trusted phases private ones (an
+        evaluator never loads a compiled artefact a candidate could have written)."""
+        env = {}
+        for var, sub in CACHE_VARS.items():
+            path = self.state_dir / "cache" / sub
+            path.mkdir(parents=True, exist_ok=True)  # a sandbox can only bind what exists
+            env[var] = str(path)
+        return env
 
     def submit(self, cand: Candidate) -> str:
         """Record the job id, then place the job (idempotent under the same id)."""
