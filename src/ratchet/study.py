@@ -15,8 +15,6 @@ it reattaches to running jobs, resubmits lost ones once, and never counts anythi
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -30,6 +28,7 @@ from ratchet.integrity import Guard, IntegrityError, check_commands, committed_c
 from ratchet.jobs import BackendDown, Jobs
 from ratchet.jobspec import JobSpec
 from ratchet.ledger import Candidate, Ledger
+from ratchet.lock import StudyLock, StudyLocked
 from ratchet.proposers import Proposer
 from ratchet.proposers.knobs import KnobError, knob_values
 from ratchet.scheduler import Loop, Proposals, Rolling, Rounds, ScheduleError, StopFlag
@@ -51,7 +50,8 @@ def _as_study_errors() -> Iterator[None]:
 
     try:
         yield
-    except (IntegrityError, ScheduleError, BackendDown, IdeasError, PrepError) as exc:
+    except (IntegrityError, ScheduleError, BackendDown, IdeasError, PrepError,
+            StudyLocked) as exc:
         raise StudyError(str(exc)) from None
 
 
@@ -67,37 +67,6 @@ class Progress:
 
 def _noop(_: Progress) -> None:
     pass
-
-
-class StudyLock:
-    """One driver per study. The lock is an flock, so a dead holder never blocks us."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.fh = None
-
-    def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(self.path, "a+")  # noqa: SIM115
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            fh.close()
-            raise StudyError(
-                f"study is locked by {holder}; wait for it to finish or stop it (Ctrl-C)"
-            ) from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()} on {os.uname().nodename} since {time.ctime()}\n")
-        fh.flush()
-        self.fh = fh
-
-    def release(self) -> None:
-        if self.fh:
-            self.fh.close()
-            self.fh = None
 
 
 class Study:
@@ -201,7 +170,8 @@ class Study:
 
     def run(self, rounds: int | None = None, candidates: int | None = None) -> None:
         """Run (or resume) the study: `rounds` of K, or in rolling mode `candidates`."""
-        self.lock.acquire()
+        with _as_study_errors():
+            self.lock.acquire()
         target = rounds or self.config.search.rounds
         self._check_ideas_file()  # bad input fails before anything is recorded
         self.proposer  # noqa: B018  (built first: its config errors come before any record)
