@@ -52,6 +52,10 @@ def test_study_keeps_only_improvements_and_refs_every_candidate(tmp_path):
     rows = results_tsv(repo)
     assert [r["status"] for r in rows] == [c.status for c in cands]
     assert rows[0]["commit"] == baseline.commit_sha[:7]
+    # duty cycle and the limit, from the ledger, in `ratchet status`
+    status = json.loads(ratchet(repo, "status", "--json").stdout)
+    assert 0 < status["duty_cycle"] <= 1 and status["limit_per_hour"] > 0
+    assert "duty" in ratchet(repo, "status").stdout
     assert list(rows[0]) == ["commit", "score", "memory_gb", "status", "description"]
 
 

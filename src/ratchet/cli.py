@@ -394,6 +394,9 @@ def status(
     created = ledger.get("created")
     wall = (max((c.finished_at or 0) for c in cands) - created) if cands and created else 0.0
     hypotheses = sum(1 for c in cands if c.kind == "candidate" and c.is_judged)
+    from ratchet.ledger import throughput  # duty cycle and the limit, from the ledger
+
+    busy = throughput(cands, study.parallel)
     summary = {
         "study": study.name,
         "started": study.started,
@@ -409,6 +412,8 @@ def status(
         "cost_usd": round(views.total_cost(cands), 4),
         "wall_hours": round(max(wall, 0) / 3600, 4),
         "hypotheses_per_hour": round(hypotheses / (wall / 3600), 2) if wall > 0 else None,
+        "duty_cycle": busy.duty,  # job time / (slots x wall time of the jobs)
+        "limit_per_hour": busy.limit_per_hour,  # slots x 3600 / mean run time
         "sandbox": study.sandbox_status(),
         "backend": study.backend_kind,
     }
@@ -442,6 +447,10 @@ def status(
     console.print(f"job time {summary['job_hours']:.3f} h, cost ${summary['cost_usd']:.2f}, "
                   f"wall {summary['wall_hours']:.3f} h; sandbox: {summary['sandbox']}",
                   highlight=False)
+    if busy.duty is not None:
+        console.print(f"slots {busy.slots}: duty {busy.duty:.0%}, mean run "
+                      f"{busy.mean_run_s:.1f} s, limit {busy.limit_per_hour:.0f}/h, "
+                      f"achieved {busy.per_hour:.0f}/h", highlight=False)
     study.close()
 
 
