@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import textwrap
 import time
 
@@ -43,6 +45,9 @@ def shout():
 
 def hang():
     os.system("sleep 300 &")   # a grandchild too: the timeout must kill the whole group
+    time.sleep(300)
+
+def nap():
     time.sleep(300)
 
 def boom():
@@ -154,6 +159,30 @@ def test_timeout_kills_the_whole_process_group(cand_path):
             os.killpg(pgid, 0)  # raises once no process of the group is left
             time.sleep(0.1)
     proc.close()
+
+
+def test_a_killed_evaluator_leaves_no_candidate_behind(cand_path):
+    script = (
+        "import os, sys\n"
+        "from ratchet.isolate import CandidateProcess\n"
+        "import threading, time\n"
+        f"proc = CandidateProcess({str(cand_path)!r}).start()\n"
+        "print(proc.proc.pid, flush=True)\n"
+        "threading.Thread(target=proc.call, args=('nap',), daemon=True).start()\n"
+        "time.sleep(1)  # the child is busy in nap(): it will not notice a closed socket\n"
+        "os._exit(0)  # no close(): as if the evaluator were killed\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    child = int(out.stdout.split()[0])
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, 9)
+        raise AssertionError("the candidate process outlived its evaluator")
 
 
 def test_a_dying_child_is_reported_with_its_log(cand_path):

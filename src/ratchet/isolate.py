@@ -151,7 +151,9 @@ class CandidateProcess:
     The child starts at construction (its start-up overlaps the caller's own set-up) and
     the first request waits for it to finish importing the module. Every request has a
     deadline (`timeout` seconds by default); past it the whole process group is killed
-    and `CandidateTimeout` raised. Use as a context manager, or call `close()`.
+    and `CandidateTimeout` raised. Use as a context manager, or call `close()`. On Linux
+    the child is killed when the thread that started it exits (so a killed evaluator
+    leaves nothing behind): start it from a thread that outlives it, e.g. the main one.
     """
 
     def __init__(
@@ -187,7 +189,7 @@ class CandidateProcess:
         self._sock = parent_sock
         try:
             self.proc = subprocess.Popen(
-                [python or sys.executable, "-I", "-B", "-u", str(CHILD_SCRIPT), str(child_sock.fileno()), str(self.module)],
+                [python or sys.executable, "-I", "-B", "-u", str(CHILD_SCRIPT), str(child_sock.fileno()), str(self.module), str(os.getpid())],
                 cwd=self.cwd,
                 env=child_env(env),
                 stdin=subprocess.DEVNULL,
