@@ -139,11 +139,15 @@ sys.exit(0 if all(r["ok"] for r in rows) else 1)
 PYEOF
 
 log "step 3: evaluate.py --holdout (per-shape table, bottleneck classes, dispatch table)"
-( cd "$ROOT/examples/triton-softmax" && timeout 200 "$PY" evaluate.py --holdout \
+( cd "$ROOT/examples/triton-softmax" && timeout 180 "$PY" evaluate.py --holdout \
     --json "$LOGS/eval.json" --dispatch "$LOGS/dispatch.json" ) >"$LOGS/evaluate.out" 2>"$LOGS/evaluate.err"
 rc=$?
 log "evaluate.py exit $rc"; [[ $rc -eq 0 ]] || status=1
 grep -q '^correct: true' "$LOGS/evaluate.out" || { log "kernel not correct"; status=1; }
+
+elapsed() { echo $(( $(date +%s) - STARTED )); }
+BUDGET=${BUDGET:-450}   # seconds; the later steps are cut short so the whole check ends within 8 minutes
+left() { local l=$(( BUDGET - $(elapsed) )); (( l > 30 )) && echo "$l" || echo 30; }
 
 log "step 4: study (ratchet run --rounds 2 --parallel 2, evaluations --quick) in a temp copy"
 STUDY="$(mktemp -d "${TMPDIR:-/tmp}/triton-softmax-study.XXXXXX")"
@@ -154,14 +158,14 @@ sed -i -e 's|^evaluate = "python evaluate.py"|evaluate = "python evaluate.py --q
 (
   cd "$STUDY" && git init -q && git add -A &&
   git -c user.name=gpu-check -c user.email=gpu-check@localhost commit -qm "triton-softmax baseline" &&
-  timeout 150 "${RATCHET[@]}" run --rounds 2 --parallel 2
+  timeout "$(( $(left) > 180 ? 180 : $(left) ))" "${RATCHET[@]}" run --rounds 2 --parallel 2
 ) >"$LOGS/study.log" 2>&1
 rc=$?
 log "study exit $rc (dir $STUDY)"; [[ $rc -eq 0 ]] || status=1
 cp "$STUDY/results.tsv" "$LOGS/results.tsv" 2>/dev/null || log "no results.tsv"
 
 log "step 5: GPU red-team tests (pytest -m gpu)"
-( cd "$ROOT" && timeout 90 "$PY" -m pytest -q -m gpu -rA -p no:cacheprovider \
+( cd "$ROOT" && timeout "$(( $(left) > 90 ? 90 : $(left) ))" "$PY" -m pytest -q -m gpu -rA -p no:cacheprovider \
     tests/kernels/test_redteam_kernels.py tests/test_isolate.py ) >"$LOGS/redteam.log" 2>&1
 rc=$?
 log "red-team exit $rc"; [[ $rc -eq 0 ]] || status=1
