@@ -371,9 +371,8 @@ class RayActors(Backend):
         record.stop_reason, record.stop_outcome = "cancelled", "cancelled"
         self.store.put(record)
         actor = self._actor(record.engine_id, create=False) if record.engine_id else None
-        if actor is not None:
-            with contextlib.suppress(Exception):
-                self._get(actor.cancel.remote(job_id), f"cancel {job_id}")
+        if actor is not None:  # not awaited: an actor not placed yet answers never
+            actor.cancel.remote(job_id)
 
     def close(self) -> None:
         """End of a study: remove the idle slot actors; one with a job keeps running."""
