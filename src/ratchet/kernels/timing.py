@@ -230,7 +230,7 @@ class _Side:
         self.overheads.append(self.runner.empty_request())
         return float(np.median(self.overheads))
 
-    def check(self, fresh_sets: Sequence[tuple[Any, ...]], refs: dict[int, list[np.ndarray]], reference_of: Callable[[int], list[np.ndarray]]) -> None:
+    def check(self, fresh_sets: Sequence[tuple[Any, ...]], reference_of: Callable[[int], list[Any]]) -> None:
         """Read back every call's outputs; verify a random sample against the reference."""
         verifier = self.verifier
         if verifier is None:
@@ -373,9 +373,9 @@ def _run(
     for side in sides:
         side.runner.release(side.slots)
     batch = [fresh() for _ in range(calls)]
-    ref_cache: dict[int, list[np.ndarray]] = {}
+    ref_cache: dict[int, list[Any]] = {}
 
-    def reference_of(k: int) -> list[np.ndarray]:
+    def reference_of(k: int) -> list[Any]:
         if k not in ref_cache:
             ref_cache[k] = reference_outputs(reference, batch[k])[1]  # type: ignore[arg-type]
         return ref_cache[k]
@@ -391,7 +391,7 @@ def _run(
         for _ in range(max(0, warmup - 1)):  # the probe's first request was the first warm-up
             for side in sides:
                 side.request(batch)
-                side.check(batch, ref_cache, reference_of)
+                side.check(batch, reference_of)
         ratios: list[float] = []
         ratio_stats = _Welford()
         started = perf()
@@ -405,7 +405,7 @@ def _run(
                 # the empty-request round trip: after the first batches, then every 4th
                 rtt = side.overhead() if rep < 3 or rep % 4 == 0 else float(np.median(side.overheads))
                 per_call = max(t - rtt, 0.5 * t) / calls
-                side.check(batch, ref_cache, reference_of)
+                side.check(batch, reference_of)
                 side.samples.append(per_call)
                 side.stats.add(per_call)
             if len(sides) == 2:
