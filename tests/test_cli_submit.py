@@ -62,3 +62,20 @@ def test_submitting_the_only_commit_makes_it_the_baseline(tmp_path):
     assert nxt.stdout.split() == ["c0001"]
     waited = ratchet(repo, "wait", "c0001", "--json")
     assert json.loads(waited.stdout)["status"] == "keep"
+
+
+def test_submit_is_not_blocked_by_knobs_it_never_uses(tmp_path):
+    """[tune.knobs] belong to the tuner; agent-driven mode works with stale ones."""
+    repo = make_repo(tmp_path / "r", {
+        "ratchet.toml": config_text(
+            search="", knobs='[tune.knobs]\n"solution.py:GONE" = { choices = [1, 2] }\n'),
+        "evaluate.py": SCORE_EVALUATOR,
+        "solution.py": SCORE_SOLUTION,
+    })
+    (repo / "solution.py").write_text((repo / "solution.py").read_text()
+                                      .replace("X = 3.0", "X = 1.5"))
+    git(repo, "commit", "-qam", "x to 1.5")
+    submitted = ratchet(repo, "submit")
+    assert submitted.returncode == 0, submitted.stderr
+    waited = ratchet(repo, "wait", submitted.stdout.split()[-1], "--json")
+    assert json.loads(waited.stdout)["status"] == "keep"

@@ -139,10 +139,6 @@ class Study:
                                  "files first")
             committed = committed_config(self.repo, head)
             check_commands(self.repo, self.config, head)
-            try:  # declared knobs must be in the start commit: fail before pinning anything
-                knob_values(self.repo, head, self.config.tune.knobs)
-            except KnobError as exc:
-                raise StudyError(str(exc)) from None
             if gitrepo.is_dirty(self.repo):
                 self.log("warning: uncommitted changes are ignored; the study starts from "
                          f"HEAD {head[:7]}")
@@ -175,6 +171,12 @@ class Study:
         target = rounds or self.config.search.rounds
         self._check_ideas_file()  # bad input fails before anything is recorded
         self.proposer  # noqa: B018  (built first: its config errors come before any record)
+        head = None if self.started else gitrepo.try_rev_parse(self.repo, "HEAD")
+        if head is not None:  # the knobs must be in the start commit before it is pinned
+            try:  # (checked here, not at every start: `submit` never uses them)
+                knob_values(self.repo, head, self.config.tune.knobs)
+            except KnobError as exc:
+                raise StudyError(str(exc)) from None
         self.ensure_started()
         self.backend.warm_up()  # workers start their interpreters while proposals are made
         if self.config.prep:
