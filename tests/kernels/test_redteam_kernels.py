@@ -346,14 +346,16 @@ def test_nothing_moved_after_the_cheats(study):
     assert git(repo, "rev-parse", "main") == study["main_before"]
 
 
-def test_guard_reasons_are_reported(study):
-    """A caught cheat's verdict says it was incorrect, and the evaluator's `reason` metric
-    names the guard that fired (in the log `ratchet logs` shows)."""
+def test_guard_reasons_reach_the_verdict(study):
+    """A caught cheat's verdict (`ratchet wait --json`) names the guard that fired: the
+    evaluator's `reason` metric, also in the log `ratchet logs` shows."""
     verdict = study["verdicts"]["float16"]
-    assert "correct: false" in json.dumps(verdict)
+    assert "correct: false" in verdict["reasons"]
+    assert "outside tolerance" in verdict["reasons"] or "relative error norm" in verdict["reasons"], verdict
     log = _logs(study["repo"], study["ids"]["float16"])
     reason = next((line for line in log.splitlines() if line.startswith("reason: ")), "")
     assert "outside tolerance" in reason or "relative error norm" in reason, log[-3000:]
+    assert "unwritten" in study["verdicts"]["thread_early_return"]["reasons"] or "outside tolerance" in study["verdicts"]["thread_early_return"]["reasons"]
 
 
 def test_honest_control_is_kept(study):
