@@ -9,6 +9,9 @@ twice as slow as the incumbent and adds a trick that, in an evaluator importing 
 faster (the issue's five kept cheats and two near misses) or that the harness must keep
 catching. None may ever be kept; the honest control is.
 
+A second, torch-based study takes the tensor-subclass cheat; the side-stream cheat is
+GPU-only (marked, run by bench/gpu_check.sh, at the harness level).
+
 A cheat whose trick cannot reach the evaluator is as slow as the incumbent (discard); a
 cheat that does its work wrong or late is caught (failed/rejected). Either way the
 assertion is the user's: the incumbent did not move, and the metric is not the fake one.
@@ -365,6 +368,76 @@ def test_honest_control_is_kept(study):
     [verdict] = [v for v in _wait(repo, [cid]) if v.get("id") == cid]
     assert verdict["status"] == "keep", (verdict, _logs(repo, cid)[-3000:])
     assert verdict["metric"] > 1.5 * study["baseline"].metric if study["baseline"].metric else True
+
+
+TORCH_EVALUATOR = EVALUATOR.replace("import numpy as np\n", "import numpy as np\nimport torch\n").replace(
+    """def make_inputs(shape, dtype, rng):
+    return (rng.random((shape["rows"], shape["cols"]), dtype=np.float32) - 0.5) * 8
+
+
+def reference(x):
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def baseline(x):
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    e /= e.sum(axis=1, keepdims=True)
+    return e
+""",
+    """def make_inputs(shape, dtype, rng):
+    g = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    return (torch.rand(shape["rows"], shape["cols"], generator=g) - 0.5) * 8
+
+
+def reference(x):
+    return torch.softmax(x, dim=-1)
+
+
+def baseline(x):
+    return torch.softmax(x, dim=-1)
+""",
+)
+
+TORCH_INCUMBENT = '''
+"""The kernel under research (torch tensors): a row softmax that does its work REPEAT times."""
+import torch
+
+REPEAT = 4
+
+
+def _softmax(x):
+    return torch.softmax(x, dim=-1)
+
+
+def softmax(x):
+    for _ in range(REPEAT - 1):
+        _softmax(x)
+    return _softmax(x)
+'''
+
+# A lazy torch.Tensor subclass: computes nothing until someone reads it (in an evaluator
+# importing the candidate, only the untimed check would have).
+TORCH_SUBCLASS = TORCH_INCUMBENT.replace("REPEAT = 4", "REPEAT = 8") + '''
+
+class _Lazy(torch.Tensor):
+    pass
+
+
+def softmax(x):
+    return torch.empty_like(x).as_subclass(_Lazy)
+'''
+
+
+def test_tensor_subclass_is_never_kept(tmp_path):
+    """The torch face of the subclass cheat, through submit + wait on a torch study."""
+    pytest.importorskip("torch")
+    assert "import torch" in TORCH_EVALUATOR and "torch.softmax(x, dim=-1)" in TORCH_EVALUATOR
+    repo = make_repo(tmp_path / "repo", {"ratchet.toml": CONFIG, "evaluate.py": TORCH_EVALUATOR, "kernel.py": TORCH_INCUMBENT})
+    cid = _submit(repo, _branch(repo, "torch_subclass", TORCH_SUBCLASS))
+    [verdict] = [v for v in _wait(repo, [cid]) if v.get("id") == cid]
+    assert verdict["status"] in CAUGHT, (verdict, _logs(repo, cid)[-3000:])
+    assert "not a plain torch.Tensor" in verdict["reasons"], verdict
 
 
 @pytest.mark.gpu
