@@ -83,9 +83,10 @@ def screen(output: str, cols: int = 100) -> list[str]:
                 put(ch)
         pos = match.end()
         params, final = match.group(1), match.group(2)
-        if params is None or params.startswith("?"):
-            continue
-        n = int(params.split(";")[0] or 1) if final in "ABCDG" else int(params or 0)
+        if params is None or params.startswith("?") or final not in "ABCDGKJ":
+            continue  # colours, cursor visibility, other modes: nothing moves
+        first = params.split(";")[0]
+        n = int(first or 1) if final in "ABCDG" else int(first or 0)
         if final == "A":
             row = max(row - n, 0)
         elif final == "B":

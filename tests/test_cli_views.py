@@ -7,7 +7,7 @@ import os
 import re
 
 import pytest
-from helpers import RATCHET, ROOT, ratchet, score_repo
+from helpers import RATCHET, ROOT, config_text, make_repo, ratchet, score_repo
 from terminal import run_on_tty, screen
 
 from ratchet import views
@@ -47,6 +47,20 @@ def test_live_area_leaves_nothing_behind(tty_run):
     # and it is gone at the end: no status line, no table header, nothing wrapped
     assert not [line for line in lines if "best so far" in line], lines
     assert not [line for line in lines if line.lstrip().startswith("candidate")], lines
+
+
+def test_an_error_on_a_terminal_stays_on_screen_and_the_live_area_goes(tmp_path):
+    repo = make_repo(tmp_path / "r", {
+        "ratchet.toml": config_text(), "solution.py": "X = 3.0\n",
+        "evaluate.py": "import time\ntime.sleep(0.5)\nprint('loss: 1')\n"})  # no score
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    code, raw = run_on_tty([*RATCHET, "run"], env, repo, cols=COLS)
+    assert code == 2, raw
+    text = "\n".join(screen(raw, COLS))
+    assert "best so far" in raw  # the live area was up
+    assert "best so far" not in text and "candidate  state" not in text, text
+    assert "round 1/3\n  c0000 crash" in text
+    assert "\nerror: the baseline (unmodified " in text
 
 
 def test_piped_run_prints_each_round_once_and_no_redraws(tmp_path):

@@ -100,14 +100,18 @@ def _study_config(top: Path, on_disk: Config) -> tuple[Config, str | None]:
     return loads_config(raw, f"{CONFIG_FILE} in HEAD {head[:7]}"), f"committed in HEAD {head[:7]}"
 
 
-def _guard(fn):
-    """Turn the errors a user can fix into one line and a non-zero exit."""
+def _user_errors() -> tuple[type[Exception], ...]:
     from ratchet.prep import PrepError
     from ratchet.proposers import ProposerError
 
+    return (ConfigError, StudyError, gitrepo.GitError, ProposerError, PrepError)
+
+
+def _guard(fn):
+    """Turn the errors a user can fix into one line and a non-zero exit."""
     try:
         return fn()
-    except (ConfigError, StudyError, gitrepo.GitError, ProposerError, PrepError) as exc:
+    except _user_errors() as exc:
         fail(str(exc))
 
 
@@ -249,28 +253,35 @@ def run(
     def on_sigint(signum, frame) -> None:  # noqa: ARG001
         study.stop.request()
         if study.stop.hard:
-            err.print("stopping: cancelling running jobs…")
+            view.note("stopping: cancelling running jobs…")
         else:
-            err.print("stopping after the running jobs are judged (Ctrl-C again to cancel them)")
+            view.note("stopping after the running jobs are judged (Ctrl-C again to cancel them)")
 
     signal.signal(signal.SIGINT, on_sigint)
     signal.signal(signal.SIGTERM, on_sigint)
+    problem: str | None = None
     try:
         if console.is_terminal:
             with Live(console=console, refresh_per_second=4, transient=True) as live_view:
                 view.live = live_view
                 try:
-                    _guard(lambda: study.run(rounds=rounds))
+                    study.run(rounds=rounds)
+                except _user_errors() as exc:
+                    problem = str(exc)  # printed once the live area is gone, so it stays
                 finally:
                     view.print_judged()  # the last round stays on screen
                     view.live = None
         else:
             try:
-                _guard(lambda: study.run(rounds=rounds))
+                study.run(rounds=rounds)
+            except _user_errors() as exc:
+                problem = str(exc)
             finally:
                 view.print_judged()
     finally:
         study.close()
+    if problem is not None:
+        fail(problem)
     _print_summary(study)
     _write_progress(study)
     if study.stop.soft:
