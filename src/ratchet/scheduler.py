@@ -394,15 +394,24 @@ class Rounds:
                        if c.status == "keep" and c.commit_sha == base), None)
         return base, self.loop.proposals.context(round_no, base, shown, metric)
 
+    def slots_for_proposals(self) -> int:
+        """K, less the baseline's slot in the study's first round."""
+        baseline = any(c.kind == "baseline" for c in self.loop.ledger.candidates())
+        return self.loop.parallel - (0 if baseline else 1)
+
     def ask_ahead(self, round_no: int) -> None:
         """While round R runs, round R+1's proposals are made (same view as after R)."""
         loop = self.loop
         if round_no > self.target or loop.stop.soft or loop.ledger.candidates(round=round_no):
             return
-        if not any(c.kind == "baseline" for c in loop.ledger.candidates()):
-            return  # round 1 still to record: its size is not known yet
-        base, ctx = self.view(round_no)
-        loop.proposals.ask_ahead(("round", round_no), base, loop.parallel, ctx)
+        k = self.slots_for_proposals()
+        if k > 0:
+            base, ctx = self.view(round_no)
+            loop.proposals.ask_ahead(("round", round_no, k), base, k, ctx)
+
+    def start_early(self) -> None:
+        """Before start-up work (workers, prep): the first proposals are asked for now."""
+        self.ask_ahead(self.loop.ledger.get("round"))
 
     def propose(self, round_no: int) -> list[Candidate]:
         loop, led = self.loop, self.loop.ledger
@@ -412,8 +421,8 @@ class Rounds:
         proposals: list[Proposal] = []
         stale = None
         if k:
-            ahead = loop.proposals.take_ahead(("round", round_no))
-            if ahead is None or k != loop.parallel:
+            ahead = loop.proposals.take_ahead(("round", round_no, k))
+            if ahead is None:
                 base, ctx = self.view(round_no)
                 ahead = (base, loop.proposals.ask(k, ctx))
             base, future = ahead
@@ -492,6 +501,11 @@ class Rolling:
                 break
             time.sleep(0.02)
         loop.proposals.take_ahead(self.KEY)
+
+    def start_early(self) -> None:
+        """Before start-up work (workers, prep): the first proposals are asked for now."""
+        if not self.loop.stop.soft:
+            self.request()
 
     def judgeable(self, open_ids: list[str]) -> bool:
         """Something finished, and the baseline is measured: nothing is compared before."""

@@ -178,18 +178,21 @@ class Study:
             except KnobError as exc:
                 raise StudyError(str(exc)) from None
         self.ensure_started()
-        self.backend.warm_up()  # workers start their interpreters while proposals are made
-        if self.config.prep:
-            self.prepare()
         with _as_study_errors():
             if self.config.search.mode == "rolling":
                 # the budget is a number of candidates (search.candidates, once the config
                 # has the key; until then rounds x K)
                 budget = (candidates or getattr(self.config.search, "candidates", None)
                           or target * self.parallel)
-                Rolling(self._loop(), budget).run()
+                policy: Rolling | Rounds = Rolling(self._loop(), budget)
             else:
-                Rounds(self._loop(), target).run()
+                policy = Rounds(self._loop(), target)
+            policy.start_early()  # the proposer thinks while workers start and prep runs
+        self.backend.warm_up()
+        if self.config.prep:
+            self.prepare()
+        with _as_study_errors():
+            policy.run()
         self._write_views()  # a driver killed after the last verdict left them stale
 
     def _loop(self) -> Loop:

@@ -33,12 +33,12 @@ def test_rolling_tampering_is_undone_and_rejected(tmp_path):
         "ratchet.toml": config_text(
             search='[search]\nproposer = "tune"\nparallel = 2\nrounds = 2\n',
             knobs='[tune]\nsampler = "random"\n[tune.knobs]\n'
-                  '"solution.py:MODE" = { choices = ["cheat", "good", "meh"] }\n',
+                  '"solution.py:MODE" = { choices = ["cheat", "good"] }\n',
             backend='[backend]\nkind = "local"\nslots = 2\nsandbox = "none"\n'),
         "solution.py": CHEAT,
         "evaluate.py": "import solution\nprint(f'score: {solution.score()}')\n",
     })
-    proc = start_run(repo, rolling=True, RATCHET_TEST_CANDIDATES="3")
+    proc = start_run(repo, rolling=True, RATCHET_TEST_CANDIDATES="2")
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err
     db = ledger(repo)
