@@ -52,6 +52,7 @@ class RayActors(Backend):
         self.store = store
         self.namespace = self._namespace(store.root.parent)
         self._ray = None
+        self._owns_ray = False
         self._runner = None  # ray.remote(SlotRunner)
         self._actors: dict[str, object] = {}
         self._load: dict[str, int] | None = None  # slot -> our unfinished jobs there
@@ -102,6 +103,9 @@ class RayActors(Backend):
             ray_constants.ENABLE_RAY_CLUSTER = False
 
         if not ray.is_initialized():
+            # ours to shut down at close(): a driver left connected to a cluster that
+            # later stops is ended by Ray itself (exit 1), whatever else the process does
+            self._owns_ray = True
             try:
                 ray.init(address=self.cfg.cluster, namespace=self.namespace,
                          logging_level=logging.WARNING, log_to_driver=False)
@@ -391,6 +395,10 @@ class RayActors(Backend):
                 else:
                     continue
                 self._actors.pop(slot)
+        if self._owns_ray:
+            self._owns_ray = False
+            self._ray = None
+            ray.shutdown()
 
     # -- prepared data ------------------------------------------------------------------
 
