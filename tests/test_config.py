@@ -44,8 +44,8 @@ def test_durations(text, expected):
         (lambda t: t + '[acceptance]\nmin_improvement = "lots"\n', "acceptance.min_improvement"),
         (lambda t: t + "[bogus]\nx = 1\n", "bogus: unknown key"),
         (lambda t: t.replace("[task]", "[task"), "not valid TOML"),
-        (lambda t: t.replace("rounds = 3", 'rounds = 3\nmode = "rolling"'),
-         "search.mode: 'rolling' is not available yet"),
+        (lambda t: t.replace("rounds = 3", 'rounds = 3\nmode = "sideways"'), "search.mode"),
+        (lambda t: t.replace("rounds = 3", "rounds = 3\ncandidates = 0"), "search.candidates"),
     ],
 )
 def test_config_errors_name_the_key(mutate, needle):

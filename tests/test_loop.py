@@ -195,3 +195,25 @@ def test_jobs_share_the_study_compile_caches(tmp_path):
         [(c.extra, c.reasons) for c in cands]
     assert all(c.extra.get("cache_private") == 1 for c in cands)
     assert (repo / ".ratchet" / "cache" / "triton").is_dir()
+
+
+def test_rolling_mode_from_the_config(tmp_path):
+    """`mode = "rolling"` with a budget of candidates, from a committed ratchet.toml."""
+    search = '[search]\nproposer = "tune"\nparallel = 2\nmode = "rolling"\ncandidates = 5\n'
+    repo = score_repo(tmp_path / "r", search=search)
+    proc = ratchet(repo, "run")
+    assert proc.returncode == 0, proc.stderr
+    cands = ledger(repo).candidates()
+    assert cands[0].kind == "baseline"
+    # the budget counts candidates; the baseline is measured on top of it
+    assert len([c for c in cands if c.kind in ("baseline", "candidate")]) == 6, \
+        [(c.id, c.kind, c.status) for c in cands]
+    # each keep beat the incumbent it started from, which the ledger records as its parent
+    best = cands[0].metric
+    for cand in cands[1:]:
+        if cand.status == "keep":
+            assert cand.metric < best
+            best = cand.metric
+    assert ledger(repo).candidate(
+        [c for c in cands if c.status == "keep"][-1].id).commit_sha == git(
+        repo, "rev-parse", "ratchet/demo")

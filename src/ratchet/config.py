@@ -188,16 +188,9 @@ class Search(Strict):
     parallel: int = Field(default=2, ge=1, le=1024)
     rounds: int = Field(default=4, ge=1)
     mode: Literal["rounds", "rolling"] = "rounds"
+    # rolling: the budget in candidates (default rounds x parallel)
+    candidates: int | None = Field(default=None, ge=1)
     seed: int = 0
-
-    @field_validator("mode")
-    @classmethod
-    def _mode_available(cls, mode: str) -> str:
-        # Part of the config interface, not built yet: refuse it rather than quietly
-        # running rounds under another name.
-        if mode == "rolling":
-            raise ValueError("'rolling' is not available yet; use 'rounds'")
-        return mode
 
 
 KnobValue = int | float | str | bool | None

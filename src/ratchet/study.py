@@ -180,9 +180,8 @@ class Study:
         self.ensure_started()
         with _as_study_errors():
             if self.config.search.mode == "rolling":
-                # the budget is a number of candidates (search.candidates, once the config
-                # has the key; until then rounds x K)
-                budget = (candidates or getattr(self.config.search, "candidates", None)
+                # the budget is a number of candidates (search.candidates, else rounds x K)
+                budget = (candidates or self.config.search.candidates
                           or target * self.parallel)
                 policy: Rolling | Rounds = Rolling(self._loop(), budget)
             else:
@@ -326,4 +325,4 @@ class Study:
         self.progress(replace(last, message=message))
 
     def sandbox_status(self) -> str:
-        return sandbox.describe()
+        return sandbox.describe(self.config.backend.sandbox)

@@ -1,9 +1,10 @@
 """`ratchet ...` with `search.mode = "rolling"` (and `search.candidates` from
 RATCHET_TEST_CANDIDATES), for the reliability tests of rolling search.
 
-The config file cannot say `mode = "rolling"` until config.py accepts it; the tests
-run this instead of `python -m ratchet.cli`, so they exercise the same CLI code path
-with the study's config switched to rolling.
+The reliability tests share repositories built for rounds; this runs the same CLI code
+path with the study's config switched to rolling, so each test need not rewrite and
+re-commit its ratchet.toml. tests/test_loop.py::test_rolling_mode_from_the_config runs
+rolling from a committed ratchet.toml through the plain CLI.
 """
 
 from __future__ import annotations
