@@ -79,3 +79,23 @@ def test_submit_is_not_blocked_by_knobs_it_never_uses(tmp_path):
     assert submitted.returncode == 0, submitted.stderr
     waited = ratchet(repo, "wait", submitted.stdout.split()[-1], "--json")
     assert json.loads(waited.stdout)["status"] == "keep"
+
+
+def test_a_repeat_of_an_earlier_candidate_is_rejected_unrun(tmp_path):
+    """The same files as an earlier candidate are the same experiment, whoever made them."""
+    repo = agent_repo(tmp_path / "r")
+    git(repo, "checkout", "-q", "-b", "try-1")
+    (repo / "solution.py").write_text((repo / "solution.py").read_text()
+                                      .replace("X = 3.0", "X = 5.0"))
+    git(repo, "commit", "-qam", "x to 5 (worse: discarded)")
+    first = ratchet(repo, "submit", "try-1").stdout.split()[-1]
+    done = ratchet(repo, "wait", first, "--json")
+    assert json.loads(done.stdout.splitlines()[0])["status"] == "discard", done.stdout
+    git(repo, "commit", "-q", "--allow-empty", "-m", "same files, another commit")
+    again = ratchet(repo, "submit", "try-1")
+    assert again.returncode == 0, again.stderr
+    second = again.stdout.split()[-1]
+    waited = ratchet(repo, "wait", second, "--json")
+    (line,) = [json.loads(x) for x in waited.stdout.splitlines()]
+    assert line["status"] == "rejected", line
+    assert f"same files as {first}" in json.dumps(line)

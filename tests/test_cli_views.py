@@ -43,7 +43,9 @@ def test_live_area_leaves_nothing_behind(tty_run):
     # it was there while the study ran: the metric's name with the best value, and jobs
     # in the running table
     assert "best so far score" in raw
-    assert re.search(r"c000\d +(running|pending) +\d+\.\ds", raw)
+    assert re.search(r"c000\d +(running(: \w+)?|pending) +\d+\.\ds", raw)
+    # the phase a running job is in (the worker names it in its state file)
+    assert re.search(r"c000\d +running: (evaluate|build|run)", raw), raw[-2000:]
     # and it is gone at the end: no status line, no table header, nothing wrapped
     assert not [line for line in lines if "best so far" in line], lines
     assert not [line for line in lines if line.lstrip().startswith("candidate")], lines

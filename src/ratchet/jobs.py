@@ -216,8 +216,9 @@ class Jobs:
             elif state == "lost":
                 lost.append((cand, None))
             else:
+                phase = self.backend.phase(cand.job_id) if state == "running" else None
                 running.append((cand.id, cand.description, now - (cand.submitted_at or now),
-                                state))
+                                f"{state}: {phase}" if phase else state))
         if done:  # the results of one look in one transaction (one fsync)
             with self.ledger.transaction():
                 for cand, result in done:

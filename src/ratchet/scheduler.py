@@ -198,7 +198,7 @@ class Proposals:
                                          item[1][0], f"c{base_seq + item[0]:04d}",
                                          proposer or self.kind, dict(self._checked)),
                 enumerate(items)))
-        rows = [*rows, *built]
+        rows = [*rows, *self._reject_repeats(built)]
         fault_point("proposed")
         created = []
         with self.ledger.transaction():
@@ -218,6 +218,31 @@ class Proposals:
             if cand.status == "rejected":
                 self.ledger.event("rejected", cand.id, reasons=fields.get("reasons"))
         return created
+
+    def _reject_repeats(self, built: list[dict]) -> list[dict]:
+        """No candidate repeats an earlier one (whoever proposed either): the same tree is
+        the same experiment. A repeat is recorded as rejected and never run."""
+        earlier = [c for c in self.ledger.candidates() if c.commit_sha]
+        fresh = [f for f in built if f.get("status") == "committed" and f.get("commit_sha")]
+        if not fresh:
+            return built
+        shas = [c.commit_sha for c in earlier] + [f["commit_sha"] for f in fresh]
+        # one git call for every tree id
+        trees = gitrepo.git(self.repo, "rev-parse", *(f"{sha}^{{tree}}" for sha in shas)
+                            ).split()
+        seen = {tree: cand.id for tree, cand in zip(trees, earlier, strict=False)}
+        position = {id(f): len(earlier) + i for i, f in enumerate(fresh)}
+        out = []
+        for fields in built:
+            if id(fields) in position:
+                tree = trees[position[id(fields)]]
+                if tree in seen:
+                    fields = {**fields, "status": "rejected",
+                              "reasons": f"same files as {seen[tree]} (a repeat is not run)"}
+                else:
+                    seen[tree] = "another proposal of this batch"
+            out.append(fields)
+        return out
 
 
 def _quietly(call: Callable, *args) -> None:

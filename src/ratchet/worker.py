@@ -77,9 +77,10 @@ def lease_slot(spec: JobSpec, state_path: Path):
     return None, None
 
 
-def _write_state(path: Path, state: str) -> None:
+def _write_state(path: Path, state: str, phase: str | None = None) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"state": state, "pid": os.getpid(), "t": time.time()}))
+    tmp.write_text(json.dumps({"state": state, "pid": os.getpid(), "t": time.time(),
+                               "phase": phase}))
     tmp.replace(path)
 
 
@@ -218,6 +219,8 @@ class Job:
         return shared
 
     def phase(self, name: str, command: str, *, trusted: bool = False) -> PhaseResult:
+        with contextlib.suppress(OSError):  # for the live view only: never fails a job
+            _write_state(self.job_dir / "state.json", "running", phase=name)
         env = dict(self.env)
         result_file = self.job_dir / "eval" / f"{name}.json"
         pipe: MetricPipe | None = None

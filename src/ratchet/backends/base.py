@@ -85,6 +85,11 @@ class Backend(abc.ABC):
         """Called once before the first job: start what makes later jobs start fast."""
         return None
 
+    def phase(self, job_id: str) -> str | None:
+        """The phase a running job is in (build, smoke, run, evaluate, holdout), for the
+        live view; None when the engine cannot tell (the default)."""
+        return None
+
     def prepare(self, *, study: str, repo: Path, command: str, pinned_commit: str,
                 key: str, env_allow: list[str], timeout_s: float) -> tuple[str, str] | None:
         """Run `[prep]` where every node sees it: (data dir, digest), or None to use the

@@ -39,9 +39,12 @@ def validate(model: type[BaseModel], data: dict, prefix: str) -> BaseModel:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         message = first["msg"].removeprefix("Value error, ")
+        from ratchet.config import ConfigError, misspelling
+
         if first["type"] == "extra_forbidden":
-            message = "unknown key (check the spelling; see docs/backends.md)"
-        from ratchet.config import ConfigError
+            meant = misspelling(first, model)
+            message = (f"unknown key; did you mean {meant!r}? (check the spelling)" if meant
+                       else "unknown key (check the spelling; see docs/backends.md)")
 
         raise ConfigError(f"{prefix}.{where}: {message}" if where else f"{prefix}: {message}") \
             from None

@@ -223,6 +223,13 @@ class LocalBackend(Backend):
         except (OSError, ValueError):
             return None
 
+    def phase(self, job_id: str) -> str | None:
+        # the worker names the phase it starts in its state file
+        try:
+            return json.loads((self.job_dir(job_id) / "state.json").read_text()).get("phase")
+        except (OSError, ValueError, AttributeError):
+            return None
+
     def logs(self, job_id: str) -> str:
         job_dir = self.job_dir(job_id)
         parts = []

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ratchet import gitrepo
-from ratchet.config import CONFIG_FILE, Config, matches_any
+from ratchet.config import CONFIG_FILE, Config, matches_any, misspelling
 from ratchet.ledger import Candidate
 from ratchet.proposers import ProposalContext, ProposerError
 
@@ -88,7 +88,9 @@ def validate_section(model: type[M], data: dict[str, Any], section: str) -> M:
             where += f"[{part}]" if isinstance(part, int) else f".{part}"
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
-            message = "unknown key (check the spelling; see docs/proposers.md)"
+            meant = misspelling(error, model)
+            message = (f"unknown key; did you mean {meant!r}? (check the spelling)" if meant
+                       else "unknown key (check the spelling; see docs/proposers.md)")
         elif error["type"] == "missing":
             message = "required key is missing"
         elif error["type"].endswith(("_type", "_parsing")):
