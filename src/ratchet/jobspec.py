@@ -7,6 +7,7 @@ Plain dataclasses and JSON, stdlib only, so the worker starts fast on any machin
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import math
@@ -91,18 +92,19 @@ def worker_env(env: dict[str, str]) -> dict[str, str]:
             if not key.startswith("RATCHET_")}
 
 
-def declared_env_names(config_toml: bytes | str | None) -> set[str]:
+@functools.lru_cache(maxsize=8)  # asked on every submit, of the same pinned file
+def declared_env_names(config_toml: bytes | str | None) -> frozenset[str]:
     """Names of environment variables a ratchet.toml declares as holding keys: the value
     of every `*_env` key (`api_key_env = "RATCHET_LLM_KEY"`) at any depth."""
     import tomllib
 
     if not config_toml:
-        return set()
+        return frozenset()
     try:
         text = config_toml.decode() if isinstance(config_toml, bytes) else config_toml
         data = tomllib.loads(text)
     except (ValueError, UnicodeDecodeError):
-        return set()
+        return frozenset()
     names: set[str] = set()
 
     def walk(node: Any) -> None:
@@ -119,7 +121,7 @@ def declared_env_names(config_toml: bytes | str | None) -> set[str]:
                 walk(item)
 
     walk(data)
-    return names
+    return frozenset(names)
 
 
 def sha256(data: bytes) -> str:
