@@ -183,7 +183,15 @@ def stop(info: dict, grace: float = 20.0) -> None:
         os.waitpid(info["pid"], os.WNOHANG)
     import shutil
 
-    shutil.rmtree(info["temp_dir"], ignore_errors=True)
+    # dying processes may still write their last files: remove until it stays removed
+    for _ in range(10):
+        shutil.rmtree(info["temp_dir"], ignore_errors=True)
+        if not Path(info["temp_dir"]).exists() and not _alive(_ours(info)):
+            break
+        for proc in _alive(_ours(info)):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        time.sleep(0.5)
 
 
 def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
