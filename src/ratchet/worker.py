@@ -418,7 +418,7 @@ class Job:
         failure = self.prepare_data()
         if failure:
             return failure
-        if spec.holdout_only:
+        if spec.holdout_only and spec.reuse_workdir:  # the candidate's built tree (local)
             return self.run_holdout()
         failure = self.check_integrity(after="checkout")
         if failure:
@@ -433,6 +433,8 @@ class Job:
             failure = self.check_integrity(after=name)
             if failure:
                 return failure
+        if spec.holdout_only:  # a fresh tree (Ray, job queues): built above, not re-scored
+            return self.run_holdout()
         samples, extra = [], {}
         for i in range(spec.repeats):
             name = "evaluate" if spec.repeats == 1 else f"evaluate.{i + 1}"
