@@ -101,6 +101,16 @@ class RecordStore:
         tmp.write_text(json.dumps(asdict(record)))
         tmp.replace(path / "record.json")
 
+    def mark_cancelled(self, job_id: str) -> JobRecord | None:
+        """Record a cancel; the record to stop on the engine, or None when there is
+        nothing to stop (never placed, or already finished)."""
+        record = self.get(job_id)
+        if record is None or self.cached_result(job_id) is not None:
+            return None
+        record.stop_reason, record.stop_outcome = "cancelled", "cancelled"
+        self.put(record)
+        return record
+
     def cached_result(self, job_id: str) -> JobResult | None:
         with contextlib.suppress(OSError, ValueError, TypeError):
             return JobResult.from_json((self.dir(job_id) / "result.json").read_text())

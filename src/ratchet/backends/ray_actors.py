@@ -369,11 +369,9 @@ class RayActors(Backend):
         return path.read_text(errors="replace") if path.exists() else ""
 
     def cancel(self, job_id: str) -> None:
-        record = self.store.get(job_id)
-        if record is None or self.store.cached_result(job_id) is not None:
+        record = self.store.mark_cancelled(job_id)
+        if record is None:
             return
-        record.stop_reason, record.stop_outcome = "cancelled", "cancelled"
-        self.store.put(record)
         actor = self._actor(record.engine_id, create=False) if record.engine_id else None
         if actor is not None:  # not awaited: an actor not placed yet answers never
             actor.cancel.remote(job_id)
@@ -409,25 +407,17 @@ class RayActors(Backend):
     def prepare(self, *, study: str, repo: Path, command: str, pinned_commit: str,
                 key: str, env_allow: list[str], timeout_s: float) -> tuple[str, str] | None:
         """One Ray task prepares into the shared `data_uri` (atomic; reused if there)."""
-        import json
-
-        from ratchet.backends.remote import prep_into
+        from ratchet.backends.remote import shared_prep
         from ratchet.prep import PrepError
 
         if not self.cfg.data_uri:
             return None  # the driver's cache: right for a single-node cluster
         root = self.cfg.data_uri.removeprefix("file://")
-        manifest = Path(root) / key / "manifest.json"
-        if manifest.is_file():  # visible here too: nothing to do
-            return str(Path(root) / key / "data"), json.loads(manifest.read_text())["digest"]
-        if self.cfg.prep == "local":
-            with tempfile.TemporaryDirectory(prefix="ratchet-prep-") as tmp:
-                work = Path(tmp) / "work"
-                work.mkdir()
-                subprocess.run(["tar", "-x", "-C", str(work)],
-                               input=_git_archive(repo, pinned_commit), check=True)
-                data, digest = prep_into(Path(root), key, command, work, env_allow, timeout_s)
-            return str(data), digest
+        ready = shared_prep(Path(root), key, repo=repo, pinned_commit=pinned_commit,
+                            command=command, env_allow=env_allow, timeout_s=timeout_s,
+                            here=self.cfg.prep == "local")
+        if ready is not None:
+            return ready
 
         ray = self._connect()
         # no CPU reserved: the slot actors may hold them all, and prep runs once

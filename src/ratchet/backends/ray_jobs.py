@@ -45,7 +45,7 @@ from ratchet.backends.remote import (
     holdout_tar,
     parse_prep_output,
     parse_result,
-    prep_into,
+    shared_prep,
 )
 from ratchet.jobspec import JobResult, JobSpec
 
@@ -280,11 +280,9 @@ class RayJobs(Backend):
             return path.read_text(errors="replace") if path.exists() else ""
 
     def cancel(self, job_id: str) -> None:
-        record = self.store.get(job_id)
-        if record is None or self.store.cached_result(job_id) is not None:
+        record = self.store.mark_cancelled(job_id)
+        if record is None:
             return
-        record.stop_reason, record.stop_outcome = "cancelled", "cancelled"
-        self.store.put(record)
         with contextlib.suppress(Exception):
             engine_id = record.engine_id or job_id
             self._call(f"stop_job {engine_id}", "stop_job", engine_id)
@@ -313,17 +311,11 @@ class RayJobs(Backend):
         if not self.cfg.data_uri:
             return None  # local prep cache (fine for a single-node cluster)
         root = Path(self.cfg.data_uri.removeprefix("file://"))
-        manifest = root / key / "manifest.json"
-        if manifest.is_file():  # visible here too: nothing to do
-            import json
-
-            return str(root / key / "data"), json.loads(manifest.read_text())["digest"]
-        if self.cfg.prep == "local":
-            with tempfile.TemporaryDirectory(prefix="ratchet-prep-") as tmp:
-                gitrepo.archive_to(repo, pinned_commit, Path(tmp) / "work")
-                data, digest = prep_into(root, key, command, Path(tmp) / "work", env_allow,
-                                         timeout_s)
-            return str(data), digest
+        ready = shared_prep(root, key, repo=repo, pinned_commit=pinned_commit, command=command,
+                            env_allow=env_allow, timeout_s=timeout_s,
+                            here=self.cfg.prep == "local")
+        if ready is not None:
+            return ready
         entry = [self.cfg.python, "-m", "ratchet.backends.remote", "prep", "--root", str(root),
                  "--key", key, "--command", command, "--timeout", str(timeout_s),
                  "--workdir", "."]

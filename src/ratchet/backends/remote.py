@@ -176,6 +176,23 @@ def run_job(spec_path: Path, workdir: Path | None, archive: Path | None,
 # prep once into a shared location
 
 
+def shared_prep(root: Path, key: str, *, repo: Path, pinned_commit: str, command: str,
+                env_allow: list[str], timeout_s: float, here: bool) -> tuple[str, str] | None:
+    """Prepared data in a location every node sees: reused when its manifest is there,
+    else prepared on this machine when `here`; None means the engine must prepare it."""
+    manifest = root / key / "manifest.json"
+    if manifest.is_file():  # visible here too: nothing to do
+        return str(root / key / "data"), json.loads(manifest.read_text())["digest"]
+    if not here:
+        return None
+    from ratchet import gitrepo  # driver side only: nodes never come here
+
+    with tempfile.TemporaryDirectory(prefix="ratchet-prep-") as tmp:
+        gitrepo.archive_to(repo, pinned_commit, Path(tmp) / "work")
+        data, digest = prep_into(root, key, command, Path(tmp) / "work", env_allow, timeout_s)
+    return str(data), digest
+
+
 def prep_into(root: Path, key: str, command: str, workdir: Path, env_allow: list[str],
               timeout_s: float) -> tuple[Path, str]:
     """Run `command` once into root/key/data (read-only, digested); reuse it if present."""

@@ -54,7 +54,7 @@ from ratchet.backends.remote import (
     holdout_tar,
     parse_prep_output,
     parse_result,
-    prep_into,
+    shared_prep,
 )
 from ratchet.config import ConfigError, Duration
 from ratchet.jobspec import JobResult, JobSpec
@@ -509,11 +509,9 @@ class ShellBackend(Backend):
         return self._logs(self._name(job_id), record.engine_id)
 
     def cancel(self, job_id: str) -> None:
-        record = self.store.get(job_id)
-        if record is None or self.store.cached_result(job_id) is not None:
+        record = self.store.mark_cancelled(job_id)
+        if record is None:
             return
-        record.stop_reason, record.stop_outcome = "cancelled", "cancelled"
-        self.store.put(record)
         if record.engine_id:
             with contextlib.suppress(BackendError):
                 self._run("cancel", self._values(self._name(job_id), record.engine_id),
@@ -531,15 +529,11 @@ class ShellBackend(Backend):
         if not self.cfg.data_dir:
             return None
         root = Path(self.cfg.data_dir)
-        manifest = root / key / "manifest.json"
-        if manifest.is_file():
-            return str(root / key / "data"), json.loads(manifest.read_text())["digest"]
-        if self.cfg.prep == "local":
-            with tempfile.TemporaryDirectory(prefix="ratchet-prep-") as tmp:
-                gitrepo.archive_to(repo, pinned_commit, Path(tmp) / "work")
-                data, digest = prep_into(root, key, command, Path(tmp) / "work", env_allow,
-                                         timeout_s)
-            return str(data), digest
+        ready = shared_prep(root, key, repo=repo, pinned_commit=pinned_commit, command=command,
+                            env_allow=env_allow, timeout_s=timeout_s,
+                            here=self.cfg.prep == "local")
+        if ready is not None:
+            return ready
         # one prep job on the engine; it returns at once if another already prepared
         name = f"{study}-prep-{key}-{int(time.time())}"
         stage = f"{self.remote_root}/{name}"
