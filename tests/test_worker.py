@@ -228,8 +228,7 @@ EVALUATE_WITH_OWN_CACHE = '''
 import os, pathlib, solution
 cache = pathlib.Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 # the trusted phase compiles into a private cache: nothing a candidate wrote is there
-assert cache != pathlib.Path(os.environ["SHARED_CACHE"]), cache
-assert not (cache / "compiled-by-run").exists()
+assert not (cache / "compiled-by-run").exists(), cache
 print(f"score: {solution.run()}")
 '''
 
@@ -237,19 +236,15 @@ print(f"score: {solution.run()}")
 def test_compile_cache_is_shared_by_candidates_and_private_to_the_evaluator(tmp_path):
     """Under the sandbox, `run` can write the study's compile cache (a compiler that
     cannot write its cache fails); the evaluator gets its own, never the shared one."""
-    shared = tmp_path / "cache" / "inductor"
     task = config_text().split("[task.metric]")[0].replace(
-        'evaluate = "python evaluate.py"',
-        'run = "python train.py"\nevaluate = "python evaluate.py"\n'
-        'env = ["TORCHINDUCTOR_CACHE_DIR", "SHARED_CACHE"]')
+        'evaluate = "python evaluate.py"', 'run = "python train.py"\nevaluate = "python evaluate.py"')
     repo = single_candidate_repo(tmp_path / "r", "def run():\n    return 2.0 if MODE == 'base' else 1.0\n",
                                  EVALUATE_WITH_OWN_CACHE, task=task)
     (repo / "train.py").write_text(WRITE_CACHE)
     git(repo, "add", "train.py")
     git(repo, "commit", "-qm", "train")
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(shared), "SHARED_CACHE": str(shared)}
-    proc = ratchet(repo, "run", env=env)
+    proc = ratchet(repo, "run")
     assert proc.returncode == 0, proc.stderr
     rows = results_tsv(repo)
     assert [row["status"] for row in rows] == ["keep", "keep"], rows
-    assert (shared / "compiled-by-run").read_text() == "x"
+    assert (repo / ".ratchet" / "cache" / "inductor" / "compiled-by-run").read_text() == "x"
