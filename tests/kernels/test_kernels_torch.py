@@ -129,10 +129,19 @@ def test_bench_torch_cpu_tensors(cand):
 def test_wrapping_the_library_the_baseline_calls_changes_nothing(cand):
     """The candidate replaces torch.softmax in its process; the baseline runs in ours."""
     shape = {"rows": 64, "cols": 512}
-    cheat = compare(lambda x: torch.softmax(x, -1), cand.function("wraps_baseline"), make_inputs, shape, reference=reference, max_time_s=0.3, min_reps=3)
+    # Known harness issue (docs/kernels.md, "Limits"): on CPU, a multi-threaded torch
+    # baseline in the evaluator runs up to ~100x slower while a candidate child that
+    # imported torch is alive; one intra-op thread is unaffected. Timed single-threaded
+    # here so this test checks the wrapper alone.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cheat = compare(lambda x: torch.softmax(x, -1), cand.function("wraps_baseline"), make_inputs, shape, reference=reference, max_time_s=0.3, min_reps=3)
+    finally:
+        torch.set_num_threads(threads)
     assert cheat.ok
     assert cheat.a.median_s < 0.1  # the baseline was not slowed by the 200 ms wrapper (generous: busy CPUs)
-    assert cheat.speedup < 5
+    assert cheat.speedup < 5, cheat.summary()
 
 
 def test_device_side_comparison_agrees_with_the_host_one():

@@ -27,6 +27,7 @@ published kernel timings went wrong or were gamed:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -390,7 +391,8 @@ def _run(
                 side.graph = side.runner.capture(side.slots, side.mode)
         for _ in range(max(0, warmup - 1)):  # the probe's first request was the first warm-up
             for side in sides:
-                side.request(batch)
+                with _others_frozen(side, sides):
+                    side.request(batch)
                 side.check(batch, reference_of)
         ratios: list[float] = []
         ratio_stats = _Welford()
@@ -401,7 +403,8 @@ def _run(
             ref_cache.clear()
             order = sides if rep % 2 == 0 else sides[::-1]
             for side in order:
-                t = side.request(batch)
+                with _others_frozen(side, sides):
+                    t = side.request(batch)
                 # the empty-request round trip: after the first batches, then every 4th
                 rtt = side.overhead() if rep < 3 or rep % 4 == 0 else float(np.median(side.overheads))
                 per_call = max(t - rtt, 0.5 * t) / calls
@@ -423,6 +426,20 @@ def _run(
         for side in sides:
             side.runner.release(side.slots)
     return [s.result(warmup, target_sem, cuda) for s in sides], ratios
+
+
+def _others_frozen(side: _Side, sides: list[_Side]) -> contextlib.ExitStack:
+    """Every other side's candidate process is stopped while this side runs.
+
+    An idle candidate must not slow down what it is compared with: OpenMP threads that
+    keep spinning after its own call, or a deliberate busy loop, would otherwise make the
+    baseline look slow (seen: torch.softmax timed 6x slower beside an idle torch child).
+    """
+    stack = contextlib.ExitStack()
+    for other in sides:
+        if other is not side:
+            stack.enter_context(other.runner.frozen())
+    return stack
 
 
 def _abort(sides: list[_Side], reason: str, warmup: int, target_sem: float, cuda: bool) -> list[BenchResult]:
