@@ -14,9 +14,15 @@ from helpers import ROOT, config_text, make_repo
 
 from ratchet.ledger import Ledger
 
-# forty values of X (1.25 among them); the score (X - 1.25)^2 is a pure function of X, so
-# every run of the same study has one right answer
-CHOICES = "[" + ", ".join(f"{-2.0 + 0.1625 * i:.4f}" for i in range(60)) + "]"
+
+# Settings of X (1.25 among them); the score (X - 1.25)^2 is a pure function of X, so
+# every run of the same study has one right answer.
+def choices(n: int = 60) -> str:
+    """n distinct settings of X (the tuner never repeats one: n bounds a study's length)."""
+    return "[" + ", ".join(f"{-2.0 + 9.75 * i / n:.4f}" for i in range(n)) + "]"
+
+
+CHOICES = choices()
 
 SOLUTION = '''
 """Editable."""
@@ -34,12 +40,12 @@ EVALUATOR = "import solution\nprint('correct: true')\nprint(f'score: {solution.s
 
 
 def deterministic_repo(path: Path, rounds: int = 16, parallel: int = 2,
-                       sleep: float = 0.15) -> Path:
+                       sleep: float = 0.15, settings: int = 60) -> Path:
     return make_repo(path, {
         "ratchet.toml": config_text(
             search=f'[search]\nproposer = "tune"\nparallel = {parallel}\nrounds = {rounds}\n',
             knobs=f'[tune]\nsampler = "random"\n[tune.knobs]\n"solution.py:X" = '
-                  f'{{ choices = {CHOICES} }}\n',
+                  f'{{ choices = {choices(settings)} }}\n',
         ),
         "evaluate.py": EVALUATOR,
         "solution.py": SOLUTION.replace("time.sleep(0.15)", f"time.sleep({sleep})"),
