@@ -358,7 +358,10 @@ def test_guard_reasons_reach_the_verdict(study):
     log = _logs(study["repo"], study["ids"]["float16"])
     reason = next((line for line in log.splitlines() if line.startswith("reason: ")), "")
     assert "outside tolerance" in reason or "relative error norm" in reason, log[-3000:]
-    assert "unwritten" in study["verdicts"]["thread_early_return"]["reasons"] or "outside tolerance" in study["verdicts"]["thread_early_return"]["reasons"]
+    # a thread still writing after the answer trips one of three guards, whichever sees it
+    # first: unwritten outputs, wrong values, or two runs on the same inputs disagreeing
+    early = study["verdicts"]["thread_early_return"]["reasons"]
+    assert any(why in early for why in ("unwritten", "outside tolerance", "disagree")), early
 
 
 def test_honest_control_is_kept(study):
