@@ -20,7 +20,7 @@ from typing import TypeVar
 from ratchet.backends import Backend, JobState, make_backend
 from ratchet.config import Config
 from ratchet.faults import fault_point
-from ratchet.jobspec import JobResult, JobSpec, PinnedFile
+from ratchet.jobspec import COMPILE_CACHE_VARS, JobResult, JobSpec, PinnedFile
 from ratchet.ledger import Candidate, Ledger
 
 T = TypeVar("T")
@@ -30,11 +30,8 @@ POLL_S = 0.02
 # the study stops with everything recorded, ready to resume
 BACKEND_TRIES = 12
 BACKEND_BACKOFF_S = 0.5
-# compile caches shared by the jobs of one study (under .ratchet/cache/): the second
-# candidate to compile the same kernel finds it built
-CACHE_VARS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton",
-              "NUMBA_CACHE_DIR": "numba"}
-
+# compile caches (jobspec.COMPILE_CACHE_VARS) are shared by the jobs of one study under
+# .ratchet/cache/: the second candidate to compile the same kernel finds it built
 
 class BackendDown(Exception):
     """A backend call failed BACKEND_TRIES times; everything is recorded for a resume."""
@@ -108,7 +105,7 @@ class Jobs:
         writable for the candidate's phases and gives trusted phases private ones (an
         evaluator never loads a compiled artefact a candidate could have written)."""
         env = {}
-        for var, sub in CACHE_VARS.items():
+        for var, sub in COMPILE_CACHE_VARS.items():
             path = self.state_dir / "cache" / sub
             path.mkdir(parents=True, exist_ok=True)  # a sandbox can only bind what exists
             env[var] = str(path)

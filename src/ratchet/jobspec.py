@@ -53,7 +53,9 @@ ENV_ALLOW_PREFIXES = ("LC_", "RATCHET_")
 # Compile caches a study shares between its jobs (set by the study in `env_set`). The
 # worker binds them writable for the candidate's phases and gives trusted phases private
 # ones, so an evaluator never loads a compiled artefact a candidate could have written.
-COMPILE_CACHE_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "NUMBA_CACHE_DIR")
+# (name -> its directory under the study's .ratchet/cache/)
+COMPILE_CACHE_VARS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton",
+                      "NUMBA_CACHE_DIR": "numba"}
 SECRET_SUFFIXES = ("_API_KEY", "_TOKEN", "_SECRET", "_PASSWORD", "_ACCESS_KEY", "_KEY_ID")
 SECRET_NAMES = ("RATCHET_DRIVER_TOKEN",)
 
