@@ -55,15 +55,24 @@ def env() -> dict[str, str]:
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
-def free_ports(count: int) -> list[int]:
-    """Distinct ports free on loopback now (held open together so they differ)."""
-    socks = []
+def free_ports(count: int, avoid: range = range(0)) -> list[int]:
+    """Distinct ports free on loopback now (held open together so they differ), none in `avoid`.
+
+    Ray refuses to start when one listener's port falls inside the worker port range, and
+    the kernel's ephemeral ports can land there: ask again for any that do.
+    """
+    socks, ports = [], []
     try:
-        for _ in range(count):
+        while len(ports) < count:
             sock = socket.socket()
             sock.bind(("127.0.0.1", 0))
-            socks.append(sock)
-        return [s.getsockname()[1] for s in socks]
+            socks.append(sock)  # held open even when skipped, so it is not handed out again
+            port = sock.getsockname()[1]
+            if port not in avoid:
+                ports.append(port)
+            if len(socks) > 50 * count:
+                raise RuntimeError("no free ports outside Ray's worker range")
+        return ports
     finally:
         for sock in socks:
             sock.close()
@@ -89,14 +98,33 @@ def free_range(size: int) -> int:
 
 
 def start(default_ports: bool = False, timeout: float = 120.0) -> dict:
-    """Start a head node; return its description (pid, ports, addresses, temp dir)."""
+    """Start a head node; return its description (pid, ports, addresses, temp dir).
+
+    A port found free can be taken by another process before Ray binds it; Ray then
+    exits naming the port, and a fresh set of ports is tried (three times at most).
+    """
+    for attempt in range(3):
+        try:
+            return _start_once(default_ports, timeout)
+        except PortTaken:
+            if default_ports or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+class PortTaken(RuntimeError):
+    """`ray start` exited because a port it was given is in use."""
+
+
+def _start_once(default_ports: bool, timeout: float) -> dict:
     temp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")
     if default_ports:  # Ray's defaults: for the test that another cluster survives ours
         ports = {"port": 6379, "dashboard-port": 8265}
         args = []
     else:
-        ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True))
         base = free_range(WORKER_PORTS)
+        workers = range(base, base + WORKER_PORTS)
+        ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES), workers), strict=True))
         args = [f"--{k}={v}" for k, v in ports.items()]
         args += [f"--min-worker-port={base}", f"--max-worker-port={base + WORKER_PORTS - 1}"]
     log = open(Path(temp) / "start.log", "wb")  # noqa: SIM115 - the child keeps it
@@ -130,7 +158,10 @@ def wait_ready(info: dict, proc: subprocess.Popen | None, timeout: float) -> Non
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             log = (Path(info["temp_dir"]) / "start.log").read_text(errors="replace")
-            raise RuntimeError(f"ray start exited ({proc.returncode}): {log[-1500:]}")
+            taken = ("trying to use a port number" in log
+                     or "address already in use" in log.lower())
+            kind = PortTaken if taken else RuntimeError
+            raise kind(f"ray start exited ({proc.returncode}): {log[-1500:]}")
         try:
             client = JobSubmissionClient(info["address"])
             probe = client.submit_job(entrypoint="true")
