@@ -407,7 +407,7 @@ def status(
     hypotheses = sum(1 for c in cands if c.kind == "candidate" and c.is_judged)
     from ratchet.ledger import throughput  # duty cycle and the limit, from the ledger
 
-    busy = throughput(cands, study.parallel)
+    busy = throughput(cands, study.busy_slots)
     summary = {
         "study": study.name,
         "started": study.started,

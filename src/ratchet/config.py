@@ -123,6 +123,9 @@ class Task(Strict):
     editable: list[str] = Field(min_length=1)
     protected: list[str] = []
     build: str | None = None
+    # where the build runs: "slot" (the job's own slot, before its other phases) or "cpu"
+    # (a CPU build slot, ahead of the job's slot: local backend, see backend.build_slots)
+    build_on: Literal["slot", "cpu"] = "slot"
     smoke: str | None = None
     run: str | None = None
     evaluate: str
@@ -256,6 +259,9 @@ class Backend(Strict):
     log_limit_mb: float = Field(default=16.0, gt=0)
     sandbox: Literal["auto", "bwrap", "none"] = "auto"
     keep_workdirs: Literal["none", "kept", "all"] = "kept"  # job work dirs kept after judging
+    # CPU slots for builds declared `task.build_on = "cpu"`: candidates build there while
+    # others hold the GPU slots (local backend)
+    build_slots: int = Field(default=2, ge=1)
     standby_workers: bool = True  # local: start the next jobs' workers ahead of time
     gpu_hourly_usd: float = Field(default=0.0, ge=0)
     cpu_hourly_usd: float = Field(default=0.0, ge=0)

@@ -79,6 +79,7 @@ class Jobs:
             timeout_s=task.timeout,
             repo=str(self.repo),
             build=task.build,
+            build_on_cpu=task.build_on == "cpu",
             smoke=task.smoke,
             run=task.run,
             evaluate=task.evaluate,

@@ -167,6 +167,9 @@ class JobSpec:
     # unpacked in the worker's directory (ray / shell backends ship it).
     repo: str | None = None
     build: str | None = None
+    # the build needs no accelerator: run it on a CPU build slot ahead of the job's own
+    # slot (local backend; `build_slots` below), so the GPU never waits for a build
+    build_on_cpu: bool = False
     smoke: str | None = None
     run: str | None = None
     evaluate: str = ""
@@ -186,6 +189,7 @@ class JobSpec:
     file_size_limit_bytes: int | None = None  # RLIMIT_FSIZE of every phase
     slot_lock_dir: str | None = None
     slots: list[Slot] = field(default_factory=list)
+    build_slots: list[Slot] = field(default_factory=list)  # CPU slots for build_on_cpu
     sandbox: str = "auto"  # auto | bwrap | pidns | none
     readonly_paths: list[str] = field(default_factory=list)
     env_deny: list[str] = field(default_factory=list)  # never passed on, whatever allows it
@@ -203,6 +207,7 @@ class JobSpec:
         data = json.loads(text)
         data["protected"] = {k: PinnedFile(**v) for k, v in data.get("protected", {}).items()}
         data["slots"] = [Slot(**s) for s in data.get("slots", [])]
+        data["build_slots"] = [Slot(**s) for s in data.get("build_slots", [])]
         return cls(**data)
 
     def write(self, path: Path) -> None:
@@ -226,6 +231,8 @@ class PhaseResult:
     log: str = ""
     log_truncated_bytes: int = 0
     signal: int | None = None
+    # ran on a CPU build slot, not the job's own (GPU) slot: not accelerator time
+    off_slot: bool = False
 
 
 @dataclass

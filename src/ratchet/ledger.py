@@ -307,6 +307,13 @@ class Throughput:
     per_hour: float | None  # what was achieved: jobs x 3600 / wall_s
 
 
+def slot_seconds(cand: Candidate) -> float:
+    """The time a candidate's phases held its slot: builds on a CPU build slot excluded."""
+    if not cand.phases:
+        return cand.run_s or 0.0
+    return sum(p.get("seconds") or 0.0 for p in cand.phases if not p.get("off_slot"))
+
+
 def throughput(cands: list[Candidate], slots: int) -> Throughput:
     """Duty cycle and the limit, from the ledger alone (no clock of the driver's)."""
     ran = [c for c in cands if c.run_s is not None and c.submitted_at is not None
@@ -314,7 +321,7 @@ def throughput(cands: list[Candidate], slots: int) -> Throughput:
     if not ran or slots < 1:
         return Throughput(slots, 0, 0.0, 0.0, None, None, None, None)
     wall = max(c.finished_at for c in ran) - min(c.submitted_at for c in ran)
-    busy = sum(c.run_s for c in ran)
+    busy = sum(slot_seconds(c) for c in ran)
     mean = busy / len(ran)
     return Throughput(
         slots=slots, jobs=len(ran), wall_s=round(wall, 3), busy_s=round(busy, 3),

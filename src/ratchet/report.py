@@ -27,7 +27,7 @@ from typing import Any
 from ratchet import gitrepo
 from ratchet.fingerprint import fingerprint_key, software_key
 from ratchet.history import Share, kept_steps, success_shares
-from ratchet.ledger import Candidate
+from ratchet.ledger import Candidate, throughput
 
 REPORT_DIR = "report"
 DIFF_LIMIT = 200_000  # characters of the incumbent's diff shown; the rest is cut, and said so
@@ -118,7 +118,7 @@ def render(study: Any) -> str:
         "<h2>Machines</h2>",
         _machines(hosts),
         "<h2>Costs</h2>",
-        _costs(cands, ledger.get("created")),
+        _costs(cands, ledger.get("created"), study.busy_slots),
         _dispatch(study),
     ]
     title = f"ratchet report: {study.name}"
@@ -495,7 +495,7 @@ def _diff_html(diff: str) -> str:
     return f'<pre class="diff">{chr(10).join(lines)}{_e(cut)}</pre>' if lines else '<p class="note">empty diff.</p>'
 
 
-def _costs(cands: list[Candidate], created: float | None) -> str:
+def _costs(cands: list[Candidate], created: float | None, slots: int) -> str:
     run_s = sum(c.run_s or 0.0 for c in cands)
     queue_s = sum(c.queue_s or 0.0 for c in cands)
     cost = sum(c.cost_usd or 0.0 for c in cands)
@@ -509,6 +509,12 @@ def _costs(cands: list[Candidate], created: float | None) -> str:
         ("wall time", _duration(wall) if wall and wall > 0 else ""),
         ("candidates judged per hour", f"{judged / (wall / 3600):.1f}" if wall and wall > 0 else ""),
     ]
+    busy = throughput(cands, slots)  # how busy the slots were, and the most they could do
+    if busy.duty is not None:
+        facts += [
+            (f"duty cycle ({slots} slot{'s' * (slots != 1)})", f"{busy.duty:.0%}"),
+            ("limit: candidates per hour at full duty", f"{busy.limit_per_hour:.0f}"),
+        ]
     return _kv_table(facts, "num")
 
 

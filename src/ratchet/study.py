@@ -121,6 +121,13 @@ class Study:
     # -- start-up (pinning, validation) -----------------------------------------------------
 
     @property
+    def busy_slots(self) -> int:
+        """Jobs that can hold a slot at once: the duty cycle's denominator. Fewer than
+        `parallel` when candidates beyond the slots wait built (`task.build_on = "cpu"`)."""
+        slots = self.config.backend.slots
+        return min(self.parallel, slots) if slots else self.parallel
+
+    @property
     def started(self) -> bool:
         return self.ledger.get("pinned") is not None
 
