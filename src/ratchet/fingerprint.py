@@ -8,6 +8,9 @@ from different hardware instead of comparing them silently.
 
 Stdlib only and cheap (the worker must start fast): library versions come from package
 metadata, so nothing here imports torch; nvidia-smi runs at most once per process.
+`importlib.metadata` alone costs a worker ~25 ms to import (email, zipfile, csv...), so
+the installed distributions' metadata directories are read directly, in `sys.path` order
+as `importlib.metadata.version` does.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ import platform
 import re
 import shutil
 import subprocess
+import sys
 from collections import Counter
-from importlib import metadata
 from pathlib import Path
 
 LIBRARIES = ("numpy", "torch", "triton")
@@ -49,12 +52,57 @@ def _fingerprint() -> dict[str, str]:
     if gpus:
         fp["gpu"] = _summarise(gpus)
         fp["gpu_driver"] = ", ".join(sorted(set(drivers)))
-    for name in LIBRARIES:
-        try:
-            fp[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
+    for name, version in _versions(LIBRARIES).items():
+        fp[name] = version
     return fp
+
+
+def _normal(name: str) -> str:
+    """A distribution name as metadata directory names spell it (PEP 503, `_`)."""
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _versions(names: tuple[str, ...]) -> dict[str, str]:
+    """{name: version} of the installed distributions among `names`; the first on
+    sys.path wins. Absent ones are left out."""
+    wanted = {_normal(n): n for n in names}
+    found: dict[str, str] = {}
+    for entry in sys.path:
+        try:
+            listing = os.scandir(entry or ".")
+        except OSError:  # a zip archive or a missing directory: no libraries of ours
+            continue
+        with listing:
+            for item in listing:
+                stem, dot, kind = item.name.rpartition(".")
+                if not dot or kind not in ("dist-info", "egg-info"):
+                    continue
+                key = _normal(stem.split("-", 1)[0])
+                if key in wanted and wanted[key] not in found:
+                    version = _metadata_version(Path(item.path), stem)
+                    if version:
+                        found[wanted[key]] = version
+        if len(found) == len(wanted):
+            break
+    return found
+
+
+def _metadata_version(path: Path, stem: str) -> str | None:
+    """The `Version:` header of a dist-info / egg-info, else the one in its name."""
+    meta = path / "METADATA" if path.suffix == ".dist-info" else path / "PKG-INFO"
+    if path.is_file():  # an egg-info file (old setuptools) is PKG-INFO itself
+        meta = path
+    try:
+        with meta.open(encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if not line.strip():
+                    break  # the headers end at the first blank line
+                if line.lower().startswith("version:"):
+                    return line.split(":", 1)[1].strip() or None
+    except OSError:
+        pass
+    parts = stem.split("-")
+    return parts[1] if len(parts) > 1 and parts[1] else None
 
 
 def fingerprint_key(fp: dict[str, str] | None) -> str:
@@ -81,13 +129,15 @@ def software_key(fp: dict[str, str] | None) -> str:
 
 
 def _cpu_model() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    pattern = re.compile(r"^(?:model name|Model|Hardware)\s*:\s*(.+)$")
+    try:  # line by line: the kernel writes one block per core, and the first one names it
+        with open("/proc/cpuinfo", errors="replace") as fh:
+            for line in fh:
+                match = pattern.match(line)
+                if match:
+                    return " ".join(match.group(1).split())
     except OSError:
-        text = ""
-    match = re.search(r"^(?:model name|Model|Hardware)\s*:\s*(.+)$", text, re.MULTILINE)
-    if match:
-        return " ".join(match.group(1).split())
+        pass
     return platform.processor() or platform.machine() or "unknown"
 
 
