@@ -233,6 +233,7 @@ class PhaseResult:
     signal: int | None = None
     # ran on a CPU build slot, not the job's own (GPU) slot: not accelerator time
     off_slot: bool = False
+    started_at: float | None = None  # wall clock, for duty over time
 
 
 @dataclass

@@ -29,6 +29,7 @@ from ratchet.jobspec import (
     JobResult,
     JobSpec,
     PhaseResult,
+    Slot,
     collect_metrics,
     scrub_env,
     sha256,
@@ -54,26 +55,79 @@ def _on_term(signum, frame) -> None:  # noqa: ARG001
 # if this process is SIGKILLed, so a crashed worker never leaks a slot.
 
 
-def lease_slot(spec: JobSpec, state_path: Path):
-    if not spec.slots or not spec.slot_lock_dir:
+class WaitingLine:
+    """First come, first served among the workers waiting for the same slots.
+
+    Each waiter holds an flock on a ticket file named by its arrival time; a ticket whose
+    lock can be taken belongs to a waiter that died (the kernel released it) and is
+    removed. Without the line, whichever waiter polls first after a release wins, and a
+    built candidate can wait several turns while later ones run.
+    """
+
+    def __init__(self, lock_dir: Path, kind: str) -> None:
+        self.dir = lock_dir / f"line-{kind}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        name = f"{time.time_ns():020d}-{os.getpid()}"
+        draft = self.dir / f".{name}"
+        self.fh = open(draft, "w")  # noqa: SIM115 - held while we wait
+        fcntl.flock(self.fh, fcntl.LOCK_EX)
+        self.path = self.dir / name
+        draft.rename(self.path)  # visible only once locked: never mistaken for a dead one
+
+    def ahead(self) -> int:
+        """Live waiters that came before us."""
+        count = 0
+        for entry in sorted(self.dir.iterdir()):
+            if entry.name >= self.path.name:
+                break
+            if entry.name.startswith("."):
+                continue
+            try:
+                with entry.open() as other:
+                    try:
+                        fcntl.flock(other, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        count += 1  # its waiter is alive
+                        continue
+                entry.unlink(missing_ok=True)  # a dead waiter's ticket
+            except OSError:
+                continue  # it left meanwhile
+        return count
+
+    def leave(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self.fh.close()
+
+
+def lease_slot(spec: JobSpec, state_path: Path, slots: list[Slot] | None = None,
+               phase: str | None = None):
+    """The first free slot of `slots` (default: the job's own), waiting in line for one."""
+    slots = spec.slots if slots is None else slots
+    if not slots or not spec.slot_lock_dir:
         return None, None
     lock_dir = Path(spec.slot_lock_dir)
     lock_dir.mkdir(parents=True, exist_ok=True)
-    _write_state(state_path, "pending")
-    while not _stop_requested:
-        for slot in spec.slots:
-            fh = open(lock_dir / f"{slot.name}.lock", "a+")  # noqa: SIM115
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                fh.close()
-                continue
-            fh.seek(0)
-            fh.truncate()
-            fh.write(f"{spec.job_id} {os.getpid()}\n")
-            fh.flush()
-            return slot, fh
-        time.sleep(0.01)
+    _write_state(state_path, "pending", phase=phase)
+    line = WaitingLine(lock_dir, slots[0].name.rstrip("0123456789.") or "slot")
+    try:
+        while not _stop_requested:
+            # only as many waiters as there are slots try at once: the first in line
+            if line.ahead() < len(slots):
+                for slot in slots:
+                    fh = open(lock_dir / f"{slot.name}.lock", "a+")  # noqa: SIM115
+                    try:
+                        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        fh.close()
+                        continue
+                    fh.seek(0)
+                    fh.truncate()
+                    fh.write(f"{spec.job_id} {os.getpid()}\n")
+                    fh.flush()
+                    return slot, fh
+            time.sleep(0.01)
+    finally:
+        line.leave()
     return None, None
 
 
@@ -188,6 +242,18 @@ class Job:
         self.channel_data: dict[str, bytes] = {}  # trusted phase -> what its pipe carried
         self.data_dir = Path(spec.data_dir) if spec.data_dir else None  # $RATCHET_DATA
         self.memory_extra: dict[str, float] = {}  # the worker's measurement wins
+        self.off_slot = False  # phases now run on a CPU build slot, not the job's own
+
+    def on_slot(self, slot: Slot | None) -> None:
+        """Run the next phases on `slot`: its devices, its cores, its name."""
+        self.env = build_env(self.spec, self.job_dir, self.work, slot)
+        if self.data_dir is not None:
+            self.env["RATCHET_DATA"] = str(self.data_dir)  # the job's own copy, if made
+        if slot is not None and slot.cpus:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, slot.cpus)  # phases inherit it
+        if not self.off_slot:
+            self.result.slot = slot.name if slot else None
 
     def _fresh_eval_dir(self) -> Path:
         """$RATCHET_RESULT's directory, recreated: nothing an earlier phase left counts."""
@@ -250,6 +316,7 @@ class Job:
         # sampling is light (~7 ms a sample) and sparser while an evaluator may be timing;
         # the kernel's per-process high-water marks keep the peaks between samples
         monitor = PeakMemory(interval_s=0.5 if name == "run" else 1.0) if measure else None
+        started_at = time.time()
         try:
             with monitor or contextlib.nullcontext():
                 code, timed_out, log, seconds = run_capped(
@@ -278,6 +345,8 @@ class Job:
             log=str(self.logs / f"{name}.log"),
             log_truncated_bytes=log.dropped,
             signal=-code if code is not None and code < 0 else None,
+            off_slot=self.off_slot,
+            started_at=round(started_at, 4),
         )
         self.result.phases.append(phase)
         return phase
@@ -409,21 +478,44 @@ class Job:
             return metrics, self.fail("failed", name, why)
         return metrics, None
 
-    def run(self) -> JobResult:
-        spec = self.spec
+    def start(self) -> JobResult | None:
+        """Start the clock and lay out the tree: pinned files, scratch, prepared data."""
         self.result.started_at = time.time()
-        self.deadline = time.monotonic() + spec.timeout_s
-        restore_protected(spec, self.work)
+        self.deadline = time.monotonic() + self.spec.timeout_s
+        restore_protected(self.spec, self.work)
         (self.job_dir / "tmp").mkdir(exist_ok=True)
-        failure = self.prepare_data()
+        return self.prepare_data()
+
+    def build_ahead(self) -> JobResult | None:
+        """The build phase alone, on a CPU build slot, before the job's own slot is leased.
+
+        Same checks as a build in the slot: integrity after checkout and after the build.
+        The build's process tree is gone when this returns, so nothing of the candidate
+        runs while the job waits for its slot.
+        """
+        failure = self.start() or self.check_integrity(after="checkout")
         if failure:
             return failure
-        if spec.holdout_only and spec.reuse_workdir:  # the candidate's built tree (local)
-            return self.run_holdout()
-        failure = self.check_integrity(after="checkout")
-        if failure:
-            return failure
-        for name in ("build", "smoke", "run"):
+        self.off_slot = True
+        try:
+            return (self.check_phase(self.phase("build", self.spec.build))
+                    or self.check_integrity(after="build"))
+        finally:
+            self.off_slot = False
+
+    def run(self, built: bool = False) -> JobResult:
+        """Every phase in order; `built`: build_ahead() already ran the build."""
+        spec = self.spec
+        if not built:
+            failure = self.start()
+            if failure:
+                return failure
+            if spec.holdout_only and spec.reuse_workdir:  # the candidate's built tree (local)
+                return self.run_holdout()
+            failure = self.check_integrity(after="checkout")
+            if failure:
+                return failure
+        for name in ("smoke", "run") if built else ("build", "smoke", "run"):
             command = getattr(spec, name)
             if not command:
                 continue
@@ -546,20 +638,20 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _on_term)
     become_subreaper()
     state_path = job_dir / "state.json"
-    queued_at = time.time()
-    slot, lock = lease_slot(spec, state_path)
-    if slot is not None and slot.cpus:
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(0, slot.cpus)
-    _write_state(state_path, "running")
-
     work = args.workdir.resolve() if args.workdir else job_dir / "work"
     if spec.reuse_workdir:
         work = Path(spec.reuse_workdir)
     job = Job(spec, job_dir, work)
-    job.result.queue_seconds = round(time.time() - queued_at, 4)
-    job.result.slot = slot.name if slot else None
+    # a build that needs no accelerator runs on a CPU build slot first, so the job's own
+    # (GPU) slot is only held for the phases that need it
+    build_first = bool(spec.build_on_cpu and spec.build and spec.build_slots
+                       and not spec.holdout_only)
+    lock = None
     try:
+        queued_at = time.monotonic()
+        slot, lock = lease_slot(spec, state_path, spec.build_slots if build_first else None)
+        queued = time.monotonic() - queued_at
+        _write_state(state_path, "running")
         if _stop_requested:
             result = job.fail("cancelled", "queue", "cancelled before it started")
         else:
@@ -569,14 +661,36 @@ def main(argv: list[str] | None = None) -> int:
                 from ratchet.gitrepo import archive_to
 
                 archive_to(Path(spec.repo or "."), spec.commit, work)
-            job.env = build_env(spec, job_dir, work, slot)
             job.sandbox_kind = sandbox.choose(spec.sandbox)
             job.result.sandbox = job.sandbox_kind
-            result = job.run()
+            job.off_slot = build_first
+            job.on_slot(slot)
+            job.off_slot = False
+            if not build_first:
+                result = job.run()
+            else:
+                result = job.build_ahead()
+                if lock is not None:
+                    lock.close()  # the build slot: the next candidate's build can start
+                if result is None:
+                    waited_at = time.monotonic()
+                    slot, lock = lease_slot(spec, state_path, phase="built")
+                    waited = time.monotonic() - waited_at
+                    queued += waited
+                    job.deadline += waited  # the job's timeout is for its work, not the queue
+                    _write_state(state_path, "running", phase="built")
+                    if _stop_requested:
+                        result = job.fail("cancelled", "queue", "cancelled waiting for a slot")
+                    else:
+                        job.on_slot(slot)
+                        result = job.run(built=True)
+        job.result.queue_seconds = round(queued, 4)
     except Exception as exc:  # the worker must always report, never vanish
         result = job.fail("error", "worker", f"worker error: {type(exc).__name__}: {exc}")
     finally:
         kill_descendants()
+        if lock is not None:
+            lock.close()  # the phases' trees are gone: the slot is free for the next job
     result.finished_at = time.time()
     try:  # after the phases, so reading the machine never delays or disturbs them
         from ratchet.fingerprint import machine_fingerprint
@@ -592,8 +706,6 @@ def main(argv: list[str] | None = None) -> int:
     _write_state(state_path, "done")
     sys.stdout.write(RESULT_MARKER + text + "\n")
     sys.stdout.flush()
-    if lock is not None:
-        lock.close()
     return 0
 
 

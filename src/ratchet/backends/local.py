@@ -64,6 +64,21 @@ def plan_slots(slots: int | None, gpus: list[str] | None = None) -> list[Slot]:
     return plan
 
 
+def plan_build_slots(count: int) -> list[Slot]:
+    """CPU slots for builds declared `task.build_on = "cpu"`: cores split between them,
+    no GPU visible (the build said it needs none; a GPU build belongs in the job's slot)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(
+        range(os.cpu_count() or 1)
+    )
+    plan = []
+    for i in range(count):
+        cpus = ([c for j, c in enumerate(cores) if j % count == i] if count <= len(cores)
+                else [cores[i % len(cores)]])
+        plan.append(Slot(name=f"build{i}", cpus=cpus,
+                         env={"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(len(cpus))}))
+    return plan
+
+
 STANDBY_DELAY_S = 0.4
 
 
@@ -86,6 +101,8 @@ class LocalBackend(Backend):
         slots = getattr(backend_config, "slots", None)
         gpus = getattr(backend_config, "gpus", None)
         self.slots = plan_slots(slots, gpus)
+        self.build_slots = plan_build_slots(getattr(backend_config, "build_slots", 2))
+        self._pipelined = False  # a job built on a build slot: more workers in flight
         self._children: dict[str, subprocess.Popen] = {}
         # Standby workers: started (interpreter up, modules imported) while earlier jobs
         # run, so the next round's jobs start in milliseconds instead of ~0.3 s each.
@@ -122,6 +139,9 @@ class LocalBackend(Backend):
             return spec.job_id  # idempotent: already placed (a dead one is `lost`, not rerun)
         job_dir.mkdir(parents=True, exist_ok=True)
         spec.slots = self.slots
+        if spec.build_on_cpu and spec.build:
+            spec.build_slots = self.build_slots
+            self._pipelined = True
         spec.slot_lock_dir = str(self.lock_dir)
         spec.env_set = {**forwarded_env(spec), **spec.env_set}
         spec.write(job_dir / "spec.json")
@@ -181,7 +201,9 @@ class LocalBackend(Backend):
         if not now and time.monotonic() - self._last_placed < STANDBY_DELAY_S:
             return
         self._spares = [p for p in self._spares if p.poll() is None]
-        while len(self._spares) < len(self.slots):
+        # pipelined: jobs building on the CPU slots run beside those holding the slots
+        wanted = len(self.slots) + (len(self.build_slots) if self._pipelined else 0)
+        while len(self._spares) < wanted:
             self._spares.append(subprocess.Popen(
                 [sys.executable, "-m", "ratchet.worker", "--standby"],
                 env=worker_env(dict(os.environ)),  # never the driver's keys
