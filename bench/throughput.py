@@ -52,7 +52,8 @@ CONFIG = """
 [task]
 name = "tp"
 editable = ["knob.py"]
-protected = ["evaluate.py"]
+protected = {protected}
+{phases}
 evaluate = "python evaluate.py"
 timeout = "5m"
 
@@ -62,6 +63,7 @@ goal = "minimize"
 
 [search]
 proposer = "{proposer}"
+mode = "{mode}"
 parallel = {k}
 rounds = {rounds}
 
@@ -73,7 +75,7 @@ sampler = "random"
 
 [backend]
 kind = "local"
-slots = {k}
+slots = {slots}
 {extra}
 """
 
@@ -113,7 +115,8 @@ def make_repo(path: Path, *, k: int, rounds: int, sleep: float, proposer: str = 
               extra: str = "", lognormal: bool = False) -> Path:
     path.mkdir(parents=True)
     (path / "ratchet.toml").write_text(CONFIG.format(
-        proposer=proposer, k=k, rounds=rounds, extra=extra,
+        proposer=proposer, k=k, rounds=rounds, extra=extra, slots=k, mode="rounds",
+        protected='["evaluate.py"]', phases="",
         choices=list(range(100, 300))))  # never better than X = 10: no keeps
     (path / "knob.py").write_text("X = 10\n")
     (path / "evaluate.py").write_text(EVALUATE.format(sleep=sleep, lognormal=lognormal))
@@ -218,46 +221,14 @@ def rolling_vs_rounds(base: Path, task_s: float) -> list[str]:
     return rows
 
 
-GPU_CONFIG = """
-[task]
-name = "gpu"
-editable = ["knob.py"]
-protected = ["build.py", "run.py", "evaluate.py"]
-build = "python build.py"
-build_on = "{build_on}"
-run = "python run.py"
-evaluate = "python evaluate.py"
-timeout = "5m"
-
-[task.metric]
-name = "score"
-goal = "minimize"
-
-[search]
-proposer = "tune"
-mode = "{mode}"
-parallel = {k}
-rounds = {rounds}
-
-[tune]
-sampler = "random"
-
-[tune.knobs]
-"knob.py:X" = {{ choices = {choices} }}
-
-[backend]
-kind = "local"
-slots = 1
-gpus = ["0"]
-build_slots = 2
-"""
-
-
 def gpu_repo(path: Path, *, build_on: str, mode: str, k: int, rounds: int, build_s: float,
              run_s: float) -> Path:
     path.mkdir(parents=True)
-    (path / "ratchet.toml").write_text(GPU_CONFIG.format(
-        build_on=build_on, mode=mode, k=k, rounds=rounds, choices=list(range(100, 300))))
+    (path / "ratchet.toml").write_text(CONFIG.format(
+        proposer="tune", mode=mode, k=k, rounds=rounds, slots=1,
+        protected='["build.py", "run.py", "evaluate.py"]',
+        phases=f'build = "python build.py"\nbuild_on = "{build_on}"\nrun = "python run.py"',
+        extra='gpus = ["0"]\nbuild_slots = 2', choices=list(range(100, 300))))
     (path / "knob.py").write_text("X = 10\n")
     (path / "build.py").write_text(f"import time\ntime.sleep({build_s})\n"
                                    "open('built.txt', 'w').write('ok')\n")
