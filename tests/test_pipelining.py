@@ -15,7 +15,7 @@ from pathlib import Path
 from helpers import ROOT, config_text, git, make_repo, ratchet
 
 from ratchet.ledger import Candidate, Ledger, slot_seconds, throughput
-from ratchet.worker import WaitingLine
+from ratchet.slots import WaitingLine
 
 BUILD = '''
 import json, os, time
@@ -161,7 +161,7 @@ def test_waiting_line_is_first_come_first_served_and_forgets_the_dead(tmp_path):
     assert (first.ahead(), second.ahead()) == (0, 1)
     # a waiter killed while in line: its ticket's lock goes with it, and the line moves on
     code = (f"import sys, time; sys.path.insert(0, {str(ROOT / 'src')!r}); "
-            "from pathlib import Path; from ratchet.worker import WaitingLine; "
+            "from pathlib import Path; from ratchet.slots import WaitingLine; "
             f"held = WaitingLine(Path({str(tmp_path)!r}), 'gpu'); "
             "print('in line', flush=True); time.sleep(60)")
     dead = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

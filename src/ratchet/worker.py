@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -41,6 +40,7 @@ from ratchet.prep import (  # data_digest: remote backends import it from here
     private_copy,
 )
 from ratchet.procs import PeakMemory, become_subreaper, kill_descendants, run_capped
+from ratchet.slots import lease_slot
 
 _stop_requested = False
 
@@ -48,87 +48,6 @@ _stop_requested = False
 def _on_term(signum, frame) -> None:  # noqa: ARG001
     global _stop_requested
     _stop_requested = True
-
-
-# ---------------------------------------------------------------------------------------
-# slot leasing: one flock per slot, held for the job's life, released by the kernel even
-# if this process is SIGKILLed, so a crashed worker never leaks a slot.
-
-
-class WaitingLine:
-    """First come, first served among the workers waiting for the same slots.
-
-    Each waiter holds an flock on a ticket file named by its arrival time; a ticket whose
-    lock can be taken belongs to a waiter that died (the kernel released it) and is
-    removed. Without the line, whichever waiter polls first after a release wins, and a
-    built candidate can wait several turns while later ones run.
-    """
-
-    def __init__(self, lock_dir: Path, kind: str) -> None:
-        self.dir = lock_dir / f"line-{kind}"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        name = f"{time.time_ns():020d}-{os.getpid()}"
-        draft = self.dir / f".{name}"
-        self.fh = open(draft, "w")  # noqa: SIM115 - held while we wait
-        fcntl.flock(self.fh, fcntl.LOCK_EX)
-        self.path = self.dir / name
-        draft.rename(self.path)  # visible only once locked: never mistaken for a dead one
-
-    def ahead(self) -> int:
-        """Live waiters that came before us."""
-        count = 0
-        for entry in sorted(self.dir.iterdir()):
-            if entry.name >= self.path.name:
-                break
-            if entry.name.startswith("."):
-                continue
-            try:
-                with entry.open() as other:
-                    try:
-                        fcntl.flock(other, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                    except BlockingIOError:
-                        count += 1  # its waiter is alive
-                        continue
-                entry.unlink(missing_ok=True)  # a dead waiter's ticket
-            except OSError:
-                continue  # it left meanwhile
-        return count
-
-    def leave(self) -> None:
-        self.path.unlink(missing_ok=True)
-        self.fh.close()
-
-
-def lease_slot(spec: JobSpec, state_path: Path, slots: list[Slot] | None = None,
-               phase: str | None = None):
-    """The first free slot of `slots` (default: the job's own), waiting in line for one."""
-    slots = spec.slots if slots is None else slots
-    if not slots or not spec.slot_lock_dir:
-        return None, None
-    lock_dir = Path(spec.slot_lock_dir)
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    _write_state(state_path, "pending", phase=phase)
-    line = WaitingLine(lock_dir, slots[0].name.rstrip("0123456789.") or "slot")
-    try:
-        while not _stop_requested:
-            # only as many waiters as there are slots try at once: the first in line
-            if line.ahead() < len(slots):
-                for slot in slots:
-                    fh = open(lock_dir / f"{slot.name}.lock", "a+")  # noqa: SIM115
-                    try:
-                        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    except BlockingIOError:
-                        fh.close()
-                        continue
-                    fh.seek(0)
-                    fh.truncate()
-                    fh.write(f"{spec.job_id} {os.getpid()}\n")
-                    fh.flush()
-                    return slot, fh
-            time.sleep(0.01)
-    finally:
-        line.leave()
-    return None, None
 
 
 def _write_state(path: Path, state: str, phase: str | None = None) -> None:
@@ -649,7 +568,9 @@ def main(argv: list[str] | None = None) -> int:
     lock = None
     try:
         queued_at = time.monotonic()
-        slot, lock = lease_slot(spec, state_path, spec.build_slots if build_first else None)
+        _write_state(state_path, "pending")
+        slot, lock = lease_slot(spec, spec.build_slots if build_first else spec.slots,
+                                lambda: _stop_requested)
         queued = time.monotonic() - queued_at
         _write_state(state_path, "running")
         if _stop_requested:
@@ -674,7 +595,8 @@ def main(argv: list[str] | None = None) -> int:
                     lock.close()  # the build slot: the next candidate's build can start
                 if result is None:
                     waited_at = time.monotonic()
-                    slot, lock = lease_slot(spec, state_path, phase="built")
+                    _write_state(state_path, "pending", phase="built")
+                    slot, lock = lease_slot(spec, spec.slots, lambda: _stop_requested)
                     waited = time.monotonic() - waited_at
                     queued += waited
                     job.deadline += waited  # the job's timeout is for its work, not the queue
