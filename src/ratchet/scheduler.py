@@ -284,6 +284,28 @@ class Loop:
     snapshot: dict = field(default_factory=dict)
     # what the last settle wrote to trusted state: (meta, verdicts by id)
     written: tuple[dict, dict] = field(default_factory=lambda: ({}, {}))
+    # log lines about a judged round, held until its block is on screen (`progress`)
+    held: list[str] = field(default_factory=list)
+
+    def progress(self, round_no: int, target: int, running: list) -> None:
+        """Report progress, then the lines held back: the view prints a judged round's
+        block when the next round's progress arrives, and a line about that round
+        (`keep ...`) reads after it, not above it."""
+        self.report(round_no, target, running)
+        self.release()
+
+    def release(self) -> None:
+        held, self.held = self.held, []
+        for line in held:
+            self.log(line)
+
+    def finish(self, target: int) -> None:
+        """The study stops: one last progress report shows the last judged round's block
+        before the lines held about it."""
+        if self.held:
+            with contextlib.suppress(Exception):  # already failing: the lines still count
+                self.report(self.ledger.get("round"), target, [])
+            self.release()
 
     # -- judging (the ledger side of the pure judge) -------------------------------------
 
@@ -336,7 +358,7 @@ class Loop:
         if decision.winner is not None:
             self.guard.repair_branch()  # moves the branch to the new incumbent
             winner = led.candidate(decision.winner)
-            self.log(f"keep {winner.id} {winner.short}: {winner.description}")
+            self.held.append(f"keep {winner.id} {winner.short}: {winner.description}")
         self.write_views()
         return decision.winner
 
@@ -378,12 +400,27 @@ def _descends(repo: Path, commit: str | None, ancestor: str | None) -> bool:
 
 # -- rounds --------------------------------------------------------------------------------
 
+# the next round's proposals are asked for once every job of the round is in a phase, or
+# this long after the round started (a backend that does not tell phases)
+AHEAD_AFTER_S = 0.5
+
+
+def started_all(running: list[tuple[str, str, float, str]]) -> bool:
+    """Every job still running is in a named phase (past its queue and checkout)."""
+    return all(": " in state for *_, state in running)
+
 
 class Rounds:
     def __init__(self, loop: Loop, target: int) -> None:
         self.loop, self.target = loop, target
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self.loop.finish(self.target)
+
+    def _run(self) -> None:
         loop, led = self.loop, self.loop.ledger
         while not loop.stop.soft:
             round_no = led.get("round")
@@ -467,10 +504,22 @@ class Rounds:
         loop = self.loop
         trusted = loop.guard.snapshot()  # before any of them can run
         loop.jobs.start(cands, lambda: loop.stop.hard)
-        self.ask_ahead(round_no + 1)  # the proposer works while the round runs
+        started = time.monotonic()
+        asked = False
+
+        def report(running: list) -> None:
+            # the proposer works while the round runs, once its jobs are in their phases:
+            # asked at once, its git work would compete with the jobs' own start-up
+            nonlocal asked
+            if not asked and (started_all(running)
+                              or time.monotonic() - started >= AHEAD_AFTER_S):
+                asked = True
+                self.ask_ahead(round_no + 1)
+            loop.progress(round_no, self.target, running)
+
         ids = [c.id for c in cands]
-        loop.jobs.wait(ids, lambda running: loop.report(round_no, self.target, running),
-                       lambda: loop.stop.hard)
+        loop.jobs.wait(ids, report, lambda: loop.stop.hard)
+        self.ask_ahead(round_no + 1)  # a round over before it was asked: the same view
         if loop.guard.check(trusted, ids):
             loop.write_views()
         if not loop.stop.hard:
@@ -495,6 +544,12 @@ class Rolling:
         return sum(1 for c in self.loop.ledger.candidates() if c.kind == "candidate")
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self.loop.finish(self.budget)
+
+    def _run(self) -> None:
         loop, led = self.loop, self.loop.ledger
         resumed = [c for c in led.candidates() if c.status in OPEN_STATES]
         loop.ensure_refs(resumed)
@@ -509,7 +564,7 @@ class Rolling:
                 self.open_ids += self.fill(len(self.open_ids))
                 self.request()  # the proposer works on the next ones while these run
             running = loop.jobs.poll(self.open_ids)
-            loop.report(led.get("round"), self.budget, running)
+            loop.progress(led.get("round"), self.budget, running)
             if self.judgeable(self.open_ids):
                 self.judge(self.open_ids)
             self.open_ids = [i for i in self.open_ids

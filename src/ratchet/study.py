@@ -177,6 +177,9 @@ class Study:
             self.lock.acquire()
         target = rounds or self.config.search.rounds
         self._check_ideas_file()  # bad input fails before anything is recorded
+        # workers start first: their interpreters load while this process pins the start,
+        # builds the proposer and makes the first proposals (nothing is recorded by it)
+        self.backend.warm_up()
         self.proposer  # noqa: B018  (built first: its config errors come before any record)
         head = None if self.started else gitrepo.try_rev_parse(self.repo, "HEAD")
         if head is not None:  # the knobs must be in the start commit before it is pinned
@@ -194,7 +197,6 @@ class Study:
             else:
                 policy = Rounds(self._loop(), target)
             policy.start_early()  # the proposer thinks while workers start and prep runs
-        self.backend.warm_up()
         if self.config.prep:
             self.prepare()
         with _as_study_errors():
@@ -273,8 +275,10 @@ class Study:
             if self.guard.check(trusted, group):
                 self._write_views()
             if any(self.ledger.candidate(i).status == "finished" for i in group):
-                self._loop().settle(group)
+                loop = self._loop()
+                loop.settle(group)
                 self.ledger.set(round=round_no + 1)
+                loop.release()
         return [self.ledger.candidate(c.id) for c in cands]
 
     def cancel(self, ref: str) -> Candidate:
