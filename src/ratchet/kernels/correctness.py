@@ -23,6 +23,7 @@ The report says, per shape and dtype, which guard fired and why.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -190,6 +191,18 @@ def inputs_unchanged(slot: Slot, fresh: tuple[Any, ...], who: str) -> None:
             raise _Fail(f"{who} modified input {j} in place ({changed} elements changed)")
 
 
+def _norm(x: np.ndarray) -> float:
+    """Euclidean norm without BLAS (numpy's pairwise sum of squares).
+
+    Not `np.linalg.norm`: for more than ~10k elements it calls OpenBLAS's threaded dot,
+    whose worker threads then busy-wait ~0.1 s for more work. On a 2-core machine that
+    spinning thread took a core from the multi-threaded baseline timed next, and torch's
+    OpenMP barriers then waited for a descheduled thread: torch.softmax 0.05 -> 2-8 ms
+    per call, the candidate's speedup inflated 40-160x (docs/kernels.md).
+    """
+    return math.sqrt(float(np.sum(np.square(x))))
+
+
 def _compare(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> tuple[list[str], float, float, float]:
     """Per-element |got-want| <= atol + rtol|want| and ||got-want|| / ||want|| <= rtol."""
     diff = np.abs(got - want)
@@ -199,8 +212,9 @@ def _compare(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> tup
     bad = diff > allowed
     max_abs = float(diff.max())
     max_rel = float((diff / np.maximum(np.abs(want), np.finfo(np.float64).tiny)).max())
-    norm_want = float(np.linalg.norm(want.ravel()))
-    rel_norm = float(np.linalg.norm(diff.ravel())) / norm_want if norm_want > 0 else float(np.linalg.norm(diff.ravel()))
+    norm_want = _norm(want)
+    norm_diff = _norm(diff)
+    rel_norm = norm_diff / norm_want if norm_want > 0 else norm_diff
     reasons = []
     if bad.any():
         idx = np.unravel_index(int(np.argmax(diff - allowed)), diff.shape)

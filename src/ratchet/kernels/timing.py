@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from . import arrays, guard
+from . import arrays, guard, quiesce
 from .correctness import (
     MakeInputs,
     OutFactory,
@@ -209,6 +209,7 @@ class _Side:
         self.overheads: list[float] = []
         self.stats = _Welford()
         self.verified = 0
+        self.settled_s = 0.0  # waited for this process's other threads to go idle
         self.reasons: list[str] = []
 
     @property
@@ -223,11 +224,15 @@ class _Side:
         for slot, values in zip(self.slots, fresh_sets, strict=True):
             fill(slot, values)
         sync_all(self.slots)
+        # Our own thread pools (the fill's, the last batch's, a BLAS call in a reference)
+        # may still be spinning: they would take a core from the request (quiesce.py).
+        self.settled_s += quiesce.settle()
         if self.graph is not None:
             return self.runner.replay(self.graph)
         return self.runner.run(self.slots, self.mode)
 
     def overhead(self) -> float:
+        self.settled_s += quiesce.settle()
         self.overheads.append(self.runner.empty_request())
         return float(np.median(self.overheads))
 
