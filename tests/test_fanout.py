@@ -33,3 +33,39 @@ def test_the_keep_line_follows_its_rounds_progress(tmp_path):
         assert any(kind == "progress" and value > rounds[cand_id]
                    for kind, value in events[:i]), (line, events[:i])
 
+
+
+def test_results_are_looked_for_fast_only_around_when_a_job_is_due(tmp_path):
+    from ratchet.jobs import FAST_POLL_S, POLL_S, SLOW_POLL_S
+
+    study = Study(score_repo(tmp_path / "r"))
+    try:
+        jobs = study.jobs
+
+        def pause(*elapsed: float) -> float:
+            return jobs.pause([(f"c{i}", "", e, "running: evaluate")
+                               for i, e in enumerate(elapsed)])
+
+        assert pause(1.0) == POLL_S  # nothing finished yet: no idea when one is due
+        jobs._took.extend([3.0, 3.1, 2.9])  # recent jobs took about 3 s
+        assert pause(0.5) == SLOW_POLL_S  # long before: a look every 50 ms
+        assert FAST_POLL_S < pause(2.85) <= SLOW_POLL_S  # shortly before: 50 ms at most
+        assert pause(2.95) == FAST_POLL_S == pause(3.0) == pause(3.2)  # around it: 5 ms
+        assert pause(0.5, 2.95) == FAST_POLL_S  # the first one due decides
+        assert pause(4.5) == POLL_S  # well past it (a slow one): back to the usual pace
+        assert pause() == POLL_S
+    finally:
+        study.close()
+
+
+def test_a_study_learns_how_long_its_jobs_take(tmp_path):
+    study = Study(score_repo(tmp_path / "r", search='[search]\nproposer = "tune"\n'
+                            'parallel = 2\nrounds = 1\n'))
+    try:
+        study.run()
+        took = list(study.jobs._took)
+        cands = study.ledger.candidates()
+    finally:
+        study.close()
+    assert len(took) == len([c for c in cands if c.status in ("keep", "discard")]) == 2
+    assert all(0 < t < 30 for t in took)

@@ -11,7 +11,9 @@ that failed on its own never is.
 from __future__ import annotations
 
 import json
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +27,12 @@ from ratchet.ledger import Candidate, Ledger
 
 T = TypeVar("T")
 POLL_S = 0.02
+# Waiting on jobs: a result is looked for every FAST_POLL_S around the time a job is due
+# (jobs of a study take about as long as the ones before them), and every SLOW_POLL_S
+# while none is. One look costs about a millisecond of the driver's CPU, so looking fast
+# all the time would take a core's share from the jobs themselves.
+FAST_POLL_S = 0.005
+SLOW_POLL_S = 0.05
 # a backend call that raises (engine down, network, timeout) is tried this many times,
 # the wait doubling from BACKEND_BACKOFF_S up to 60 s (about 5 minutes in all), before
 # the study stops with everything recorded, ready to resume
@@ -49,6 +57,7 @@ class Jobs:
         self.trouble = ""
         self._backend: Backend | None = None
         self._cleaner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratchet-clean")
+        self._took: deque[float] = deque(maxlen=8)  # recent jobs, placed to result seen (s)
 
     @property
     def backend(self) -> Backend:
@@ -240,7 +249,21 @@ class Jobs:
                 for cand_id, *_ in running:
                     self.interrupt(self.ledger.candidate(cand_id))
                 continue
-            time.sleep(POLL_S)
+            time.sleep(self.pause(running))
+
+    def pause(self, running: list[tuple[str, str, float, str]]) -> float:
+        """How long to wait before the next look at `running` (id, desc, elapsed, state):
+        fast from shortly before the first of them is due until a while after it."""
+        if not self._took or not running:
+            return POLL_S
+        typical = statistics.median(self._took)
+        due = min(typical - elapsed for _, _, elapsed, _ in running)  # s until the first
+        if due > 2 * SLOW_POLL_S:
+            return min(SLOW_POLL_S, due - SLOW_POLL_S)
+        late = -due
+        if late <= max(0.25, 0.1 * typical):  # jobs vary: stay quick a little past it
+            return FAST_POLL_S
+        return POLL_S
 
     def interrupt(self, cand: Candidate) -> None:
         self.backend.cancel(cand.job_id)
@@ -272,6 +295,8 @@ class Jobs:
 
     def _record(self, cand: Candidate, result: JobResult) -> None:
         run_s = sum(p.seconds for p in result.phases)
+        if cand.submitted_at and result.outcome == "ok":
+            self._took.append(max(0.0, time.time() - cand.submitted_at))
         self.ledger.update(
             cand.id,
             "finished",

@@ -33,8 +33,26 @@ def become_subreaper() -> bool:
         return False
 
 
+def _no_children() -> bool:
+    """True when this process has no child at all (so, being a subreaper, no descendant:
+    an orphan of ours is re-parented to us). One small read per thread, where scanning
+    every process of the machine (psutil) costs milliseconds after every phase. False
+    when the kernel does not say (no /proc/<pid>/task/<tid>/children)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+        for tid in tasks:
+            with open(f"/proc/self/task/{tid}/children", "rb") as fh:
+                if fh.read().strip():
+                    return False
+    except OSError:
+        return False
+    return bool(tasks)
+
+
 def kill_descendants(grace_s: float = KILL_GRACE_S) -> int:
     """SIGTERM then SIGKILL every descendant of this process; returns how many there were."""
+    if _no_children():
+        return 0
     import psutil  # imported here: the worker's start-up time is every candidate's overhead
 
     try:

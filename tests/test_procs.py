@@ -1,0 +1,44 @@
+"""Killing what a phase left behind (a real subreaper, real processes)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ratchet import procs
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+
+
+def test_no_children_sees_a_child_and_its_absence():
+    assert procs._no_children()
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not procs._no_children()
+        assert procs.kill_descendants(grace_s=1.0) == 1
+    finally:
+        child.kill()
+        child.wait()
+    assert procs._no_children() and procs.kill_descendants() == 0
+
+
+def test_a_subreaper_kills_a_daemonised_grandchild():
+    """The shell exits at once and its setsid'd sleep is re-parented to the subreaper:
+    the fast check must not call that "no children"."""
+    code = textwrap.dedent("""
+        import os, subprocess, sys, time
+        from ratchet import procs
+        assert procs.become_subreaper()
+        subprocess.run(["sh", "-c", "setsid sleep 30 >/dev/null 2>&1 &"], check=True)
+        time.sleep(0.2)  # the orphan is ours now
+        orphan = [p for p in os.listdir("/proc") if p.isdigit()
+                  and open(f"/proc/{p}/stat").read().split()[3] == str(os.getpid())]
+        print(len(orphan), procs._no_children(), procs.kill_descendants(grace_s=1.0),
+              procs._no_children(), all(not os.path.exists(f"/proc/{p}") for p in orphan))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=30, check=True)
+    assert out.stdout.split() == ["1", "False", "1", "True", "True"], out
