@@ -177,10 +177,10 @@ class Study:
             self.lock.acquire()
         target = rounds or self.config.search.rounds
         self._check_ideas_file()  # bad input fails before anything is recorded
-        # workers start first: their interpreters load while this process pins the start,
-        # builds the proposer and makes the first proposals (nothing is recorded by it)
-        self.backend.warm_up()
         self.proposer  # noqa: B018  (built first: its config errors come before any record)
+        # workers start next: their interpreters load while this process pins the start
+        # and makes the first proposals (nothing is recorded by it)
+        self.backend.warm_up()
         head = None if self.started else gitrepo.try_rev_parse(self.repo, "HEAD")
         if head is not None:  # the knobs must be in the start commit before it is pinned
             try:  # (checked here, not at every start: `submit` never uses them)
