@@ -129,19 +129,14 @@ def test_bench_torch_cpu_tensors(cand):
 def test_wrapping_the_library_the_baseline_calls_changes_nothing(cand):
     """The candidate replaces torch.softmax in its process; the baseline runs in ours."""
     shape = {"rows": 64, "cols": 512}
-    # Known harness issue (docs/kernels.md, "Limits"): on CPU, a multi-threaded torch
-    # baseline in the evaluator runs up to ~100x slower while a candidate child that
-    # imported torch is alive; one intra-op thread is unaffected. Timed single-threaded
-    # here so this test checks the wrapper alone.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        cheat = compare(lambda x: torch.softmax(x, -1), cand.function("wraps_baseline"), make_inputs, shape, reference=reference, max_time_s=0.3, min_reps=3)
-    finally:
-        torch.set_num_threads(threads)
+    # The baseline runs with torch's default intra-op threads (two on a 2-core machine):
+    # the harness no longer leaves a spinning thread pool beside it (docs/kernels.md).
+    cheat = compare(lambda x: torch.softmax(x, -1), cand.function("wraps_baseline"), make_inputs, shape, reference=reference, max_time_s=0.3, min_reps=3)
     assert cheat.ok
-    assert cheat.a.median_s < 0.1  # the baseline was not slowed by the 200 ms wrapper (generous: busy CPUs)
-    assert cheat.speedup < 5, cheat.summary()
+    # The wrapper adds 200 ms to every call of the baseline it reaches; ours stays far
+    # below. (Not the speedup: other load on a 2-core machine moves a two-thread baseline
+    # by up to two orders of magnitude in a bad moment, in either direction.)
+    assert cheat.a.median_s < 0.1, cheat.summary()
 
 
 def test_device_side_comparison_agrees_with_the_host_one():

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from . import arrays, guard
+from . import arrays, guard, quiesce
 from .hardware import cpu_info, library_versions, llc_bytes
 
 ITEMSIZE = {
@@ -309,6 +309,7 @@ def measure_peaks(
         size = copy_bytes or max(4 * llc_bytes(), 64 << 20)
         bandwidth = _cpu_bandwidth(size, reps, rounds)
         flops = {d: max(_cpu_flops(d, matmul_n, reps) for _ in range(max(1, rounds))) for d in dtypes}
+        quiesce.settle()  # the matmuls' BLAS threads spin ~0.1 s: not during the next measurement
         overhead = _cpu_overhead()
         method = f"numpy copyto {size >> 20} MiB (1 and all threads), matmul {matmul_n}^2, trivial ufunc call"
     peaks = Peaks(
