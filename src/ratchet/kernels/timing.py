@@ -22,7 +22,11 @@ published kernel timings went wrong or were gamed:
 - warm-up batches first (JIT, autotune); repeat until the standard error of the mean is
   under `target_sem` or `max_time_s`; report the median, the IQR and the SEM; a result
   that missed the SEM target says so (`converged`), it is never passed off as exact;
-- A/B comparisons alternate ABBA on the same fresh inputs, so drift hits both sides.
+- A/B comparisons alternate ABBA on the same fresh inputs, so drift hits both sides;
+- **a quiet evaluator**: while one side runs, the other side's candidate process is
+  stopped, and before every timed request the harness waits until its own thread pools
+  (OpenMP, BLAS) have stopped busy-waiting (`quiesce.settle`), so neither side shares
+  the cores with leftover spinning from the other.
 """
 
 from __future__ import annotations
