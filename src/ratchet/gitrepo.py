@@ -7,11 +7,21 @@ so the user's checkout, index and working tree are never touched.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+# A full commit id names the same files forever, so what `show` and `ls-tree` read at
+# one is kept (in this process only) instead of asking git again: a round of proposals
+# reads the same knob file once, not once per proposal.
+_FULL_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+SHOW_CACHE_ENTRIES = 256
+SHOW_CACHE_BYTES = 1 << 20  # larger files are read again when asked for
 
 
 class GitError(Exception):
@@ -50,6 +60,16 @@ def toplevel(path: Path) -> Path:
     return Path(git(path, "rev-parse", "--show-toplevel"))
 
 
+def work_tree(path: Path) -> Path | None:
+    """The top of the work tree `path` is in, or None outside one (one git call for
+    `is_repo` and `toplevel` together)."""
+    try:
+        out = git(path, "rev-parse", "--is-inside-work-tree", "--show-toplevel").splitlines()
+    except (GitError, FileNotFoundError):
+        return None
+    return Path(out[1]) if len(out) == 2 and out[0] == "true" else None
+
+
 def rev_parse(repo: Path, rev: str) -> str:
     return git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
 
@@ -70,8 +90,39 @@ def path_exists(repo: Path, commit: str, path: str) -> bool:
     return True
 
 
+_shown: dict[tuple[str, str, str], bytes] = {}
+_shown_lock = threading.Lock()
+
+
 def show(repo: Path, commit: str, path: str) -> bytes:
-    return git_bytes(repo, "show", f"{commit}:{path}")
+    key = (str(repo), commit, path)
+    cached = _shown.get(key)
+    if cached is not None:
+        return cached
+    data = git_bytes(repo, "show", f"{commit}:{path}")
+    if _FULL_ID.fullmatch(commit) and len(data) <= SHOW_CACHE_BYTES:
+        with _shown_lock:
+            if len(_shown) >= SHOW_CACHE_ENTRIES:
+                _shown.pop(next(iter(_shown)))  # the oldest
+            _shown[key] = data
+    return data
+
+
+def blobs(repo: Path, ids: list[str]) -> list[bytes]:
+    """The contents of blobs by id, in order, from one `git cat-file --batch`."""
+    if not ids:
+        return []
+    out = git_bytes(repo, "cat-file", "--batch", input="".join(f"{i}\n" for i in ids).encode())
+    contents, at = [], 0
+    for blob_id in ids:
+        header_end = out.index(b"\n", at)
+        header = out[at:header_end].split()
+        if len(header) != 3 or header[1] != b"blob":
+            raise GitError(f"git cat-file: {blob_id} is not a blob")
+        size = int(header[2])
+        contents.append(out[header_end + 1:header_end + 1 + size])
+        at = header_end + 1 + size + 1  # the content is followed by a newline
+    return contents
 
 
 def update_ref(repo: Path, ref: str, new: str, old: str | None = None, reason: str = "") -> None:
@@ -135,6 +186,9 @@ def commit_files(
     message: str,
 ) -> str:
     """A new commit = parent's tree with `files` replaced (None deletes). No checkout."""
+    if files and all("/" not in path for path in files) and _FULL_ID.fullmatch(parent):
+        # files at the top only (the usual knob file): one new tree, no index
+        return commit_tree(repo, _top_tree(repo, parent, files), parent, message)
     with tempfile.TemporaryDirectory() as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         git(repo, "read-tree", parent, env=env)
@@ -153,6 +207,32 @@ def commit_files(
             git(repo, "update-index", "--add", "--cacheinfo", f"{mode},{blob},{path}", env=env)
         tree = git(repo, "write-tree", env=env)
     return commit_tree(repo, tree, parent, message)
+
+
+@functools.lru_cache(maxsize=64)
+def _top_entries(repo: str, commit: str) -> tuple[tuple[str, str], ...]:
+    """(name, "mode type id") of the top of `commit`'s tree (a full id: never changes)."""
+    listing = git_bytes(Path(repo), "ls-tree", "-z", commit).decode("utf-8", "surrogateescape")
+    return tuple((entry.partition("\t")[2], entry.partition("\t")[0])
+                 for entry in listing.split("\0") if entry)
+
+
+def _top_tree(repo: Path, parent: str, files: dict[str, bytes | None]) -> str:
+    """`parent`'s tree with top-level `files` replaced (None deletes), by `git mktree`.
+
+    A file keeps its executable bit; anything else it replaces (a symlink, a directory)
+    becomes a regular file, as `update-index --cacheinfo` made it.
+    """
+    entries = dict(_top_entries(str(repo), parent))
+    for path, content in files.items():
+        if content is None:
+            entries.pop(path, None)
+            continue
+        blob = git(repo, "hash-object", "-w", "--stdin", input=content)
+        mode = entries.get(path, "").partition(" ")[0]
+        entries[path] = f"{mode if mode in ('100755', '100644') else '100644'} blob {blob}"
+    listing = "".join(f"{meta}\t{name}\0" for name, meta in entries.items())
+    return git(repo, "mktree", "-z", input=listing.encode("utf-8", "surrogateescape"))
 
 
 def commit_tree(repo: Path, tree: str, parent: str, message: str) -> str:

@@ -62,14 +62,18 @@ def check_commands(repo: Path, config: Config, head: str) -> None:
 
 def pin_protected(repo: Path, config: Config, commit: str) -> dict[str, dict]:
     """Content and mode of every protected file (and ratchet.toml) at the start commit."""
-    tracked = gitrepo.git(repo, "ls-tree", "-r", "--name-only", "-z", commit).split("\0")
+    listing = gitrepo.git_bytes(repo, "ls-tree", "-r", "-z", commit).decode("utf-8", "replace")
     globs = [*config.task.protected, CONFIG_FILE]
+    matched = []  # (path, git mode, blob id); one cat-file call reads them all
+    for entry in listing.split("\0"):
+        meta, _, path = entry.partition("\t")
+        fields = meta.split()
+        if path and len(fields) == 3 and fields[1] == "blob" and matches_any(path, globs):
+            matched.append((path, fields[0], fields[2]))
+    contents = gitrepo.blobs(repo, [blob for *_, blob in matched])
     pins: dict[str, dict] = {}
-    for path in tracked:
-        if path and matches_any(path, globs):
-            entry = gitrepo.git(repo, "ls-tree", commit, "--", path).split()
-            mode = 0o755 if entry and entry[0] == "100755" else 0o644
-            pins[path] = PinnedFile.of(gitrepo.show(repo, commit, path), mode).__dict__
+    for (path, mode, _), content in zip(matched, contents, strict=True):
+        pins[path] = PinnedFile.of(content, 0o755 if mode == "100755" else 0o644).__dict__
     for glob in config.task.protected:
         if not any(ch in glob for ch in "*?[") and glob not in pins:
             pins[glob] = PinnedFile.of(None).__dict__  # must stay absent

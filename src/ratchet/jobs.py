@@ -65,6 +65,15 @@ class Jobs:
             self._backend = make_backend(self.backend_kind, self.state_dir, self.config)
         return self._backend
 
+    def warm_up(self) -> None:
+        """Start the backend's workers, and decide the sandbox off the main thread (on
+        this machine that probes bubblewrap: milliseconds the first round would wait)."""
+        self.backend.warm_up()
+        self._cleaner.submit(self._sandbox_mode)  # an error is raised again at spec()
+
+    def _sandbox_mode(self) -> str:
+        return self.backend.sandbox_mode(self.config.backend.sandbox)
+
     def close(self) -> None:
         self._cleaner.shutdown(wait=True)
         if self._backend is not None:
@@ -78,7 +87,7 @@ class Jobs:
         holdout_dir = Path(task.holdout_data) if task.holdout_data else None
         if holdout_dir is not None and not holdout_dir.is_absolute():
             holdout_dir = self.repo / holdout_dir
-        sandbox = self.backend.sandbox_mode(backend.sandbox)
+        sandbox = self._sandbox_mode()
         return JobSpec(
             job_id=f"{self.name}-{cand.id}-{cand.attempt}",
             study=self.name,

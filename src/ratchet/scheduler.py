@@ -90,6 +90,7 @@ class Proposals:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratchet-propose")
         self._ahead: dict[object, tuple[str, Future]] = {}  # key -> (base commit, proposals)
         self._checked: dict[tuple[str, str], list[str]] = {}  # (parent, commit) -> problems
+        self._trees: dict[str, str] = {}  # commit -> its tree (a commit's tree never changes)
 
     @property
     def proposer(self) -> Proposer:
@@ -227,9 +228,12 @@ class Proposals:
         if not fresh:
             return built
         shas = [c.commit_sha for c in earlier] + [f["commit_sha"] for f in fresh]
-        # one git call for every tree id
-        trees = gitrepo.git(self.repo, "rev-parse", *(f"{sha}^{{tree}}" for sha in shas)
-                            ).split()
+        unknown = [sha for sha in dict.fromkeys(shas) if sha not in self._trees]
+        if unknown:  # one git call for the tree ids not seen before
+            self._trees.update(zip(unknown, gitrepo.git(
+                self.repo, "rev-parse", *(f"{sha}^{{tree}}" for sha in unknown)).split(),
+                strict=True))
+        trees = [self._trees[sha] for sha in shas]
         seen = {tree: cand.id for tree, cand in zip(trees, earlier, strict=False)}
         position = {id(f): len(earlier) + i for i, f in enumerate(fresh)}
         out = []

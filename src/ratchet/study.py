@@ -81,9 +81,10 @@ class Study:
         progress: Callable[[Progress], None] = _noop,
         log: Callable[[str], None] = lambda _: None,
     ) -> None:
-        if not gitrepo.is_repo(repo):
+        top = gitrepo.work_tree(repo)
+        if top is None:
             raise StudyError(f"{repo}: not a git repository (run `git init` and commit first)")
-        self.repo = gitrepo.toplevel(repo)
+        self.repo = top
         self.config = config or load_config(self.repo)
         self.name = self.config.task.name
         self.state_dir = self.repo / STATE_DIR
@@ -180,7 +181,7 @@ class Study:
         self.proposer  # noqa: B018  (built first: its config errors come before any record)
         # workers start next: their interpreters load while this process pins the start
         # and makes the first proposals (nothing is recorded by it)
-        self.backend.warm_up()
+        self.jobs.warm_up()
         head = None if self.started else gitrepo.try_rev_parse(self.repo, "HEAD")
         if head is not None:  # the knobs must be in the start commit before it is pinned
             try:  # (checked here, not at every start: `submit` never uses them)
