@@ -523,7 +523,8 @@ class Rounds:
 
         ids = [c.id for c in cands]
         loop.jobs.wait(ids, report, lambda: loop.stop.hard)
-        self.ask_ahead(round_no + 1)  # a round over before it was asked: the same view
+        if not asked:  # a round over before it was asked: the same view
+            self.ask_ahead(round_no + 1)
         if loop.guard.check(trusted, ids):
             loop.write_views()
         if not loop.stop.hard:
