@@ -79,6 +79,10 @@ class Runner:
         """The fixed cost of a request that runs no call (subtracted from batch times)."""
         return 0.0
 
+    def warm(self, slot: Slot, mode: str) -> None:
+        """One untimed call on `slot` right before a timed batch, its outputs poisoned again
+        (default: nothing; the harness warms only trusted code it does not check)."""
+
     def capture(self, slots: Sequence[Slot], mode: str) -> Any:
         """CUDA graph of one call per slot (CUDA only)."""
         raise NotImplementedError
@@ -162,6 +166,16 @@ class LocalRunner(Runner):
         t0 = perf()
         self._sync()
         return perf() - t0
+
+    def warm(self, slot: Slot, mode: str) -> None:
+        try:
+            self._one(slot, mode)
+        except CallFailed:
+            raise
+        except Exception as exc:
+            raise CallFailed(f"{self.label} raised {type(exc).__name__}: {exc}") from exc
+        for out in slot.output_views():
+            arrays.poison_(out)
 
     def capture(self, slots: Sequence[Slot], mode: str) -> Any:
         torch = arrays.torch_module()

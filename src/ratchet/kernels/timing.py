@@ -225,12 +225,25 @@ class _Side:
 
     def request(self, fresh_sets: Sequence[tuple[Any, ...]]) -> float:
         """Fill, poison, one timed request (N calls or one replay); raw seconds."""
-        for slot, values in zip(self.slots, fresh_sets, strict=True):
-            fill(slot, values)
-        sync_all(self.slots)
-        # Our own thread pools (the fill's, the last batch's, a BLAS call in a reference)
-        # may still be spinning: they would take a core from the request (quiesce.py).
-        self.settled_s += quiesce.settle()
+        # Our own thread pools may still be spinning (a BLAS call in the check or a
+        # reference, the last batch's OpenMP workers) and would take a core from the
+        # request (quiesce.py). Before a candidate's request none may run, the fill's
+        # included: settle after the fill. Before our own trusted baseline, settle before
+        # it, then one untimed warm-up call: the pool the baseline uses is awake, as
+        # between back-to-back calls. (Left asleep, a 2-thread torch pool added ~0.2 ms
+        # to every batch: a slower baseline, a candidate that looks faster.)
+        if self.runner.remote:
+            for slot, values in zip(self.slots, fresh_sets, strict=True):
+                fill(slot, values)
+            sync_all(self.slots)
+            self.settled_s += quiesce.settle()
+        else:
+            self.settled_s += quiesce.settle()
+            for slot, values in zip(self.slots, fresh_sets, strict=True):
+                fill(slot, values)
+            if self.verifier is None and self.graph is None:  # never for code we check: a warm-up could feed a cache
+                self.runner.warm(self.slots[0], self.mode)
+            sync_all(self.slots)
         if self.graph is not None:
             return self.runner.replay(self.graph)
         return self.runner.run(self.slots, self.mode)
