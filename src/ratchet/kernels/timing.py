@@ -26,7 +26,8 @@ published kernel timings went wrong or were gamed:
 - **a quiet evaluator**: while one side runs, the other side's candidate process is
   stopped, and before every timed request the harness waits until its own thread pools
   (OpenMP, BLAS) have stopped busy-waiting (`quiesce.settle`), so neither side shares
-  the cores with leftover spinning from the other.
+  the cores with leftover spinning from the other; the trusted baseline then gets one
+  untimed warm-up call, so its own pool is awake as between back-to-back calls.
 """
 
 from __future__ import annotations
