@@ -670,8 +670,14 @@ class Rolling:
             key = json.dumps(proposal.params, sort_keys=True) if proposal.params else None
             if key is not None and key in tried:
                 continue  # asked twice ahead of time: the same settings on the same code
-            moved, _ = loop.proposals.on(base, incumbent, [proposal])
-            take += moved  # a conflicting one is dropped; the proposer is asked again
+            moved, conflicting = loop.proposals.on(base, incumbent, [proposal])
+            # a conflicting one is recorded, not dropped unseen (a queued patch would
+            # vanish); it takes a slot of the budget but no job, and the proposer is
+            # asked for another
+            take += moved + [replace(
+                p, files={}, commit=None,
+                error=f"conflicts with the incumbent {incumbent[:7]} it would run on "
+                      f"(made on {base[:7]})") for p in conflicting]
             if key is not None:
                 tried.add(key)
         return self.add([], take) if take else []
