@@ -26,6 +26,10 @@ def cand():
 
 def test_bench_statistics_are_sane(cand):
     r = bench(cand.function("honest"), kc.make_inputs, SMALL, reference=kc.reference, **QUICK)
+    if r.calls == 1:
+        # the batch size comes from one probe call: a load spike there (a probe call over
+        # the 1 ms target) gives single-call batches; a second bench probes afresh
+        r = bench(cand.function("honest"), kc.make_inputs, SMALL, reference=kc.reference, **QUICK)
     assert r.ok, r.summary()
     assert r.reps >= 3 and len(r.times_s) == r.reps
     assert r.median_s > 0 and r.iqr_s >= 0 and r.sem_rel > 0
