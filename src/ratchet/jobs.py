@@ -11,7 +11,6 @@ that failed on its own never is.
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -57,7 +56,7 @@ class Jobs:
         self.trouble = ""
         self._backend: Backend | None = None
         self._cleaner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratchet-clean")
-        self._took: deque[float] = deque(maxlen=8)  # recent jobs, placed to result seen (s)
+        self._took: deque[float] = deque(maxlen=8)  # recent jobs' own run times (s)
 
     @property
     def backend(self) -> Backend:
@@ -261,17 +260,21 @@ class Jobs:
             time.sleep(self.pause(running))
 
     def pause(self, running: list[tuple[str, str, float, str]]) -> float:
-        """How long to wait before the next look at `running` (id, desc, elapsed, state):
-        fast from shortly before the first of them is due until a while after it."""
+        """How long to wait before the next look at `running` (id, desc, seconds since
+        placed, state). A job is looked for fast from shortly before it can be done (no
+        job is done before the shortest recent run time) until a while after the longest
+        (a job also waits to be picked up); otherwise rarely, or at the usual pace once
+        every job is past that (a slow one)."""
         if not self._took or not running:
             return POLL_S
-        typical = statistics.median(self._took)
-        due = min(typical - elapsed for _, _, elapsed, _ in running)  # s until the first
-        if due > 2 * SLOW_POLL_S:
-            return min(SLOW_POLL_S, due - SLOW_POLL_S)
-        late = -due
-        if late <= max(0.25, 0.1 * typical):  # jobs vary: stay quick a little past it
+        start = min(self._took) - 2 * SLOW_POLL_S
+        end = max(self._took) + max(0.25, 0.1 * max(self._took))
+        elapsed = [e for _, _, e, _ in running]
+        if any(start <= e <= end for e in elapsed):
             return FAST_POLL_S
+        early = [e for e in elapsed if e < start]
+        if early:  # until the first of them is in its window
+            return min(SLOW_POLL_S, max(FAST_POLL_S, start - max(early)))
         return POLL_S
 
     def interrupt(self, cand: Candidate) -> None:
@@ -304,8 +307,9 @@ class Jobs:
 
     def _record(self, cand: Candidate, result: JobResult) -> None:
         run_s = sum(p.seconds for p in result.phases)
-        if cand.submitted_at and result.outcome == "ok":
-            self._took.append(max(0.0, time.time() - cand.submitted_at))
+        if result.outcome == "ok" and result.started_at and result.finished_at:
+            # the worker's own clock: the job's time without the wait to be picked up
+            self._took.append(max(0.0, result.finished_at - result.started_at))
         self.ledger.update(
             cand.id,
             "finished",
