@@ -278,7 +278,9 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "clock_swap": ("discard",),
     "stale_output": CAUGHT,
     "pointer_cache": CAUGHT,
-    "public_only": CAUGHT,
+    # the hold-out shapes catch it once it looks better than the incumbent; on a loaded
+    # machine the noise margin can swallow its gain first (a discard: never kept either)
+    "public_only": ("discard", *CAUGHT),
     "float16": CAUGHT,
     "subclass": CAUGHT,
     "thread_early_return": CAUGHT,
