@@ -517,6 +517,10 @@ def build_env(spec: JobSpec, job_dir: Path, work: Path, slot) -> dict[str, str]:
 
 def _wait_for_job() -> Path | None:
     """Standby: imports are done; block until the driver names our job directory."""
+    import tomllib  # noqa: F401  (the spec's denied names come from the pinned config)
+
+    import psutil  # noqa: F401  (PeakMemory samples every measured phase with it)
+
     import ratchet.gitrepo  # noqa: F401  (warm what every job needs)
     import ratchet.procs  # noqa: F401
     from ratchet.fingerprint import machine_fingerprint
