@@ -27,7 +27,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
 
 bench: $(STAMP)
-	$(BIN)/python bench/fanout.py
+	$(BIN)/python bench/throughput.py
 
 # The tinygpt example needs PyTorch (CPU build, pinned so pip takes the local wheel).
 tinygpt: $(STAMP)
