@@ -63,9 +63,9 @@ def open_study(repo: Path, **kwargs) -> Study:
     if not repo.is_dir():
         fail(f"{repo}: no such directory")
     try:
-        if not gitrepo.is_repo(repo):
+        top = gitrepo.work_tree(repo)
+        if top is None:
             fail(f"{repo}: not a git repository (run `git init` and commit your files first)")
-        top = gitrepo.toplevel(repo)
         on_disk = load_config(top)  # the file as it is: a broken one stops us, even uncommitted
         config, source = _study_config(top, on_disk)
         log = kwargs.setdefault("log", lambda m: err.print(m))

@@ -49,20 +49,8 @@ def git_bytes(repo: Path, *args: str, input: bytes | None = None, env: dict | No
     return proc.stdout
 
 
-def is_repo(path: Path) -> bool:
-    try:
-        return git(path, "rev-parse", "--is-inside-work-tree") == "true"
-    except (GitError, FileNotFoundError):
-        return False
-
-
-def toplevel(path: Path) -> Path:
-    return Path(git(path, "rev-parse", "--show-toplevel"))
-
-
 def work_tree(path: Path) -> Path | None:
-    """The top of the work tree `path` is in, or None outside one (one git call for
-    `is_repo` and `toplevel` together)."""
+    """The top of the work tree `path` is in, or None outside one (one git call)."""
     try:
         out = git(path, "rev-parse", "--is-inside-work-tree", "--show-toplevel").splitlines()
     except (GitError, FileNotFoundError):

@@ -64,9 +64,9 @@ def repository_root_or_none(dest: Path) -> Path | None:
     probe = dest
     while not probe.exists():  # a directory init is about to create: ask its parent
         probe = probe.parent
-    if not gitrepo.is_repo(probe):
+    top = gitrepo.work_tree(probe)
+    if top is None:
         return None
-    top = gitrepo.toplevel(probe)
     if top.resolve() != dest.resolve():
         raise ValueError(
             f"{dest} is inside the git repository {top}, and ratchet reads ratchet.toml "
