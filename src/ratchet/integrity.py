@@ -17,7 +17,7 @@ from pathlib import Path
 from ratchet import gitrepo
 from ratchet.config import CONFIG_FILE, Config, matches_any
 from ratchet.jobspec import PinnedFile
-from ratchet.ledger import VERDICTS, Ledger
+from ratchet.ledger import Ledger
 
 
 class IntegrityError(Exception):
@@ -154,16 +154,8 @@ class Guard:
             "meta": {key: self.ledger.get(key) for key in TRUSTED_META},
             "refs": dict(line.split() for line in out.splitlines() if line.strip()),
             "tsv": tsv.read_bytes() if tsv.exists() else None,
-            "verdicts": self.verdicts(),
+            "verdicts": self.ledger.verdicts(),
         }
-
-    def verdicts(self) -> dict[str, tuple]:
-        """{id: (status, metric)} of every judged candidate: two columns, read without
-        decoding every candidate's result (taken before and after every round)."""
-        marks = ", ".join("?" * len(VERDICTS))
-        rows = self.ledger.db.execute(
-            f"SELECT id, status, metric FROM candidates WHERE status IN ({marks})", VERDICTS)
-        return {row["id"]: (row["status"], row["metric"]) for row in rows}
 
     def expect(self, before: dict, *, meta: dict | None = None,
                refs: dict[str, str] | None = None,

@@ -194,6 +194,14 @@ class Ledger:
             args.append(status)
         return [_from_row(r) for r in self.db.execute(query + " ORDER BY seq", args)]
 
+    def verdicts(self) -> dict[str, tuple[str, float | None]]:
+        """{id: (status, metric)} of every judged candidate: two columns, read without
+        decoding every candidate's result (the guard takes them before and after rounds)."""
+        marks = ", ".join("?" * len(VERDICTS))
+        rows = self.db.execute(
+            f"SELECT id, status, metric FROM candidates WHERE status IN ({marks})", VERDICTS)
+        return {row["id"]: (row["status"], row["metric"]) for row in rows}
+
     def status_counts(self) -> dict[str, int]:
         rows = self.db.execute("SELECT status, COUNT(*) AS n FROM candidates GROUP BY status")
         return {row["status"]: row["n"] for row in rows}
