@@ -40,19 +40,27 @@ def visible_gpus() -> list[str]:
     return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
 
 
+def usable_cores() -> list[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def split_cores(count: int, cores: list[int]) -> list[list[int]]:
+    """The cores of each of `count` slots: split between them, or, with more slots than
+    cores (e.g. sleep-bound tasks), one each, shared round-robin."""
+    if count <= len(cores):
+        return [[c for j, c in enumerate(cores) if j % count == i] for i in range(count)]
+    return [[cores[i % len(cores)]] for i in range(count)]
+
+
 def plan_slots(slots: int | None, gpus: list[str] | None = None) -> list[Slot]:
     """Default: one slot per GPU if any, else one per core. CPUs split between slots."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(
-        range(os.cpu_count() or 1)
-    )
+    cores = usable_cores()
     gpus = visible_gpus() if gpus is None else gpus
     count = slots or (len(gpus) if gpus else len(cores))
     plan = []
-    for i in range(count):
-        if count <= len(cores):
-            cpus = [c for j, c in enumerate(cores) if j % count == i]
-        else:  # more slots than cores (e.g. sleep-bound tasks): share round-robin
-            cpus = [cores[i % len(cores)]]
+    for i, cpus in enumerate(split_cores(count, cores)):
         env = {}
         name = f"cpu{i}"
         if gpus:
@@ -67,16 +75,9 @@ def plan_slots(slots: int | None, gpus: list[str] | None = None) -> list[Slot]:
 def plan_build_slots(count: int) -> list[Slot]:
     """CPU slots for builds declared `task.build_on = "cpu"`: cores split between them,
     no GPU visible (the build said it needs none; a GPU build belongs in the job's slot)."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(
-        range(os.cpu_count() or 1)
-    )
-    plan = []
-    for i in range(count):
-        cpus = ([c for j, c in enumerate(cores) if j % count == i] if count <= len(cores)
-                else [cores[i % len(cores)]])
-        plan.append(Slot(name=f"build{i}", cpus=cpus,
-                         env={"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(len(cpus))}))
-    return plan
+    return [Slot(name=f"build{i}", cpus=cpus,
+                 env={"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(len(cpus))})
+            for i, cpus in enumerate(split_cores(count, usable_cores()))]
 
 
 STANDBY_DELAY_S = 0.4
