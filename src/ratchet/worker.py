@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 from ratchet import sandbox
 from ratchet.jobspec import (
@@ -163,15 +164,16 @@ class Job:
         self.memory_extra: dict[str, float] = {}  # the worker's measurement wins
         self.off_slot = False  # phases now run on a CPU build slot, not the job's own
 
-    def on_slot(self, slot: Slot | None) -> None:
-        """Run the next phases on `slot`: its devices, its cores, its name."""
+    def on_slot(self, slot: Slot | None, own: bool = True) -> None:
+        """Run the next phases on `slot`: its devices, its cores; `own`: the job's own slot,
+        named in its result (a build slot is not)."""
         self.env = build_env(self.spec, self.job_dir, self.work, slot)
         if self.data_dir is not None:
             self.env["RATCHET_DATA"] = str(self.data_dir)  # the job's own copy, if made
         if slot is not None and slot.cpus:
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(0, slot.cpus)  # phases inherit it
-        if not self.off_slot:
+        if own:
             self.result.slot = slot.name if slot else None
 
     def _fresh_eval_dir(self) -> Path:
@@ -541,6 +543,30 @@ def _wait_for_job() -> Path | None:
     return job_dir
 
 
+def _build_then_run(job: Job, state_path: Path, build_lease: IO | None,
+                    held: contextlib.ExitStack) -> tuple[JobResult, float]:
+    """Build on the CPU build slot `build_lease` holds, let go of it, then wait in line for
+    the job's own slot (its lease joins `held`) and run the other phases there. Returns
+    the result and the time spent in line."""
+    result = job.build_ahead()
+    if build_lease is not None:
+        build_lease.close()  # the next candidate's build can start
+    if result is not None:
+        return result, 0.0
+    waited_at = time.monotonic()
+    _write_state(state_path, "pending", phase="built")
+    slot, lease = lease_slot(job.spec, job.spec.slots, lambda: _stop_requested)
+    if lease is not None:
+        held.callback(lease.close)
+    waited = time.monotonic() - waited_at
+    job.deadline += waited  # the job's timeout is for its work, not the queue
+    _write_state(state_path, "running", phase="built")
+    if _stop_requested:
+        return job.fail("cancelled", "queue", "cancelled waiting for a slot"), waited
+    job.on_slot(slot)
+    return job.run(built=True), waited
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ratchet.worker", description=__doc__)
     parser.add_argument("job_dir", type=Path, nargs="?")
@@ -569,12 +595,14 @@ def main(argv: list[str] | None = None) -> int:
     # (GPU) slot is only held for the phases that need it
     build_first = bool(spec.build_on_cpu and spec.build and spec.build_slots
                        and not spec.holdout_only)
-    lock = None
+    held = contextlib.ExitStack()  # slot leases: let go once the job's processes are gone
     try:
         queued_at = time.monotonic()
         _write_state(state_path, "pending")
         slot, lock = lease_slot(spec, spec.build_slots if build_first else spec.slots,
                                 lambda: _stop_requested)
+        if lock is not None:
+            held.callback(lock.close)
         queued = time.monotonic() - queued_at
         _write_state(state_path, "running")
         if _stop_requested:
@@ -588,35 +616,18 @@ def main(argv: list[str] | None = None) -> int:
                 archive_to(Path(spec.repo or "."), spec.commit, work)
             job.sandbox_kind = sandbox.choose(spec.sandbox)
             job.result.sandbox = job.sandbox_kind
-            job.off_slot = build_first
-            job.on_slot(slot)
-            job.off_slot = False
-            if not build_first:
-                result = job.run()
+            job.on_slot(slot, own=not build_first)
+            if build_first:
+                result, waited = _build_then_run(job, state_path, lock, held)
+                queued += waited
             else:
-                result = job.build_ahead()
-                if lock is not None:
-                    lock.close()  # the build slot: the next candidate's build can start
-                if result is None:
-                    waited_at = time.monotonic()
-                    _write_state(state_path, "pending", phase="built")
-                    slot, lock = lease_slot(spec, spec.slots, lambda: _stop_requested)
-                    waited = time.monotonic() - waited_at
-                    queued += waited
-                    job.deadline += waited  # the job's timeout is for its work, not the queue
-                    _write_state(state_path, "running", phase="built")
-                    if _stop_requested:
-                        result = job.fail("cancelled", "queue", "cancelled waiting for a slot")
-                    else:
-                        job.on_slot(slot)
-                        result = job.run(built=True)
+                result = job.run()
         job.result.queue_seconds = round(queued, 4)
     except Exception as exc:  # the worker must always report, never vanish
         result = job.fail("error", "worker", f"worker error: {type(exc).__name__}: {exc}")
     finally:
         kill_descendants()
-        if lock is not None:
-            lock.close()  # the phases' trees are gone: the slot is free for the next job
+        held.close()  # the phases' trees are gone: the slot is free for the next job
     result.finished_at = time.time()
     try:  # after the phases, so reading the machine never delays or disturbs them
         from ratchet.fingerprint import machine_fingerprint
