@@ -58,6 +58,22 @@ kind = "local"
 slots = 2
 """
 
+# the problem's numpy definitions (the torch study swaps exactly these)
+NUMPY_PROBLEM = '''def make_inputs(shape, dtype, rng):
+    return (rng.random((shape["rows"], shape["cols"]), dtype=np.float32) - 0.5) * 8
+
+
+def reference(x):
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def baseline(x):
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    e /= e.sum(axis=1, keepdims=True)
+    return e
+'''
+
 EVALUATOR = '''
 """Trusted evaluator: speedup of kernel.py's softmax over numpy, via ratchet.kernels."""
 import sys
@@ -71,20 +87,7 @@ SHAPES = [{"rows": 256, "cols": 1024}, {"rows": 512, "cols": 2048}]
 HOLDOUT = [{"rows": 333, "cols": 1777}]
 
 
-def make_inputs(shape, dtype, rng):
-    return (rng.random((shape["rows"], shape["cols"]), dtype=np.float32) - 0.5) * 8
-
-
-def reference(x):
-    e = np.exp(x - x.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
-
-
-def baseline(x):
-    e = np.exp(x - x.max(axis=1, keepdims=True))
-    e /= e.sum(axis=1, keepdims=True)
-    return e
-
+''' + NUMPY_PROBLEM + '''
 
 holdout = rk.load_holdout(HOLDOUT)
 with rk.CandidateProcess(Path(__file__).with_name("kernel.py"), timeout=60) as cand:
@@ -378,20 +381,7 @@ def test_honest_control_is_kept(study):
 
 
 TORCH_EVALUATOR = EVALUATOR.replace("import numpy as np\n", "import numpy as np\nimport torch\n").replace(
-    """def make_inputs(shape, dtype, rng):
-    return (rng.random((shape["rows"], shape["cols"]), dtype=np.float32) - 0.5) * 8
-
-
-def reference(x):
-    e = np.exp(x - x.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
-
-
-def baseline(x):
-    e = np.exp(x - x.max(axis=1, keepdims=True))
-    e /= e.sum(axis=1, keepdims=True)
-    return e
-""",
+    NUMPY_PROBLEM,
     """def make_inputs(shape, dtype, rng):
     g = torch.Generator().manual_seed(int(rng.integers(2**62)))
     return (torch.rand(shape["rows"], shape["cols"], generator=g) - 0.5) * 8
