@@ -98,6 +98,11 @@ class Proposals:
             self._proposer = make_proposer(self.kind, self.config, self.ledger.candidates())
         return self._proposer
 
+    def warm_up(self) -> None:
+        """The proposer loads its clients and shared context on its thread, first in line
+        (a failure here shows again, with its cause, at the first propose)."""
+        self._pool.submit(_quietly, self.proposer.warm_up)
+
     def close(self) -> None:
         for _, future in self._ahead.values():
             future.cancel()

@@ -178,7 +178,9 @@ class Study:
             self.lock.acquire()
         target = rounds or self.config.search.rounds
         self._check_ideas_file()  # bad input fails before anything is recorded
-        self.proposer  # noqa: B018  (built first: its config errors come before any record)
+        # built first: its config errors come before any record; then it loads its
+        # clients on its own thread while the workers start and the start is pinned
+        self.proposals.warm_up()
         # workers start next: their interpreters load while this process pins the start
         # and makes the first proposals (nothing is recorded by it)
         self.jobs.warm_up()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -272,3 +273,42 @@ model = "claude"
         in proc.stderr
     assert "\n" not in proc.stderr.strip()
     assert not (repo / ".ratchet" / "jobs").exists()  # nothing ran
+
+
+def test_a_fresh_driver_asks_its_first_round_early_and_never_loads_torch(tmp_path, server):
+    """`ratchet run` in a new process: the SDK and the machine's description are loaded
+    while the study starts, and the driver describes the GPU without torch (whose import
+    cost seconds before the first request and whose CUDA context would hold GPU memory)."""
+    repo = make_repo(tmp_path / "r", "llm", llm_toml(server), parallel=2)
+    toml = (repo / "ratchet.toml").read_text().replace("hardware = false", "hardware = true")
+    (repo / "ratchet.toml").write_text(toml)
+    git(repo, "commit", "-qam", "hardware in the context")
+    server.respond_with(lambda request: edit(4, "lower VALUE to 4"))
+    script = (
+        "import sys, json\n"
+        "from ratchet.study import Study\n"
+        f"study = Study({str(repo)!r})\n"
+        "try:\n"
+        "    study.run(rounds=1)\n"
+        "finally:\n"
+        "    study.close()\n"
+        "print(json.dumps({'torch': 'torch' in sys.modules}))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "OPENAI_API_KEY": "sk-dummy"})
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["torch"] is False
+    (request,) = server.requests
+    assert "## Hardware" in request.prompt and "## CPU" in request.prompt
+    rows = {c.description: c for c in ledger_of(repo).candidates()}
+    assert rows["lower VALUE to 4"].status == "keep"
+
+
+def test_warm_up_loads_every_client_once(tmp_path, server):
+    repo = make_repo(tmp_path / "r", "llm", llm_toml(server))
+    proposer = LLMProposer(load_config(repo), [])
+    proposer.warm_up()
+    client = proposer._client(0)
+    proposer.warm_up()  # again: the same client, nothing rebuilt
+    assert proposer._client(0) is client
+    assert type(client).__module__.startswith("openai")

@@ -3,8 +3,8 @@
 A kernel proposer that does not know the cache sizes, SIMD width, SM count or measured
 bandwidth guesses; these facts are cheap to read once (/proc, /sys, lscpu, torch or
 nvidia-smi) and go into `hardware.md`, which the proposer's context includes.
-Nothing here imports torch unless it is installed, and nothing fails on a machine
-that lacks a file: a missing fact is simply absent.
+Nothing here imports torch unless asked to (`use_torch`), and nothing fails on a
+machine that lacks a file: a missing fact is simply absent.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import platform
 import re
 import shutil
 import subprocess
-import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -98,11 +97,17 @@ def cpu_info() -> dict[str, Any]:
     return info
 
 
-def gpu_info() -> list[dict[str, Any]]:
-    """One dict per CUDA device: via torch when it is installed, else nvidia-smi; [] if none."""
+def gpu_info(use_torch: bool = False) -> list[dict[str, Any]]:
+    """One dict per CUDA device; [] if none.
+
+    nvidia-smi by default; through torch (importing it if need be) when `use_torch` asks,
+    which adds SM count and L2 size. A study's driver never asks: importing torch costs it
+    seconds before its first proposal, and asking torch about a device opens a CUDA
+    context that would hold GPU memory beside the candidates for the whole study.
+    """
     gpus: list[dict[str, Any]] = []
-    torch = sys.modules.get("torch")
-    if torch is None and _installed("torch"):
+    torch = None
+    if use_torch and _installed("torch"):
         try:
             import torch  # noqa: PLC0415 - optional, only to describe the GPU
         except Exception:  # a broken torch install must not break hardware.md
@@ -183,13 +188,13 @@ def library_versions(names: tuple[str, ...] = ("numpy", "torch", "triton")) -> d
     return versions
 
 
-def hardware_context() -> dict[str, Any]:
-    """Everything above in one JSON-serialisable dict."""
+def hardware_context(use_torch: bool = False) -> dict[str, Any]:
+    """Everything above in one JSON-serialisable dict (`use_torch`: see gpu_info)."""
     return {
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpu": cpu_info(),
-        "gpus": gpu_info(),
+        "gpus": gpu_info(use_torch),
         "libraries": library_versions(),
         "blas": _blas_name(),
     }
@@ -268,7 +273,8 @@ def write_hardware_md(path: str | os.PathLike[str] = "hardware.md", *, cache_pat
 
     peaks = [p.to_dict() for p in cached_peaks(cache_path)]
     out = Path(path)
-    out.write_text(hardware_markdown(peaks=peaks))
+    # run by hand on the GPU machine: the richest facts are worth torch's import here
+    out.write_text(hardware_markdown(hardware_context(use_torch=True), peaks=peaks))
     return out
 
 
@@ -311,4 +317,4 @@ def write_model_md(path: str | os.PathLike[str] = "model.md") -> Path:
 
 
 if __name__ == "__main__":  # `python -m ratchet.kernels.hardware` prints the context
-    print(json.dumps(hardware_context(), indent=2))
+    print(json.dumps(hardware_context(use_torch=True), indent=2))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from ratchet.candidate import Proposal
 from ratchet.config import Config
@@ -28,12 +27,27 @@ class ProposalContext:
     ideas: list[str] = field(default_factory=list)
 
 
-class Proposer(Protocol):
-    name: str
+class Proposer:
+    """The base of every proposer kind: the study calls these methods and nothing else.
 
-    def propose(self, k: int, ctx: ProposalContext) -> list[Proposal]: ...
+    `propose` is the one a kind must write; the others are hooks with a default.
+    All of them run on the proposer's own thread, never on the loop that polls jobs.
+    """
 
-    def observe(self, candidate: Candidate) -> None: ...
+    name: str = "proposer"
+
+    def warm_up(self) -> None:
+        """Called once, first, while the study starts its workers and pins its start:
+        load what the first `propose` would otherwise wait for (SDK clients, the machine's
+        description). Default: nothing."""
+
+    def propose(self, k: int, ctx: ProposalContext) -> list[Proposal]:
+        """Up to k new proposals from `ctx.incumbent`; [] when there is nothing new."""
+        raise NotImplementedError
+
+    def observe(self, candidate: Candidate) -> None:
+        """Told of every judged candidate. Default: nothing (the next context carries the
+        whole history)."""
 
 
 class ProposerError(Exception):

@@ -39,7 +39,7 @@ from ratchet.candidate import Proposal
 from ratchet.config import Config, Duration
 from ratchet.ledger import Candidate
 from ratchet.procs import CappedLog, kill_group, kill_tree
-from ratchet.proposers import ProposalContext, ProposerError
+from ratchet.proposers import ProposalContext, Proposer, ProposerError
 from ratchet.proposers.context import (
     build_context,
     context_settings,
@@ -47,6 +47,7 @@ from ratchet.proposers.context import (
     hypotheses,
     hypothesis_text,
     validate_section,
+    warm_context,
 )
 
 PRESETS: dict[str, list[str]] = {
@@ -109,7 +110,7 @@ class AgentSettings(BaseModel):
         return shlex.split(self.command or "")
 
 
-class AgentProposer:
+class AgentProposer(Proposer):
     name = "agent"
 
     def __init__(self, config: Config, history: list[Candidate]) -> None:
@@ -137,8 +138,8 @@ class AgentProposer:
             env[name] = value
         return env
 
-    def observe(self, candidate: Candidate) -> None:
-        pass
+    def warm_up(self) -> None:
+        warm_context(self.context)  # the machine's description, before the first round
 
     def propose(self, k: int, ctx: ProposalContext) -> list[Proposal]:
         files = editable_files(ctx.repo, ctx.incumbent, ctx.config)

@@ -232,6 +232,12 @@ def history_entry(cand: Candidate, ctx: ProposalContext) -> str:
     return line
 
 
+def warm_context(settings: ContextSettings) -> None:
+    """What every context of these settings shares, made once now (a proposer's warm-up)."""
+    if settings.hardware:
+        hardware_text()
+
+
 @functools.cache
 def hardware_text() -> str:
     """This machine, described once per process (the kernel harness's facts if present)."""

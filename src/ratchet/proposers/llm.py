@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ratchet.candidate import Proposal
 from ratchet.config import CONFIG_FILE, Config, Duration
 from ratchet.ledger import Candidate
-from ratchet.proposers import ProposalContext, ProposerError
+from ratchet.proposers import ProposalContext, Proposer, ProposerError
 from ratchet.proposers.context import (
     build_context,
     context_settings,
@@ -47,6 +47,7 @@ from ratchet.proposers.context import (
     hypotheses,
     hypothesis_text,
     validate_section,
+    warm_context,
 )
 from ratchet.proposers.edits import EditParseError, apply_edits, find_description, parse_reply
 
@@ -143,7 +144,7 @@ def load_settings(config: Config) -> LLMSettings:
     return validate_section(LLMSettings, config.llm, "llm")
 
 
-class LLMProposer:
+class LLMProposer(Proposer):
     name = "llm"
 
     def __init__(self, config: Config, history: list[Candidate]) -> None:
@@ -192,8 +193,13 @@ class LLMProposer:
 
     # -- the protocol ------------------------------------------------------------------------
 
-    def observe(self, candidate: Candidate) -> None:
-        pass  # the history in the next context is all the memory a model needs
+    def warm_up(self) -> None:
+        """The SDK imports and clients (about 1 s each for openai and anthropic here) and
+        the machine's description, made while the study starts rather than in the first
+        request's path."""
+        for i in range(len(self.settings.models)):
+            self._client(i)
+        warm_context(self.context)
 
     def propose(self, k: int, ctx: ProposalContext) -> list[Proposal]:
         limit = self.settings.max_cost_usd

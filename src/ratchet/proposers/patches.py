@@ -28,7 +28,7 @@ from ratchet import gitrepo
 from ratchet.candidate import Proposal
 from ratchet.config import Config
 from ratchet.ledger import Candidate
-from ratchet.proposers import ProposalContext, ProposerError
+from ratchet.proposers import ProposalContext, Proposer, ProposerError
 from ratchet.proposers.context import validate_section
 
 PATCH_SUFFIXES = (".patch", ".diff")
@@ -52,7 +52,7 @@ def item_of(cand: Candidate) -> str | None:
     return patches.get("item") if isinstance(patches, dict) else None
 
 
-class PatchesProposer:
+class PatchesProposer(Proposer):
     name = "patches"
 
     def __init__(self, config: Config, history: list[Candidate]) -> None:

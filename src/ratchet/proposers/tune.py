@@ -30,7 +30,7 @@ from ratchet import gitrepo
 from ratchet.candidate import Proposal
 from ratchet.config import Config, Knob, matches_any
 from ratchet.ledger import Candidate
-from ratchet.proposers import ProposalContext, ProposerError
+from ratchet.proposers import ProposalContext, Proposer, ProposerError
 from ratchet.proposers.knobs import KnobError, format_value, knob_values, set_knob
 
 optuna.logging.set_verbosity(logging.WARNING)
@@ -93,7 +93,7 @@ class EditableFiles:
         return self.signature(files)
 
 
-class TuneProposer:
+class TuneProposer(Proposer):
     """Each round rebuilds its Optuna study from the ledger's history.
 
     Nothing of Optuna's lives across rounds, so a driver that was killed and resumed
@@ -217,6 +217,3 @@ class TuneProposer:
             source = files.get(file) or gitrepo.show(repo, commit, file)
             files[file] = set_knob(source, name, value, file)
         return files
-
-    def observe(self, cand: Candidate) -> None:
-        """Nothing to do: the next round reads the verdict from the ledger."""
