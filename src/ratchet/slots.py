@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 from ratchet.jobspec import JobSpec, Slot
+
+BLOCKING_WAIT_S = 0.1  # the longest a blocked first-in-line waiter goes without a look
 
 
 class WaitingLine:
@@ -61,6 +65,44 @@ class WaitingLine:
         self.fh.close()
 
 
+class _Expired(Exception):
+    pass
+
+
+def _raise_expired(signum, frame) -> None:  # noqa: ARG001
+    raise _Expired
+
+
+def _flock_within(fh: IO, seconds: float) -> bool:
+    """An exclusive flock, waited for in the kernel for at most `seconds`: it is handed
+    over the moment its holder lets go, where polling would add up to a poll interval to
+    every hand-over of a busy slot. Main thread only (the wait is cut by SIGALRM)."""
+    previous = signal.signal(signal.SIGALRM, _raise_expired)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        return True
+    except _Expired:
+        # an alarm that landed just after the lock was taken: the caller closes the file,
+        # which lets the lock go, and tries again
+        return False
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _try_slot(fh: IO, wait_s: float) -> bool:
+    if wait_s > 0:
+        return _flock_within(fh, wait_s)
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
 def lease_slot(spec: JobSpec, slots: list[Slot],
                stopped: Callable[[], bool]) -> tuple[Slot | None, IO | None]:
     """The first free slot of `slots`, waiting in line for one; (None, None) when the job
@@ -71,6 +113,10 @@ def lease_slot(spec: JobSpec, slots: list[Slot],
     lock_dir.mkdir(parents=True, exist_ok=True)
     # one line per kind of slot: gpu0, gpu1 -> "gpu"; build0, build1 -> "build"
     line = WaitingLine(lock_dir, slots[0].name.rstrip("0123456789.") or "slot")
+    # one slot (one GPU): the first in line waits on its lock in the kernel, a while at a
+    # time so that a stop or a change in the line is still seen; several: poll them all
+    wait_s = (BLOCKING_WAIT_S if len(slots) == 1
+              and threading.current_thread() is threading.main_thread() else 0.0)
     try:
         while not stopped():
             # only as many waiters as there are slots try at once: the first in line
@@ -81,9 +127,7 @@ def lease_slot(spec: JobSpec, slots: list[Slot],
                 continue
             for slot in slots:
                 fh = open(lock_dir / f"{slot.name}.lock", "a+")  # noqa: SIM115
-                try:
-                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
+                if not _try_slot(fh, wait_s):
                     fh.close()
                     continue
                 fh.seek(0)
@@ -91,7 +135,8 @@ def lease_slot(spec: JobSpec, slots: list[Slot],
                 fh.write(f"{spec.job_id} {os.getpid()}\n")
                 fh.flush()
                 return slot, fh
-            time.sleep(0.01)
+            if not wait_s:
+                time.sleep(0.01)
     finally:
         line.leave()
     return None, None
