@@ -85,3 +85,33 @@ def test_a_knob_setting_made_ahead_is_reapplied_on_the_moved_incumbent(tmp_path)
     finally:
         proposals.close()
         ledger.close()
+
+
+def test_ideas_of_proposals_not_yet_recorded_are_not_handed_out_again(tmp_path):
+    """A second ask in the same round (after conflicts) or the next rolling ask while
+    made proposals wait: the ideas those proposals carry are still pending in the ledger,
+    and the proposer must not get them again (one idea ran twice in a round)."""
+    from helpers import config_text
+
+    from ratchet.config import load_config
+    from ratchet.ledger import Ledger
+    from ratchet.scheduler import Proposals
+
+    repo = make_repo(tmp_path / "r", {"ratchet.toml": config_text(), "solution.py": "X = 1\n",
+                                      "evaluate.py": "print('score: 1')\n"})
+    ledger = Ledger(tmp_path / "ledger.db")
+    for idea in ("fuse the loops", "unroll by 4", "use a lookup table"):
+        ledger.add_idea(idea)
+    proposals = Proposals(repo, tmp_path, load_config(repo), ledger, "tune")
+    try:
+        head = git(repo, "rev-parse", "HEAD")
+        made = [Proposal(description="fused", files={"solution.py": b"X = 2\n"},
+                         idea="fuse the loops"),
+                Proposal(description="a free one", files={"solution.py": b"X = 3\n"})]
+        ctx = proposals.context(2, head, [], None, taken=made)
+        assert ctx.ideas == ["unroll by 4", "use a lookup table"]
+        assert proposals.context(2, head, [], None).ideas == [
+            "fuse the loops", "unroll by 4", "use a lookup table"]
+    finally:
+        proposals.close()
+        ledger.close()

@@ -26,7 +26,7 @@ import contextlib
 import json
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -109,12 +109,17 @@ class Proposals:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def context(self, round_no: int, incumbent: str, history: list[Candidate],
-                incumbent_metric: float | None) -> ProposalContext:
+                incumbent_metric: float | None,
+                taken: Iterable[Proposal] = ()) -> ProposalContext:
+        """What the proposer sees. `taken`: proposals made but not recorded yet; their
+        ideas are still pending in the ledger, and must not be handed out twice."""
         self.import_ideas()
+        busy = {p.idea for p in taken if p.idea}
         return ProposalContext(
             repo=self.repo, state_dir=self.state_dir, config=self.config, study=self.name,
             round=round_no, incumbent=incumbent, incumbent_metric=incumbent_metric,
-            history=history, ideas=[row["text"] for row in self.ledger.pending_ideas()])
+            history=history, ideas=[row["text"] for row in self.ledger.pending_ideas()
+                                    if row["text"] not in busy])
 
     def import_ideas(self) -> None:
         """People's ideas.md joins the ideas table (new bullets only)."""
@@ -500,7 +505,7 @@ class Rounds:
             proposals, conflicting = loop.proposals.on(base, incumbent, future.result())
             if conflicting:  # they conflict with the new incumbent: ask again, on it
                 ctx = loop.proposals.context(round_no, incumbent, led.candidates(),
-                                             led.get("incumbent_metric"))
+                                             led.get("incumbent_metric"), taken=proposals)
                 proposals += loop.proposals.ask(len(conflicting), ctx).result()
                 # a proposer with nothing else to offer: run them as made, on their base
                 stale = (base, conflicting[:max(0, k - len(proposals))])
@@ -714,5 +719,6 @@ class Rolling:
         # a number never asked before (the tuner seeds each ask with it)
         ask_no = next_seq(led) + len(self.ready)
         ctx = loop.proposals.context(ask_no, incumbent, led.candidates(),
-                                     led.get("incumbent_metric"))
+                                     led.get("incumbent_metric"),
+                                     taken=[p for _, p in self.ready])
         loop.proposals.ask_ahead(self.KEY, incumbent, want, ctx)

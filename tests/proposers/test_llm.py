@@ -312,3 +312,44 @@ def test_warm_up_loads_every_client_once(tmp_path, server):
     proposer.warm_up()  # again: the same client, nothing rebuilt
     assert proposer._client(0) is client
     assert type(client).__module__.startswith("openai")
+
+
+def test_rolling_never_hands_one_idea_to_two_candidates(tmp_path, server):
+    """Rolling keeps proposals made ahead in a queue; the next ask must not get the ideas
+    those queued (not yet recorded) proposals already carry."""
+    repo = make_repo(tmp_path / "r", "llm", llm_toml(server), parallel=2,
+                     files={"ideas.md": "# Ideas\n- try VALUE 3\n- try VALUE 5\n"
+                                            "- try VALUE 7\n- try VALUE 9\n",
+                            # the baseline (VALUE = 10) still runs when the first
+                            # proposals are back: one is taken, one waits
+                            "evaluate.py": "import time\nimport solution\n"
+                                           "if solution.VALUE == 10:\n"
+                                           "    time.sleep(3)\n"
+                                           "print(f'score: {solution.compute()}')\n"})
+    toml = (repo / "ratchet.toml").read_text().replace(
+        "rounds = 1", 'rounds = 1\nmode = "rolling"\ncandidates = 4')
+    (repo / "ratchet.toml").write_text(toml)
+    git(repo, "commit", "-qam", "rolling")
+
+    def respond(request):
+        if "## Your job now" not in request.last_user:
+            return edit(11, "a repair")  # its edits missed a moved incumbent: asked again
+        job = request.last_user.split("## Your job now", 1)[1]
+        for v in (3, 5, 7, 9):
+            if f"try VALUE {v}" in job:
+                return edit(v, f"idea {v}")
+        return edit(11, "no idea")
+
+    server.respond_with(respond)
+    study = Study(repo, backend="local")
+    try:
+        study.run()
+        cands = [c for c in study.ledger.candidates() if c.kind == "candidate"]
+    finally:
+        study.close()
+    ideas = [c.idea for c in cands if c.idea]
+    assert len(cands) == 4 and len(ideas) == len(set(ideas)), [(c.id, c.idea) for c in cands]
+    jobs = [r.last_user.split("## Your job now", 1)[1] for r in server.requests
+            if "## Your job now" in r.last_user]
+    for v in (3, 5, 7, 9):
+        assert sum(f"try VALUE {v}" in j for j in jobs) <= 1
