@@ -37,45 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests" / "backends"))  # ray_cluster: the private test cluster
 
+from synthetic import make_repo  # noqa: E402  (bench/, next to this file)
+
 from ratchet.ledger import Ledger  # noqa: E402
-
-CONFIG = """
-[task]
-name = "dist-{backend}"
-editable = ["knob.py"]
-protected = ["evaluate.py"]
-evaluate = "python evaluate.py"
-timeout = "2m"
-
-[task.metric]
-name = "score"
-goal = "minimize"
-
-[search]
-proposer = "tune"
-parallel = {k}
-rounds = {rounds}
-
-[tune.knobs]
-"knob.py:X" = {{ choices = {choices} }}
-
-[backend]
-kind = "{kind}"
-{backend_keys}
-"""
-
-EVALUATE = """
-import time
-import knob
-time.sleep({sleep})
-print(f"score: {{knob.X}}")
-"""
-
-
-def git(repo: Path, *args: str) -> None:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@b",
-           "GIT_COMMITTER_NAME": "b", "GIT_COMMITTER_EMAIL": "b@b"}
-    subprocess.run(["git", "-C", str(repo), *args], check=True, env=env, capture_output=True)
 
 
 def backend_keys(name: str, slots: int, base: Path, cluster: dict | None) -> tuple[str, str]:
@@ -96,18 +60,11 @@ def backend_keys(name: str, slots: int, base: Path, cluster: dict | None) -> tup
 
 def one_run(name: str, k: int, slots: int, rounds: int, sleep: float, base: Path,
             cluster: dict | None) -> dict:
-    repo = base / name
-    repo.mkdir()
     kind, keys = backend_keys(name, slots, base, cluster)
     jobs = k * rounds
-    (repo / "ratchet.toml").write_text(CONFIG.format(
-        backend=name, k=k, rounds=rounds, choices=list(range(100, 100 + 2 * jobs)), kind=kind,
-        backend_keys=keys))
-    (repo / "knob.py").write_text("X = 1000\n")
-    (repo / "evaluate.py").write_text(EVALUATE.format(sleep=sleep))
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "bench")
+    repo = make_repo(base / name, name=f"dist-{name}", k=k, rounds=rounds, sleep=sleep,
+                     kind=kind, backend_keys=keys, start=1000,
+                     choices=range(100, 100 + 2 * jobs), timeout="2m")
     started = time.perf_counter()
     run = subprocess.run([str(ROOT / ".venv" / "bin" / "ratchet"), "run", "--repo", str(repo)],
                          capture_output=True, text=True)

@@ -23,61 +23,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from synthetic import make_repo  # noqa: E402  (bench/, next to this file)
+
 from ratchet.ledger import Ledger  # noqa: E402
 
 JOBS = 16
 
-CONFIG = """
-[task]
-name = "fanout"
-editable = ["knob.py"]
-protected = ["evaluate.py"]
-evaluate = "python evaluate.py"
-timeout = "2m"
-
-[task.metric]
-name = "score"
-goal = "minimize"
-
-[search]
-proposer = "tune"
-parallel = {k}
-rounds = {rounds}
-
-[tune.knobs]
-"knob.py:X" = {{ choices = {choices} }}
-
-[backend]
-kind = "local"
-slots = {k}
-"""
-
-EVALUATE = """
-import time
-import knob
-time.sleep({sleep})
-print(f"score: {{knob.X}}")
-"""
-
-
-def git(repo: Path, *args: str) -> None:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@b",
-           "GIT_COMMITTER_NAME": "b", "GIT_COMMITTER_EMAIL": "b@b"}
-    subprocess.run(["git", "-C", str(repo), *args], check=True, env=env, capture_output=True)
-
-
 def one_run(k: int, sleep: float, base: Path) -> dict:
-    repo = base / f"k{k}"
-    repo.mkdir()
     rounds = JOBS if k == 1 else JOBS // k  # round 1's first slot is the baseline
-    (repo / "ratchet.toml").write_text(
-        CONFIG.format(k=k, rounds=rounds, choices=list(range(100, 100 + 2 * JOBS)))
-    )
-    (repo / "knob.py").write_text("X = 1000\n")
-    (repo / "evaluate.py").write_text(EVALUATE.format(sleep=sleep))
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "bench")
+    repo = make_repo(base / f"k{k}", name="fanout", k=k, rounds=rounds, sleep=sleep,
+                     start=1000, choices=range(100, 100 + 2 * JOBS), timeout="2m")
     started = time.perf_counter()
     subprocess.run([str(ROOT / ".venv" / "bin" / "ratchet"), "run", "--repo", str(repo)],
                    check=True, capture_output=True)

@@ -46,54 +46,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+import synthetic  # noqa: E402  (bench/, next to this file)
 from llm_server import Answer, LLMServer  # noqa: E402
 
 from ratchet.config import load_config  # noqa: E402
 from ratchet.ledger import Ledger, throughput  # noqa: E402
 from ratchet.study import Study  # noqa: E402
-
-CONFIG = """
-[task]
-name = "tp"
-editable = ["knob.py"]
-protected = {protected}
-{phases}
-evaluate = "python evaluate.py"
-timeout = "5m"
-
-[task.metric]
-name = "score"
-goal = "minimize"
-
-[search]
-proposer = "{proposer}"
-mode = "{mode}"
-parallel = {k}
-rounds = {rounds}
-
-[tune]
-sampler = "random"
-
-[tune.knobs]
-"knob.py:X" = {{ choices = {choices} }}
-
-[backend]
-kind = "local"
-slots = {slots}
-{extra}
-"""
-
-# the run time is the task's alone: fixed, or lognormal by the candidate's number
-EVALUATE = """
-import os, random, time
-import knob
-seq = int(os.environ.get("RATCHET_CANDIDATE", "c0")[1:] or 0)
-sleep = {sleep}
-if {lognormal}:
-    sleep = {sleep} * random.Random(seq).lognormvariate(0.0, 0.9)
-time.sleep(sleep)
-print(f"score: {{knob.X}}")
-"""
 
 LLM = """
 [llm]
@@ -109,26 +67,12 @@ base_url = "{url}"
 """
 
 
-def git(repo: Path, *args: str) -> None:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@b",
-           "GIT_COMMITTER_NAME": "b", "GIT_COMMITTER_EMAIL": "b@b"}
-    subprocess.run(["git", "-C", str(repo), *args], check=True, env=env, capture_output=True)
-
-
 def make_repo(path: Path, *, k: int, rounds: int, sleep: float, proposer: str = "tune",
               extra: str = "", lognormal: bool = False) -> Path:
-    path.mkdir(parents=True)
-    (path / "ratchet.toml").write_text(CONFIG.format(
-        proposer=proposer, k=k, rounds=rounds, extra=extra, slots=k, mode="rounds",
-        protected='["evaluate.py"]', phases="",
-        choices=list(range(100, 300))))  # never better than X = 10: no keeps
-    (path / "knob.py").write_text("X = 10\n")
-    (path / "evaluate.py").write_text(EVALUATE.format(sleep=sleep, lognormal=lognormal))
-    (path / "program.md").write_text("# program\nLower X.\n")
-    git(path, "init", "-q", "-b", "main")
-    git(path, "add", "-A")
-    git(path, "commit", "-qm", "bench")
-    return path
+    # never better than X = 10: no keeps, so proposals made ahead are used as made
+    return synthetic.make_repo(path, name="tp", k=k, rounds=rounds, sleep=sleep,
+                               proposer=proposer, sampler="random", extra=extra,
+                               lognormal=lognormal)
 
 
 def timed_run(repo: Path, *, rolling: bool = False, candidates: int | None = None) -> dict:
@@ -285,23 +229,16 @@ def rolling_vs_rounds(base: Path, task_s: float) -> list[str]:
 
 def gpu_repo(path: Path, *, build_on: str, mode: str, k: int, rounds: int, build_s: float,
              run_s: float) -> Path:
-    path.mkdir(parents=True)
-    (path / "ratchet.toml").write_text(CONFIG.format(
-        proposer="tune", mode=mode, k=k, rounds=rounds, slots=1,
-        protected='["build.py", "run.py", "evaluate.py"]',
+    return synthetic.make_repo(
+        path, name="tp", k=k, rounds=rounds, proposer="tune", mode=mode, sampler="random",
+        backend_keys="slots = 1", extra='gpus = ["0"]\nbuild_slots = 2',
+        protected=("build.py", "run.py", "evaluate.py"),
         phases=f'build = "python build.py"\nbuild_on = "{build_on}"\nrun = "python run.py"',
-        extra='gpus = ["0"]\nbuild_slots = 2', choices=list(range(100, 300))))
-    (path / "knob.py").write_text("X = 10\n")
-    (path / "build.py").write_text(f"import time\ntime.sleep({build_s})\n"
-                                   "open('built.txt', 'w').write('ok')\n")
-    (path / "run.py").write_text(f"import os, time\nassert os.environ['CUDA_VISIBLE_DEVICES'] "
-                                 f"== '0'\nassert open('built.txt').read() == 'ok'\n"
-                                 f"time.sleep({run_s})\n")
-    (path / "evaluate.py").write_text("import knob\nprint(f'score: {knob.X}')\n")
-    git(path, "init", "-q", "-b", "main")
-    git(path, "add", "-A")
-    git(path, "commit", "-qm", "bench")
-    return path
+        files={"build.py": f"import time\ntime.sleep({build_s})\n"
+                           "open('built.txt', 'w').write('ok')\n",
+               "run.py": f"import os, time\nassert os.environ['CUDA_VISIBLE_DEVICES'] == '0'\n"
+                         f"assert open('built.txt').read() == 'ok'\ntime.sleep({run_s})\n",
+               "evaluate.py": "import knob\nprint(f'score: {knob.X}')\n"})
 
 
 def gpu_duty(repo: Path) -> tuple[float, float, int]:
