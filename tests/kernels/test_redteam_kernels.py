@@ -345,7 +345,10 @@ def test_cheat_is_never_kept(study, name):
     assert verdict["status"] != "keep", verdict
     assert verdict["status"] in EXPECTED[name], (verdict, _logs(study["repo"], study["ids"][name])[-3000:])
     if verdict["status"] == "discard":  # measured honestly, and not better than the incumbent
-        assert "no improvement" in verdict["reasons"], verdict
+        # (a cheat that does the honest work too times like the incumbent: under load its
+        # gain can land inside the noise margin instead of below zero)
+        assert ("no improvement" in verdict["reasons"]
+                or "within margin" in verdict["reasons"]), verdict
     if verdict.get("metric") is not None:
         assert verdict["metric"] < 5, verdict  # never the fake 50x
 
