@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 
 from ratchet.backends import Backend, JobState
+from ratchet.backends.spares import Spare, SpareServer
 from ratchet.faults import fault_point
 from ratchet.jobspec import JobResult, JobSpec, Slot, scrub_env, worker_env
 
@@ -80,9 +81,6 @@ def plan_build_slots(count: int) -> list[Slot]:
             for i, cpus in enumerate(split_cores(count, usable_cores()))]
 
 
-STANDBY_DELAY_S = 0.4
-
-
 def forwarded_env(spec: JobSpec) -> dict[str, str]:
     """What a candidate may see of the driver's environment beyond the basic allow-list
     (task.env names, RATCHET_* settings), minus secrets and the config's declared key
@@ -104,12 +102,11 @@ class LocalBackend(Backend):
         self.slots = plan_slots(slots, gpus)
         self.build_slots = plan_build_slots(getattr(backend_config, "build_slots", 2))
         self._pipelined = False  # a job built on a build slot: more workers in flight
-        self._children: dict[str, subprocess.Popen] = {}
-        # Standby workers: started (interpreter up, modules imported) while earlier jobs
-        # run, so the next round's jobs start in milliseconds instead of ~0.3 s each.
+        self._children: dict[str, subprocess.Popen | Spare] = {}
+        # Standby workers: forked (modules loaded) while earlier jobs run, so the next
+        # round's jobs start in milliseconds instead of ~0.3 s each.
         self.standby = getattr(backend_config, "standby_workers", True)
-        self._spares: list[subprocess.Popen] = []
-        self._last_placed = 0.0
+        self._spares = SpareServer(self.jobs_dir, worker_env(dict(os.environ)))
 
     def describe(self) -> str:
         return f"local: {len(self.slots)} slots ({', '.join(s.name for s in self.slots)})"
@@ -150,20 +147,17 @@ class LocalBackend(Backend):
         return spec.job_id
 
     def _place(self, job_dir: Path, job_id: str) -> None:
-        self._last_placed = time.monotonic()
-        spare = self._take_spare()
+        spare = self._spares.take() if self.standby else None
         if spare is not None:
             # pid.json first: a driver killed before the hand-over leaves a job that never
             # started (no state.json), which status() places again under the same id
-            self._write_pid(job_dir, spare)
+            self._write_pid(job_dir, spare.pid, spare.created)
             fault_point("spawned")
-            try:
-                spare.stdin.write(f"{job_dir}\n".encode())
-                spare.stdin.close()
+            if self._spares.assign(spare, job_dir):
                 self._children[job_id] = spare
                 return
-            except (BrokenPipeError, OSError):
-                (job_dir / "pid.json").unlink(missing_ok=True)
+            (job_dir / "pid.json").unlink(missing_ok=True)
+            spare.kill()
         with (job_dir / "worker.log").open("ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "ratchet.worker", str(job_dir)],
@@ -176,44 +170,24 @@ class LocalBackend(Backend):
             )
         self._children[job_id] = proc
         fault_point("spawned")
-        self._write_pid(job_dir, proc)
+        self._write_pid(job_dir, proc.pid, psutil.Process(proc.pid).create_time())
 
     @staticmethod
-    def _write_pid(job_dir: Path, proc: subprocess.Popen) -> None:
-        created = psutil.Process(proc.pid).create_time()
-        (job_dir / "pid.json").write_text(json.dumps({"pid": proc.pid, "created": created}))
-
-    def _take_spare(self) -> subprocess.Popen | None:
-        while self._spares:
-            spare = self._spares.pop(0)
-            if spare.poll() is None:
-                return spare
-        return None
+    def _write_pid(job_dir: Path, pid: int, created: float) -> None:
+        (job_dir / "pid.json").write_text(json.dumps({"pid": pid, "created": created}))
 
     def warm_up(self) -> None:
         """Start standby workers now (the study calls this before its first round)."""
-        self._top_up_spares(now=True)
+        self._top_up_spares()
 
-    def _top_up_spares(self, now: bool = False) -> None:
+    def _top_up_spares(self) -> None:
+        """As many spares as jobs can start at once. A spare is a fork of a loaded server
+        (about a millisecond of CPU), so it is made at once, even while jobs start."""
         if not self.standby:
             return
-        # Not while jobs are starting: their interpreters and ours would fight for the
-        # cores and slow the very jobs being timed. A second later they are running.
-        if not now and time.monotonic() - self._last_placed < STANDBY_DELAY_S:
-            return
-        self._spares = [p for p in self._spares if p.poll() is None]
         # pipelined: jobs building on the CPU slots run beside those holding the slots
         wanted = len(self.slots) + (len(self.build_slots) if self._pipelined else 0)
-        while len(self._spares) < wanted:
-            self._spares.append(subprocess.Popen(
-                [sys.executable, "-m", "ratchet.worker", "--standby"],
-                env=worker_env(dict(os.environ)),  # never the driver's keys
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-                cwd=self.jobs_dir,
-            ))
+        self._spares.request(wanted - self._spares.count())
 
     def status(self, job_id: str) -> JobState:
         self._top_up_spares()  # someone is waiting on jobs: the next ones will need workers
@@ -281,14 +255,7 @@ class LocalBackend(Backend):
         self._reap(job_id)
 
     def close(self) -> None:
-        for spare in self._spares:  # idle, holding no job: stopping them is safe
-            with contextlib.suppress(OSError):
-                spare.kill()
-                spare.stdin.close()
-        for spare in self._spares:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                spare.wait(timeout=5)
-        self._spares = []
+        self._spares.close()  # idle spares exit with their server; jobs run on
         for job_id in list(self._children):
             if (self.job_dir(job_id) / "result.json").exists():
                 self._reap(job_id)  # finished: let it exit; running jobs stay detached

@@ -1,0 +1,166 @@
+"""Standby workers for the local backend, forked by one spare server.
+
+A job starts in milliseconds when a worker is already up with its modules loaded. Each
+standby worker used to be a new interpreter (~85 ms of CPU here, spent while other
+candidates are being timed); now one server process (`python -m ratchet.worker
+--spare-server`) loads once and forks a spare per request, for about a millisecond each.
+
+The hand-over keeps the standby protocol: the driver writes the job's pid.json (the
+spare's pid and start time) before it names the job, so a driver killed in between leaves
+a job that a restarted driver finds placed but never started, and places again. Spares
+are not this process's children, so they are watched by pid and start time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+SPARE_WAIT_S = 5.0  # the longest a placement waits for a spare already asked for
+
+
+class Spare:
+    """A standby worker forked by the spare server (or the worker it became)."""
+
+    def __init__(self, pid: int, created: float) -> None:
+        self.pid, self.created = pid, created
+
+    def poll(self) -> int | None:
+        """None while it runs (Popen's meaning); its exit status is not ours to read."""
+        try:
+            proc = psutil.Process(self.pid)
+            if abs(proc.create_time() - self.created) > 1.0:
+                return 0  # the pid was reused: ours is gone
+            return 0 if proc.status() == psutil.STATUS_ZOMBIE else None
+        except psutil.Error:
+            return 0
+
+    def wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"spare {self.pid}", timeout)
+            time.sleep(0.01)
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+class SpareServer:
+    """The driver's side of `--spare-server`: ask for spares, take one, name its job."""
+
+    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+        self.cwd, self.env = cwd, env
+        self._proc: subprocess.Popen | None = None
+        self._ready: list[Spare] = []
+        self._pending = 0  # asked for, not answered yet
+        self._buffer = b""
+
+    def _server(self) -> subprocess.Popen:
+        if self._proc is None or self._proc.poll() is not None:
+            with (self.cwd / "spares.log").open("ab") as log:  # the server's own errors
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "ratchet.worker", "--spare-server"],
+                    env=self.env,  # never the driver's keys
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    start_new_session=True,
+                    cwd=self.cwd,
+                )
+            self._ready, self._pending, self._buffer = [], 0, b""
+        return self._proc
+
+    def count(self) -> int:
+        """Spares up or on their way (a spare that died idle is found out at take())."""
+        self._collect(0)
+        return len(self._ready) + self._pending
+
+    def request(self, n: int) -> None:
+        if n <= 0:
+            return
+        server = self._server()
+        try:
+            server.stdin.write(b"spawn\n" * n)
+            server.stdin.flush()
+        except OSError:
+            return  # the server died: the next call starts another
+        self._pending += n
+
+    def take(self) -> Spare | None:
+        """A live spare: one that is up, else one already asked for (it is nearer than a
+        new interpreter would be), else None."""
+        deadline = time.monotonic() + SPARE_WAIT_S
+        while True:
+            self._collect(0)
+            while self._ready:
+                spare = self._ready.pop(0)
+                if spare.poll() is None:
+                    return spare
+            if not self._pending or self._proc is None or self._proc.poll() is not None:
+                return None
+            if not self._collect(deadline - time.monotonic()):
+                return None
+
+    def assign(self, spare: Spare, job_dir: Path) -> bool:
+        try:
+            self._proc.stdin.write(f"assign {spare.pid} {job_dir}\n".encode())
+            self._proc.stdin.flush()
+        except (OSError, AttributeError):
+            return False
+        return True
+
+    def _collect(self, timeout: float) -> bool:
+        """Read the server's answers (pid and start time of each new spare) that are in,
+        waiting up to `timeout` for at least one. True if any came."""
+        proc = self._proc
+        if proc is None or not self._pending:
+            return False
+        got = False
+        fd = proc.stdout.fileno()
+        while self._pending:
+            readable, _, _ = select.select([fd], [], [], max(timeout, 0) if not got else 0)
+            if not readable:
+                break
+            chunk = os.read(fd, 4096)
+            if not chunk:  # the server is gone, and with it the answers it owed
+                self._pending = 0
+                break
+            self._buffer += chunk
+            while b"\n" in self._buffer and self._pending:
+                line, self._buffer = self._buffer.split(b"\n", 1)
+                pid, created = line.decode().split()
+                self._ready.append(Spare(int(pid), float(created)))
+                self._pending -= 1
+                got = True
+        return got
+
+    def close(self) -> None:
+        """The server ends; idle spares read EOF and exit. Spares with a job run on."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        with contextlib.suppress(OSError):
+            proc.stdout.close()
+        for spare in self._ready:  # idle: they exit on EOF; make sure of it
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                spare.wait(timeout=2)
+            spare.kill()
+        self._ready = []
