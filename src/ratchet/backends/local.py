@@ -106,7 +106,8 @@ class LocalBackend(Backend):
         # Standby workers: forked (modules loaded) while earlier jobs run, so the next
         # round's jobs start in milliseconds instead of ~0.3 s each.
         self.standby = getattr(backend_config, "standby_workers", True)
-        self._spares = SpareServer(self.jobs_dir, worker_env(dict(os.environ)))
+        self._spares = SpareServer(self.jobs_dir, worker_env(dict(os.environ)),
+                                   log=state_dir / "spares.log")
 
     def describe(self) -> str:
         return f"local: {len(self.slots)} slots ({', '.join(s.name for s in self.slots)})"

@@ -59,8 +59,8 @@ class Spare:
 class SpareServer:
     """The driver's side of `--spare-server`: ask for spares, take one, name its job."""
 
-    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
-        self.cwd, self.env = cwd, env
+    def __init__(self, cwd: Path, env: dict[str, str], log: Path) -> None:
+        self.cwd, self.env, self.log = cwd, env, log
         self._proc: subprocess.Popen | None = None
         self._ready: list[Spare] = []
         self._pending = 0  # asked for, not answered yet
@@ -68,7 +68,7 @@ class SpareServer:
 
     def _server(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
-            with (self.cwd / "spares.log").open("ab") as log:  # the server's own errors
+            with self.log.open("ab") as log:  # the server's own errors, if any
                 self._proc = subprocess.Popen(
                     [sys.executable, "-m", "ratchet.worker", "--spare-server"],
                     env=self.env,  # never the driver's keys
