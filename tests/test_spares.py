@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -152,3 +153,41 @@ def test_a_dead_server_costs_only_speed(tmp_path):
     assert killed
     assert len(cands) == 6 and all(c.status in ("keep", "discard") for c in cands), \
         [(c.id, c.status, c.reasons) for c in cands]
+
+
+def test_a_stuck_server_is_waited_for_once_then_replaced(tmp_path):
+    """A server that owes spares and does not answer (here: stopped) costs one wait; it is
+    killed, its idle spares go with it, and the next request starts a new server."""
+    from ratchet.backends.spares import SpareServer
+    from ratchet.jobspec import worker_env
+
+    def server_pids() -> set[int]:
+        return {p.pid for p in servers_of(tmp_path)
+                if p.parent() is not None and p.parent().pid == os.getpid()}
+
+    spares = SpareServer(tmp_path, worker_env(dict(os.environ)), log=tmp_path / "spares.log",
+                         wait_s=0.5)
+    try:
+        spares.request(1)
+        first = spares.take()
+        (server,) = server_pids()
+        assert first is not None and psutil.Process(first.pid).ppid() == server
+        os.kill(server, signal.SIGSTOP)
+        spares.request(1)
+        began = time.monotonic()
+        assert spares.take() is None
+        assert 0.4 < time.monotonic() - began < 5
+        assert not psutil.pid_exists(server) or \
+            psutil.Process(server).status() == psutil.STATUS_ZOMBIE
+        began = time.monotonic()
+        assert spares.take() is None and time.monotonic() - began < 0.2  # no second wait
+        first.wait(timeout=5)  # idle, its server gone: it read EOF and left
+        spares.request(1)
+        second = spares.take()
+        assert second is not None and psutil.Process(second.pid).ppid() not in (server,)
+    finally:
+        spares.close()
+    deadline = time.monotonic() + 5
+    while servers_of(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not servers_of(tmp_path)

@@ -59,8 +59,9 @@ class Spare:
 class SpareServer:
     """The driver's side of `--spare-server`: ask for spares, take one, name its job."""
 
-    def __init__(self, cwd: Path, env: dict[str, str], log: Path) -> None:
-        self.cwd, self.env, self.log = cwd, env, log
+    def __init__(self, cwd: Path, env: dict[str, str], log: Path,
+                 wait_s: float = SPARE_WAIT_S) -> None:
+        self.cwd, self.env, self.log, self.wait_s = cwd, env, log, wait_s
         self._proc: subprocess.Popen | None = None
         self._ready: list[Spare] = []
         self._pending = 0  # asked for, not answered yet
@@ -100,7 +101,7 @@ class SpareServer:
     def take(self) -> Spare | None:
         """A live spare: one that is up, else one already asked for (it is nearer than a
         new interpreter would be), else None."""
-        deadline = time.monotonic() + SPARE_WAIT_S
+        deadline = time.monotonic() + self.wait_s
         while True:
             self._collect(0)
             while self._ready:
@@ -110,6 +111,9 @@ class SpareServer:
             if not self._pending or self._proc is None or self._proc.poll() is not None:
                 return None
             if not self._collect(deadline - time.monotonic()):
+                # a server that owes spares and does not answer is stuck: never wait on
+                # it again (the next request starts another)
+                self._abandon()
                 return None
 
     def assign(self, spare: Spare, job_dir: Path) -> bool:
@@ -144,6 +148,17 @@ class SpareServer:
                 self._pending -= 1
                 got = True
         return got
+
+    def _abandon(self) -> None:
+        proc, self._proc = self._proc, None
+        self._pending = 0
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                proc.kill()  # its idle spares read EOF and exit
+            proc.wait()
+            for stream in (proc.stdin, proc.stdout):
+                with contextlib.suppress(OSError):
+                    stream.close()
 
     def close(self) -> None:
         """The server ends; idle spares read EOF and exit. Spares with a job run on."""
