@@ -64,16 +64,23 @@ def servers_of(jobs_dir: Path) -> list[psutil.Process]:
     return found
 
 
-def test_every_job_runs_in_a_spare_forked_by_one_server(tmp_path):
-    repo = repo_for(tmp_path / "r")
-    study = Study(repo)
+def run_study(repo: Path, **kwargs) -> list:
+    """Run the study in this process; its candidates as the ledger has them."""
+    study = Study(repo, **kwargs)
     try:
         study.run()
     finally:
         study.close()
     ledger = Ledger(repo / ".ratchet" / "ledger.db")
-    cands = ledger.candidates()
-    ledger.close()
+    try:
+        return ledger.candidates()
+    finally:
+        ledger.close()
+
+
+def test_every_job_runs_in_a_spare_forked_by_one_server(tmp_path):
+    repo = repo_for(tmp_path / "r")
+    cands = run_study(repo)
     assert len(cands) == 4 and all(c.status in ("keep", "discard") for c in cands)
     servers = set()
     for cand in cands:
@@ -142,14 +149,7 @@ def test_a_dead_server_costs_only_speed(tmp_path):
                     proc.kill()  # the server itself, not a spare
                     killed.append(proc.pid)
 
-    study = Study(repo, progress=on_progress)
-    try:
-        study.run()
-    finally:
-        study.close()
-    ledger = Ledger(repo / ".ratchet" / "ledger.db")
-    cands = ledger.candidates()
-    ledger.close()
+    cands = run_study(repo, progress=on_progress)
     assert killed
     assert len(cands) == 6 and all(c.status in ("keep", "discard") for c in cands), \
         [(c.id, c.status, c.reasons) for c in cands]
