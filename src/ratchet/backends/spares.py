@@ -99,8 +99,9 @@ class SpareServer:
         self._pending += n
 
     def take(self) -> Spare | None:
-        """A live spare: one that is up, else one already asked for (it is nearer than a
-        new interpreter would be), else None."""
+        """A live spare: one that is up, else one asked for now or before (a fork of a
+        loaded server is nearer than a new interpreter would be); None only when the
+        server cannot give one."""
         deadline = time.monotonic() + self.wait_s
         while True:
             self._collect(0)
@@ -108,6 +109,8 @@ class SpareServer:
                 spare = self._ready.pop(0)
                 if spare.poll() is None:
                     return spare
+            if not self._pending:
+                self.request(1)
             if not self._pending or self._proc is None or self._proc.poll() is not None:
                 return None
             if not self._collect(deadline - time.monotonic()):
