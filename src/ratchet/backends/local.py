@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 
 from ratchet.backends import Backend, JobState
-from ratchet.backends.spares import Spare, SpareServer
+from ratchet.backends.spares import Spare, SpareServer, running
 from ratchet.faults import fault_point
 from ratchet.jobspec import JobResult, JobSpec, Slot, scrub_env, worker_env
 
@@ -268,14 +268,8 @@ class LocalBackend(Backend):
             info = json.loads((self.job_dir(job_id) / "pid.json").read_text())
         except (OSError, ValueError):
             return self._find_worker(job_id)
-        try:
-            proc = psutil.Process(info["pid"])
-            if abs(proc.create_time() - info["created"]) > 1.0:
-                return None  # pid reused by an unrelated process
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                self._reap(job_id)
-                return None
-        except psutil.Error:
+        if not running(info["pid"], info["created"]):  # gone, a zombie, or a reused pid
+            self._reap(job_id)  # a zombie of ours is collected
             return None
         return info["pid"]
 

@@ -27,6 +27,16 @@ import psutil
 SPARE_WAIT_S = 5.0  # the longest a placement waits for a spare already asked for
 
 
+def running(pid: int, created: float) -> bool:
+    """The process `pid` that started at `created` (pids are reused) runs, not a zombie."""
+    try:
+        proc = psutil.Process(pid)
+        return abs(proc.create_time() - created) <= 1.0 and \
+            proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 class Spare:
     """A standby worker forked by the spare server (or the worker it became)."""
 
@@ -35,13 +45,7 @@ class Spare:
 
     def poll(self) -> int | None:
         """None while it runs (Popen's meaning); its exit status is not ours to read."""
-        try:
-            proc = psutil.Process(self.pid)
-            if abs(proc.create_time() - self.created) > 1.0:
-                return 0  # the pid was reused: ours is gone
-            return 0 if proc.status() == psutil.STATUS_ZOMBIE else None
-        except psutil.Error:
-            return 0
+        return None if running(self.pid, self.created) else 0
 
     def wait(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
