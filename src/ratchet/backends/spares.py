@@ -73,6 +73,7 @@ class SpareServer:
 
     def _server(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
+            self._end_server(grace_s=0)  # a dead one: its pipes are closed
             with self.log.open("ab") as log:  # the server's own errors, if any
                 self._proc = subprocess.Popen(
                     [sys.executable, "-m", "ratchet.worker", "--spare-server"],
@@ -156,31 +157,30 @@ class SpareServer:
                 got = True
         return got
 
-    def _abandon(self) -> None:
+    def _end_server(self, grace_s: float) -> None:
+        """Close the server's stdin: it exits on EOF, and its idle spares read EOF on
+        theirs and exit too. One still there after `grace_s` is killed."""
         proc, self._proc = self._proc, None
         self._pending = 0
-        if proc is not None:
-            with contextlib.suppress(OSError):
-                proc.kill()  # its idle spares read EOF and exit
-            proc.wait()
-            for stream in (proc.stdin, proc.stdout):
-                with contextlib.suppress(OSError):
-                    stream.close()
-
-    def close(self) -> None:
-        """The server ends; idle spares read EOF and exit. Spares with a job run on."""
-        proc, self._proc = self._proc, None
         if proc is None:
             return
         with contextlib.suppress(OSError):
             proc.stdin.close()
         try:
-            proc.wait(timeout=5)
+            proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
         with contextlib.suppress(OSError):
             proc.stdout.close()
+
+    def _abandon(self) -> None:
+        """A server that owes spares and does not answer: it is not waited for again."""
+        self._end_server(grace_s=0)
+
+    def close(self) -> None:
+        """The server ends; idle spares read EOF and exit. Spares with a job run on."""
+        self._end_server(grace_s=5)
         for spare in self._ready:  # idle: they exit on EOF; make sure of it
             with contextlib.suppress(subprocess.TimeoutExpired):
                 spare.wait(timeout=2)
