@@ -19,6 +19,7 @@ from ratchet import __version__, gitrepo, views
 from ratchet.config import Config, ConfigError, load_config
 from ratchet.ledger import Candidate
 from ratchet.study import Progress, Study, StudyError
+from ratchet.vocab import Kind, Status
 
 # Every string we print is literal text: help, errors, descriptions and reasons often
 # hold brackets ("[prep] run", "[tune.knobs]") or colons that rich would read as markup
@@ -297,7 +298,7 @@ def _print_summary(study: Study) -> None:
     for cand in cands:
         counts[cand.status] = counts.get(cand.status, 0) + 1
     metric = study.config.metric.name
-    baseline = next((c for c in cands if c.kind == "baseline" and c.metric is not None), None)
+    baseline = next((c for c in cands if c.kind == Kind.BASELINE and c.metric is not None), None)
     best = ledger.get("incumbent_metric")
     console.print(
         f"study {study.name}: {len(cands)} candidates "
@@ -321,10 +322,10 @@ def submit(
     """Evaluate REV as a candidate; print its id and return at once."""
     study = open_study(repo)
     made = _guard(lambda: study.submit_rev(rev, message, base))
-    only_baseline = not any(cand.kind == "candidate" for cand in made)  # REV is the start
+    only_baseline = not any(cand.kind == Kind.CANDIDATE for cand in made)  # REV is the start
     for cand in made:
-        if cand.kind == "candidate" or only_baseline:
-            if cand.status == "rejected":
+        if cand.kind == Kind.CANDIDATE or only_baseline:
+            if cand.status == Status.REJECTED:
                 err.print(f"{cand.id} rejected: {cand.reasons}", highlight=False)
             console.print(cand.id)
         else:
@@ -404,7 +405,7 @@ def status(
     run_s = sum(c.run_s or 0 for c in cands)
     created = ledger.get("created")
     wall = (max((c.finished_at or 0) for c in cands) - created) if cands and created else 0.0
-    hypotheses = sum(1 for c in cands if c.kind == "candidate" and c.is_judged)
+    hypotheses = sum(1 for c in cands if c.kind == Kind.CANDIDATE and c.is_judged)
     from ratchet.ledger import throughput  # duty cycle and the limit, from the ledger
 
     busy = throughput(cands, study.busy_slots)
@@ -418,7 +419,7 @@ def status(
         "goal": study.config.metric.goal,
         "incumbent_metric": ledger.get("incumbent_metric"),
         "counts": counts,
-        "running": [c.id for c in cands if c.status == "submitted"],
+        "running": [c.id for c in cands if c.status == Status.SUBMITTED],
         "job_hours": round(run_s / 3600, 4),
         "cost_usd": round(views.total_cost(cands), 4),
         "wall_hours": round(max(wall, 0) / 3600, 4),
@@ -504,7 +505,7 @@ def show(
     cand = study.ledger.find(candidate)
     if cand is None:
         fail(f"no candidate {candidate!r} in this study")
-    if cand.kind in ("baseline", "incumbent") and cand.commit_sha:
+    if Kind(cand.kind).is_reference and cand.commit_sha:
         parent = gitrepo.try_rev_parse(study.repo, f"{cand.commit_sha}^")
     else:
         parent = cand.parent

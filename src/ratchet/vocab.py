@@ -1,0 +1,99 @@
+"""The words a study is recorded in: a candidate's status and kind, a job's state.
+
+Each is a `StrEnum`, so a member *is* its string: the values stored in SQLite, printed
+in `results.tsv` and returned by `--json` are unchanged, `Status.KEEP == "keep"` holds,
+and a row read back from the ledger compares equal to a member without conversion.
+What a state means (is it judged, is a job in flight for it) is a property here, in one
+place, instead of a tuple of strings in every module that asks (after Ray's `JobStatus`
+with `is_terminal`, and Optuna's `TrialState` with `is_finished`).
+
+Standard library only: every side (driver, worker, evaluator SDK) may import it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Status(StrEnum):
+    """Where a candidate is. A candidate moves down this list and never back up, except
+    that a job lost to infrastructure goes from `interrupted` back to `committed`."""
+
+    # in flight: not judged yet
+    PROPOSED = "proposed"  # recorded, before its commit exists
+    COMMITTED = "committed"  # its commit exists; no job yet
+    SUBMITTED = "submitted"  # a job is placed (queued or running)
+    INTERRUPTED = "interrupted"  # its job was lost to infrastructure; it runs again
+    FINISHED = "finished"  # its job reported (or was lost for good); awaiting the judge
+    # verdicts: final
+    KEEP = "keep"  # better than the incumbent by more than the noise: now the incumbent
+    DISCARD = "discard"  # ran and measured, not better
+    CRASH = "crash"  # a phase failed (build, run, evaluate) or timed out
+    REJECTED = "rejected"  # broke a rule: protected file, incorrect result, hold-out, guard
+    CANCELLED = "cancelled"  # cancelled by the user
+    REFERENCE = "reference"  # a measurement of the incumbent itself (baseline, co-run)
+
+    @property
+    def is_open(self) -> bool:
+        """Not judged yet (the candidate may still become anything)."""
+        return self in OPEN
+
+    @property
+    def is_verdict(self) -> bool:
+        """Judged: the status is final."""
+        return self in VERDICTS
+
+    is_terminal = is_verdict  # Ray's name for the same thing
+
+    @property
+    def has_commit(self) -> bool:
+        """In flight with its commit made: what a resumed driver picks up again
+        (`proposed` has no commit yet and is proposed afresh)."""
+        return self in IN_FLIGHT
+
+    @property
+    def is_failure(self) -> bool:
+        """A verdict that says the candidate did not work (never counted as a measurement)."""
+        return self in (Status.CRASH, Status.REJECTED)
+
+
+OPEN: frozenset[Status] = frozenset(
+    {Status.PROPOSED, Status.COMMITTED, Status.SUBMITTED, Status.INTERRUPTED, Status.FINISHED})
+IN_FLIGHT: frozenset[Status] = OPEN - {Status.PROPOSED}
+VERDICTS: frozenset[Status] = frozenset(Status) - OPEN
+
+
+class Kind(StrEnum):
+    """What a candidate row stands for."""
+
+    BASELINE = "baseline"  # the study's start, measured first
+    CANDIDATE = "candidate"  # a proposed change: a hypothesis under test
+    INCUMBENT = "incumbent"  # the incumbent re-measured beside a round (co_run_incumbent)
+
+    @property
+    def is_reference(self) -> bool:
+        """A measurement of code already accepted (the start or the incumbent), not a
+        change: its failure is a broken setup, never a candidate's fault."""
+        return self is not Kind.CANDIDATE
+
+
+class JobState(StrEnum):
+    """Where a backend's job is (the same four words for every engine)."""
+
+    PENDING = "pending"  # queued, or waiting for a slot
+    RUNNING = "running"
+    DONE = "done"  # the worker reported a result
+    LOST = "lost"  # gone without a result: an infrastructure fault (may be rerun)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (JobState.DONE, JobState.LOST)
+
+
+def status_of(value: str) -> Status:
+    """A stored status string as a member; one line naming the value when it is not one."""
+    try:
+        return Status(value)
+    except ValueError:
+        known = ", ".join(s.value for s in Status)
+        raise ValueError(f"unknown candidate status {value!r} (known: {known})") from None

@@ -1,0 +1,55 @@
+"""The typed vocabulary: the strings a study stores are the enum members, unchanged."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from ratchet import vocab
+from ratchet.ledger import Ledger
+from ratchet.vocab import JobState, Kind, Status
+
+
+def test_a_status_and_kind_written_as_members_read_back_as_the_same_text(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.db")
+    cand = ledger.new_candidate(1, kind=Kind.BASELINE, status=Status.COMMITTED)
+    ledger.update(cand.id, "judged:keep", status=Status.KEEP)
+    ledger.close()
+    # what another tool (sqlite3, a notebook) sees in the file: plain words
+    row = sqlite3.connect(tmp_path / "ledger.db").execute(
+        "SELECT kind, status FROM candidates").fetchone()
+    assert row == ("baseline", "keep")
+    again = Ledger(tmp_path / "ledger.db").candidate(cand.id)
+    assert again is not None
+    assert again.status == Status.KEEP and again.kind == Kind.BASELINE
+    assert Status(again.status).is_verdict and Kind(again.kind).is_reference
+
+
+def test_open_and_verdicts_split_every_status_once():
+    assert set(Status) == vocab.OPEN | vocab.VERDICTS
+    assert not vocab.OPEN & vocab.VERDICTS
+    # what a resumed driver picks up: in flight with a commit (proposed is proposed again)
+    assert {s for s in Status if s.has_commit} == {"committed", "submitted", "interrupted",
+                                                   "finished"}
+    assert all(s.is_open != s.is_terminal for s in Status)
+
+
+def test_the_ledgers_lists_are_the_vocabularys():
+    from ratchet import ledger
+
+    assert set(ledger.OPEN) == vocab.OPEN
+    assert set(ledger.VERDICTS) == vocab.VERDICTS
+
+
+def test_only_the_candidate_kind_is_a_hypothesis():
+    assert [k for k in Kind if not k.is_reference] == [Kind.CANDIDATE]
+
+
+def test_job_states_end_in_done_or_lost():
+    assert {s for s in JobState if s.is_terminal} == {"done", "lost"}
+
+
+def test_an_unknown_stored_status_is_named_with_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown candidate status 'kept' \(known: proposed"):
+        vocab.status_of("kept")
