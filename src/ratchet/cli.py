@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ratchet import __version__, gitrepo, views
+from ratchet import __version__, backends, gitrepo, views
 from ratchet.config import Config, ConfigError, load_config
 from ratchet.ledger import Candidate
 from ratchet.study import Progress, Study, StudyError
@@ -243,7 +243,7 @@ def run(
     rounds: Annotated[int | None, typer.Option(help="total rounds for the study")] = None,
     parallel: Annotated[int | None, typer.Option(help="K: candidates per round")] = None,
     proposer: Annotated[str | None, typer.Option(help="tune | llm | agent | patches")] = None,
-    backend: Annotated[str | None, typer.Option(help="local | ray | shell")] = None,
+    backend: Annotated[str | None, typer.Option(help=backends.names_help())] = None,
 ) -> None:
     """Run (or resume) the study: rounds of K candidates, keep the best, revert the rest."""
     view = RunView()

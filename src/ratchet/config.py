@@ -13,19 +13,21 @@ import tomllib
 import types
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    SerializeAsAny,
     ValidationError,
     field_validator,
     model_validator,
 )
 
 CONFIG_FILE = "ratchet.toml"
+M = TypeVar("M", bound=BaseModel)
 
 
 class ConfigError(Exception):
@@ -251,7 +253,8 @@ class Tune(Strict):
 
 
 class Backend(Strict):
-    kind: Literal["local", "ray", "shell"] = "local"
+    # a registered backend (ratchet.backends.backends(): local, ray, shell, plug-ins)
+    kind: str = "local"
     slots: int | None = Field(default=None, ge=1)
     gpus: list[str] | None = None  # GPU ids to lease, default: all visible
     memory_limit_gb: float | None = Field(default=None, gt=0)
@@ -265,9 +268,81 @@ class Backend(Strict):
     standby_workers: bool = True  # local: start the next jobs' workers ahead of time
     gpu_hourly_usd: float = Field(default=0.0, ge=0)
     cpu_hourly_usd: float = Field(default=0.0, ge=0)
-    # engine-specific sections are validated by the backend that reads them
-    ray: dict[str, Any] = {}
-    shell: dict[str, Any] = {}
+    # `[backend.<name>]` tables, each validated by the settings model its backend
+    # registered (`[backend.ray]` -> RayConfig); filled from those tables, not written
+    engines: dict[str, SerializeAsAny[BaseModel]] = Field(default={}, exclude=True)
+
+    @field_validator("kind")
+    @classmethod
+    def _kind_is_registered(cls, kind: str) -> str:
+        from ratchet.backends import backends
+
+        known = list(backends())
+        if kind not in known:
+            close = difflib.get_close_matches(kind, known, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"unknown backend {kind!r}{hint} (expected {' | '.join(known)})")
+        return kind
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_tables(cls, data: Any) -> Any:
+        """Each `[backend.<name>]` table of a registered backend, validated by its model."""
+        if not isinstance(data, dict):
+            return data
+        from ratchet.backends import backends
+
+        plugins = backends()
+        data = dict(data)
+        engines = dict(data.pop("engines", None) or {})
+        for name in [k for k in data if k in plugins and k not in cls.model_fields]:
+            raw = data.pop(name)
+            engines[name] = raw if isinstance(raw, BaseModel) else \
+                section(plugins[name].settings, raw, f"backend.{name}")
+        data["engines"] = engines
+        return data
+
+    def settings(self, kind: str) -> BaseModel:
+        """The typed `[backend.<kind>]` table: as written, or its model's defaults (a
+        ConfigError naming the missing key when the model has required ones)."""
+        if kind in self.engines:
+            return self.engines[kind]
+        from ratchet.backends import backends
+
+        plugin = backends().get(kind)
+        if plugin is None:
+            raise ConfigError(f"backend {kind!r} is not known "
+                              f"(expected {' | '.join(backends())})")
+        try:
+            return section(plugin.settings, {}, f"backend.{kind}")
+        except SectionError as exc:
+            raise ConfigError(f"{exc} (add a [backend.{kind}] table)") from None
+
+
+class SectionError(ValueError):
+    """A plug-in's settings table did not validate; the message names the key."""
+
+
+def section(model: type[M], data: Any, prefix: str) -> M:
+    """Validate a plug-in's table (an engine's `[backend.ray]`, a proposer's `[llm]`);
+    the error names the key, e.g. `backend.ray.address: ...`, and a misspelt key the
+    one it most probably meant."""
+    try:
+        return model.model_validate(data if data is not None else {})
+    except ValidationError as exc:
+        first = _causes([dict(e) for e in exc.errors()], model)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        message = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            meant = misspelling(first, model)
+            message = (f"unknown key; did you mean {meant!r}? (check the spelling)" if meant
+                       else "unknown key (check the spelling; see docs/backends.md)")
+        elif first["type"] == "missing":
+            message = "required key is missing"
+        if not where and re.match(r"^[\w.]+: ", message):  # a model check naming its key
+            where, message = message.split(": ", 1)
+        raise SectionError(f"{prefix}.{where}: {message}" if where else f"{prefix}: {message}") \
+            from None
 
 
 class Config(Strict):
@@ -346,7 +421,13 @@ def _section_type(annotation: Any) -> Any:
 
 
 def _keys_of(model: type[BaseModel]) -> list[str]:
-    return [f.alias or n for n, f in model.model_fields.items()]
+    keys = [f.alias or n for n, f in model.model_fields.items()
+            if not f.exclude]  # `Backend.engines` is filled, never written
+    if model is Backend:  # its tables are the registered backends' names
+        from ratchet.backends import backends
+
+        keys += list(backends())
+    return keys
 
 
 def misspelling(error: dict[str, Any], root: type[BaseModel] | None = None) -> str | None:
@@ -362,6 +443,9 @@ def misspelling(error: dict[str, Any], root: type[BaseModel] | None = None) -> s
 
 
 def _describe(error: dict[str, Any]) -> str:
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, SectionError):  # a plug-in's table: it names its own key
+        return str(cause)
     location = ".".join(str(part) for part in error["loc"] if part != "__root__")
     message = error["msg"]
     message = message.removeprefix("Value error, ")
@@ -377,19 +461,22 @@ def _describe(error: dict[str, Any]) -> str:
     return f"{location}: {message}" if location else message
 
 
+def _causes(errors: list[dict[str, Any]], root: type[BaseModel]) -> list[dict[str, Any]]:
+    """The errors in the order to name them. A misspelt key shows up twice: as an unknown
+    key and, when it was required, as a missing one. The misspelling is the cause, so it
+    is named first, and the "missing" error it explains is not counted as another problem."""
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    explained = {(*e["loc"][:-1], meant) for e in unknown
+                 if (meant := misspelling(e, root)) is not None}
+    return unknown + [e for e in errors if e["type"] != "extra_forbidden"
+                      and not (e["type"] == "missing" and tuple(e["loc"]) in explained)]
+
+
 def parse_config(data: dict[str, Any], source: str = CONFIG_FILE) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        errors = exc.errors()
-        # A misspelt key shows up twice: as an unknown key and, when it was required, as
-        # a missing one. The misspelling is the cause, so it is named first, and the
-        # "missing" error it explains is not counted as another problem.
-        unknown = [e for e in errors if e["type"] == "extra_forbidden"]
-        explained = {(*e["loc"][:-1], meant) for e in unknown
-                     if (meant := misspelling(e)) is not None}
-        errors = unknown + [e for e in errors if e["type"] != "extra_forbidden"
-                            and not (e["type"] == "missing" and tuple(e["loc"]) in explained)]
+        errors = _causes([dict(e) for e in exc.errors()], Config)
         first = errors[0]
         more = len(errors) - 1
         suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""

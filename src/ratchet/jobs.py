@@ -61,7 +61,7 @@ class Jobs:
     @property
     def backend(self) -> Backend:
         if self._backend is None:
-            self._backend = make_backend(self.backend_kind, self.state_dir, self.config)
+            self._backend = make_backend(self.backend_kind, self.state_dir, self.config.backend)
         return self._backend
 
     def warm_up(self) -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ratchet.backends.engine import validate
 from ratchet.backends.ray import RayConfig
 from ratchet.backends.shell import load_shell_config
+from ratchet.config import section
 
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
 
@@ -17,7 +17,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
 def test_ray_example_is_valid():
     data = tomllib.loads((CONFIGS / "ray.toml").read_text())
     assert data["backend"]["kind"] == "ray"
-    cfg = validate(RayConfig, data["backend"]["ray"], "backend.ray")
+    cfg = section(RayConfig, data["backend"]["ray"], "backend.ray")
     assert cfg.mode == "actors" and cfg.num_gpus == 1
 
 

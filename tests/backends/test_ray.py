@@ -191,12 +191,12 @@ def test_prep_across_nodes_needs_a_shared_location():
 
 @pytest.mark.parametrize("mode", ["actors", "job"])
 def test_node_count_of_the_test_cluster(tmp_path, ray_cluster, mode):  # noqa: F811
-    from ratchet.backends.ray import RayBackend
+    from ratchet.backends import make_backend
     from ratchet.config import load_config
 
     repo = make_task(tmp_path, backend="ray", name=f"nodes-{mode}",
                      extra=ray_section(tmp_path, ray_cluster, mode=f'"{mode}"'))
-    backend = RayBackend(repo / ".ratchet", load_config(repo).backend)
+    backend = make_backend("ray", repo / ".ratchet", load_config(repo).backend)
     try:
         assert backend.node_count() == 1
     finally:
@@ -204,7 +204,7 @@ def test_node_count_of_the_test_cluster(tmp_path, ray_cluster, mode):  # noqa: F
 
 
 def test_a_slot_that_left_when_idle_is_replaced_without_losing_the_job(tmp_path, ray_cluster):  # noqa: F811
-    from ratchet.backends.ray import RayBackend
+    from ratchet.backends import make_backend
     from ratchet.config import load_config
     from ratchet.jobspec import JobSpec
 
@@ -217,7 +217,7 @@ def test_a_slot_that_left_when_idle_is_replaced_without_losing_the_job(tmp_path,
         first = study.job_spec(study._propose_round(1)[0])
     finally:
         study.close()
-    backend = RayBackend(repo / ".ratchet", load_config(repo).backend)
+    backend = make_backend("ray", repo / ".ratchet", load_config(repo).backend)
 
     def run(spec):
         job_id = backend.submit(spec)

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from tasks import check_holdout_everywhere, make_task, summary
 
-from ratchet.backends.shell import ShellBackend, load_shell_config
+from ratchet.backends import make_backend
+from ratchet.backends.shell import load_shell_config
 from ratchet.config import ConfigError, load_config
 from ratchet.study import Study, StudyError
 
@@ -58,7 +59,7 @@ def shell_section(tmp_path: Path, preset: str, **extra: str) -> str:
         f'python = "{sys.executable}"',
         PRESET_VARS[preset],
     ]
-    values = {"poll": "0.25", "id_wait": "20", "backoff": "0.05", "call_timeout": "20",
+    values = {"poll": "0.25", "id_wait": "20", "call_timeout": "20",
               "gone_grace": "1", **extra}
     lines += [f"{k} = {v}" for k, v in values.items()]
     return "\n".join(lines) + "\n"
@@ -150,7 +151,7 @@ def test_driver_restart_reattaches_without_resubmitting(tmp_path, engine):
     cands = study._propose_round(1)
     job_id = study.submit(cands[0])
     study.close()  # the driver "dies" with the job running
-    backend = ShellBackend(repo / ".ratchet", load_config(repo).backend)
+    backend = make_backend("shell", repo / ".ratchet", load_config(repo).backend)
     spec = Study(repo).job_spec(cands[0])
     assert backend.submit(spec) == job_id  # reattached
     deadline = time.monotonic() + 30
@@ -191,7 +192,7 @@ def test_poll_asks_the_engine_once_per_tick(tmp_path, engine):
         specs = [study.job_spec(c) for c in cands]
     finally:
         study.close()
-    backend = ShellBackend(repo / ".ratchet", load_config(repo).backend)
+    backend = make_backend("shell", repo / ".ratchet", load_config(repo).backend)
     ids = [backend.submit(spec) for spec in specs]
     assert len(ids) == 3
     ticks, deadline = 0, time.monotonic() + 60

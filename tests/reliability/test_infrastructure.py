@@ -48,7 +48,7 @@ def fast_backoff(monkeypatch):
 def open_study(repo, failures):
     lines, messages = [], []
     study = Study(repo, log=lines.append, progress=lambda p: messages.append(p.message))
-    study.jobs._backend = FlakyBackend(LocalBackend(study.state_dir, study.config.backend), failures)
+    study.jobs._backend = FlakyBackend(LocalBackend(study.state_dir, backend=study.config.backend), failures)
     return study, lines, messages
 
 

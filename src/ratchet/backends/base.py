@@ -6,8 +6,10 @@ and never probes for optional parts. What differs between engines is a hook belo
 a default that is right for most of them (after Optuna's `BaseSampler`).
 
 Retries have one owner. A backend applies its own timeouts and raises `BackendError`
-(or any exception) when the engine does not answer; the study retries the call with
-backoff and reports it. A backend never loops on a failing call itself.
+(or any exception) when the engine does not answer; the study (`Jobs.call`) retries the
+call with backoff and reports it. A backend never retries a failing call itself; the
+one wait a backend owns is for an engine to show what it already did (shell's
+`id_wait`: a job's id appearing in a listing), within its own deadline.
 """
 
 from __future__ import annotations
@@ -17,13 +19,9 @@ import contextlib
 import os
 import shutil
 from pathlib import Path
-from typing import Literal
 
 from ratchet.jobspec import JobResult, JobSpec
-
-# pending: queued / waiting for a slot; running; done: the worker reported a result;
-# lost: the job is gone without a result (infrastructure fault; may be rerun).
-JobState = Literal["pending", "running", "done", "lost"]
+from ratchet.vocab import JobState  # pending | running | done | lost
 
 
 class BackendError(Exception):

@@ -18,8 +18,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from pydantic import BaseModel, ValidationError
-
 from ratchet.backends import BackendError
 from ratchet.jobspec import JobResult
 
@@ -31,35 +29,14 @@ T = TypeVar("T")
 DEADLINE_GRACE_S = 60.0
 
 
-def validate(model: type[BaseModel], data: dict, prefix: str) -> BaseModel:
-    """Validate an engine section; errors name the key, e.g. `backend.ray.address: ...`."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        message = first["msg"].removeprefix("Value error, ")
-        from ratchet.config import ConfigError, misspelling
+def engine_call(call: Callable[[], T], what: str, *,
+                transient: tuple[type[BaseException], ...], note: Callable[[str], None]) -> T:
+    """One engine call, tried once: a transient failure is noted and becomes BackendError.
 
-        if first["type"] == "extra_forbidden":
-            meant = misspelling(first, model)
-            message = (f"unknown key; did you mean {meant!r}? (check the spelling)" if meant
-                       else "unknown key (check the spelling; see docs/backends.md)")
-
-        raise ConfigError(f"{prefix}.{where}: {message}" if where else f"{prefix}: {message}") \
-            from None
-
-
-def with_retries(call: Callable[[], T], what: str, *, attempts: int, backoff_s: float,
-                 transient: tuple[type[BaseException], ...], note: Callable[[str], None]) -> T:
-    """One engine call; a transient failure becomes BackendError at once.
-
-    Retries have one owner: the study (`ratchet.jobs.Jobs.call`) retries a failed
-    backend call with backoff and reports it. Retrying here as well multiplied the
-    calls (up to 48 for one Ray submit). `attempts` and `backoff_s` are kept for the
-    engines' config keys (`call_attempts`, `backoff`) and no longer loop.
+    Retries have one owner: the study (`ratchet.jobs.Jobs.call`) retries a failed backend
+    call with backoff and reports it. Retrying here as well multiplied the calls (up to
+    48 for one Ray submit).
     """
-    del attempts, backoff_s
     try:
         return call()
     except transient as exc:

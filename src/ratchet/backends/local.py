@@ -19,9 +19,11 @@ import time
 from pathlib import Path
 
 import psutil
+from pydantic import BaseModel, ConfigDict
 
-from ratchet.backends import Backend, JobState
+from ratchet.backends import Backend, JobState, register_backend
 from ratchet.backends.spares import Spare, SpareServer, running
+from ratchet.config import Backend as BackendSection
 from ratchet.faults import fault_point
 from ratchet.jobspec import JobResult, JobSpec, Slot, scrub_env, worker_env
 
@@ -90,22 +92,32 @@ def forwarded_env(spec: JobSpec) -> dict[str, str]:
             if k in spec.env_allow or k.startswith("RATCHET_")}
 
 
+class LocalSettings(BaseModel):
+    """`[backend.local]`: nothing of its own yet; the local backend reads the `[backend]`
+    keys every study has (slots, gpus, build_slots, standby_workers)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@register_backend("local", settings=LocalSettings,
+                  summary="this machine: one worker per job, GPU/CPU slots leased by flock")
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self, state_dir: Path, backend_config=None) -> None:
+    def __init__(self, state_dir: Path, settings: LocalSettings | None = None,
+                 backend: BackendSection | None = None) -> None:
+        del settings  # no keys of its own
+        backend = backend or BackendSection()
         self.jobs_dir = state_dir / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.lock_dir = state_dir / "slots"
-        slots = getattr(backend_config, "slots", None)
-        gpus = getattr(backend_config, "gpus", None)
-        self.slots = plan_slots(slots, gpus)
-        self.build_slots = plan_build_slots(getattr(backend_config, "build_slots", 2))
+        self.slots = plan_slots(backend.slots, backend.gpus)
+        self.build_slots = plan_build_slots(backend.build_slots)
         self._pipelined = False  # a job built on a build slot: more workers in flight
         self._children: dict[str, subprocess.Popen | Spare] = {}
         # Standby workers: forked (modules loaded) while earlier jobs run, so the next
         # round's jobs start in milliseconds instead of ~0.3 s each.
-        self.standby = getattr(backend_config, "standby_workers", True)
+        self.standby = backend.standby_workers
         self._spares = SpareServer(self.jobs_dir, worker_env(dict(os.environ)),
                                    log=state_dir / "spares.log")
 

@@ -26,7 +26,6 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ratchet.backends import Backend, BackendError, JobState
 from ratchet.backends.engine import (
@@ -36,12 +35,10 @@ from ratchet.backends.engine import (
     overdue,
     stopped_result,
 )
+from ratchet.backends.ray import RayConfig, check_shared_prep
 from ratchet.backends.ray_slots import SlotRunner
 from ratchet.backends.remote import HOLDOUT_TAR, forward_env, holdout_tar
 from ratchet.jobspec import JobResult, JobSpec
-
-if TYPE_CHECKING:
-    from ratchet.backends.ray import RayConfig
 
 
 class RayActors(Backend):
@@ -59,6 +56,7 @@ class RayActors(Backend):
         self._seen: dict[str, tuple[float, JobState]] = {}
         self._submits: dict[str, object] = {}  # job id -> its submit call, until answered
         self._lock = threading.RLock()  # connecting and creating actors: one thread at once
+        self.max_attempts = cfg.retries + 1
 
     def describe(self) -> str:
         gpus = f"{self.cfg.num_gpus:g} GPU" if self.cfg.num_gpus else "no GPU"
@@ -411,6 +409,7 @@ class RayActors(Backend):
         from ratchet.prep import PrepError
 
         if not self.cfg.data_uri:
+            check_shared_prep(self.node_count())
             return None  # the driver's cache: right for a single-node cluster
         root = self.cfg.data_uri.removeprefix("file://")
         ready = shared_prep(Path(root), key, repo=repo, pinned_commit=pinned_commit,

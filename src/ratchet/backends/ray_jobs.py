@@ -25,7 +25,6 @@ import shlex
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ratchet import gitrepo
 from ratchet.backends import Backend, BackendError, JobState
@@ -34,10 +33,11 @@ from ratchet.backends.engine import (
     JobRecord,
     RecordStore,
     add_engine_queue,
+    engine_call,
     overdue,
     stopped_result,
-    with_retries,
 )
+from ratchet.backends.ray import RayConfig, check_shared_prep
 from ratchet.backends.remote import (
     HOLDOUT_TAR,
     SPEC_DIR,
@@ -48,10 +48,6 @@ from ratchet.backends.remote import (
     shared_prep,
 )
 from ratchet.jobspec import JobResult, JobSpec
-
-if TYPE_CHECKING:
-    from ratchet.backends.ray import RayConfig
-
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
@@ -118,9 +114,8 @@ class RayJobs(Backend):
                     raise _Transient(f"{type(exc).__name__}: {exc}") from exc
                 raise
 
-        return with_retries(once, f"ray {what} ({self.cfg.address})",
-                            attempts=self.cfg.call_attempts, backoff_s=self.cfg.backoff,
-                            transient=(_Transient, TimeoutError), note=self.store.note)
+        return engine_call(once, f"ray {what} ({self.cfg.address})",
+                           transient=(_Transient, TimeoutError), note=self.store.note)
 
     def _info(self, submission_id: str):
         """JobDetails, or None if the job server does not know the id."""
@@ -299,9 +294,6 @@ class RayJobs(Backend):
             raise BackendError(f"ray list_nodes ({self.cfg.address}): {exc}") from None
         return sum(1 for node in nodes if str(node.state) == "ALIVE")
 
-    def list_job_ids(self) -> list[str]:
-        return [j.submission_id for j in self._call("list_jobs", "list_jobs")]
-
     # -- prepared data: once, on the cluster, into data_uri ---------------------------------
 
     def prepare(self, *, study: str, repo: Path, command: str, pinned_commit: str,
@@ -309,6 +301,7 @@ class RayJobs(Backend):
         from ratchet.prep import PrepError
 
         if not self.cfg.data_uri:
+            check_shared_prep(self.node_count())
             return None  # local prep cache (fine for a single-node cluster)
         root = Path(self.cfg.data_uri.removeprefix("file://"))
         ready = shared_prep(root, key, repo=repo, pinned_commit=pinned_commit, command=command,

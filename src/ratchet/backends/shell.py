@@ -16,8 +16,9 @@ can be overridden in `[backend.shell]`):
   succeeded / failed / cancelled (unknown: running). A job the engine no longer knows
   (and whose log has no result) is `lost`, rerun by the study up to `retries` times; a
   job that ended with the worker's result is never rerun.
-- every call has a timeout and retries with backoff ("retrying" is logged); queue
-  timeout and the job deadline are ratchet's, as for Ray.
+- every call has a timeout (`call_timeout`) and is made once; a failed call raises and
+  the study retries it with backoff (shown and logged); queue timeout and the job
+  deadline are ratchet's, as for Ray.
 """
 
 from __future__ import annotations
@@ -32,20 +33,20 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ratchet import gitrepo
-from ratchet.backends import Backend, BackendError, JobState
+from ratchet.backends import Backend, BackendError, JobState, register_backend
 from ratchet.backends.engine import (
     DEADLINE_GRACE_S,
     JobRecord,
     RecordStore,
     add_engine_queue,
+    engine_call,
     overdue,
     stopped_result,
-    validate,
-    with_retries,
 )
 from ratchet.backends.presets import PRESETS
 from ratchet.backends.remote import (
@@ -56,7 +57,8 @@ from ratchet.backends.remote import (
     parse_result,
     shared_prep,
 )
-from ratchet.config import ConfigError, Duration
+from ratchet.config import Backend as BackendSection
+from ratchet.config import ConfigError, Duration, SectionError, section
 from ratchet.jobspec import JobResult, JobSpec
 
 EngineState = str  # pending | running | succeeded | failed | cancelled
@@ -96,42 +98,61 @@ class ShellConfig(BaseModel):
     prep: str = Field(default="local", pattern="^(engine|local)$")
     queue_timeout: Duration = 3600.0
     retries: int = Field(default=1, ge=0, le=10)
-    call_timeout: Duration = 60.0
-    call_attempts: int = Field(default=1, ge=1)  # >1: tries per call (the study retries)
-    backoff: Duration = 1.0
+    call_timeout: Duration = 60.0  # each call (a failed one: the study retries it)
     poll: Duration = 2.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset_first(cls, raw: Any) -> Any:
+        """A preset's keys, then the table's own (vars, files and states merged)."""
+        if not isinstance(raw, dict) or raw.get("preset") is None:
+            return raw
+        preset = raw["preset"]
+        if preset not in PRESETS:
+            raise ValueError(f"preset: unknown preset {preset!r} "
+                             f"(expected one of {', '.join(sorted(PRESETS))})")
+        merged = {k: (dict(v) if isinstance(v, dict) else v) for k, v in PRESETS[preset].items()}
+        for key, value in raw.items():
+            if key in ("vars", "files", "states") and isinstance(value, dict):
+                merged[key] = {**merged.get(key, {}), **value}
+            else:
+                merged[key] = value
+        return merged
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ShellConfig:
+        for engine_state, ours in self.states.items():
+            if ours not in STATES:
+                raise ValueError(f"states.{engine_state}: {ours!r} is not one of "
+                                 f"{', '.join(STATES)}")
+        patterns = {"id_regex": self.id_regex, "id_list_regex": self.id_list_regex,
+                    "status_regex": self.status_regex, "status_all_regex": self.status_all_regex,
+                    "missing_regex": self.missing_regex,
+                    "fallback_unavailable_regex": self.fallback_unavailable_regex}
+        for key, pattern in patterns.items():
+            if pattern:
+                try:
+                    re.compile(pattern.replace("{id}", "0").replace("{name}", "x"))
+                except re.error as exc:
+                    raise ValueError(f"{key}: not a valid regex: {exc}") from None
+        if not self.id_regex and not self.id_command:
+            raise ValueError("give id_regex (id from submit's output) or id_command")
+        return self
+
+    def template(self, key: str) -> str:
+        """The command template under `key` (submit, status, logs, ...)."""
+        value = getattr(self, key)  # one of this model's template fields
+        if not isinstance(value, str):
+            raise ConfigError(f"backend.shell.{key}: not set")
+        return value
 
 
 def load_shell_config(raw: dict) -> ShellConfig:
-    raw = dict(raw)
-    preset = raw.get("preset")
-    merged: dict = {}
-    if preset is not None:
-        if preset not in PRESETS:
-            raise ConfigError(f"backend.shell.preset: unknown preset {preset!r} "
-                              f"(expected one of {', '.join(sorted(PRESETS))})")
-        merged = {k: (dict(v) if isinstance(v, dict) else v) for k, v in PRESETS[preset].items()}
-    for key, value in raw.items():
-        if key in ("vars", "files", "states") and isinstance(value, dict):
-            merged[key] = {**merged.get(key, {}), **value}
-        else:
-            merged[key] = value
-    cfg: ShellConfig = validate(ShellConfig, merged, "backend.shell")  # type: ignore[assignment]
-    for engine_state, ours in cfg.states.items():
-        if ours not in STATES:
-            raise ConfigError(f"backend.shell.states.{engine_state}: {ours!r} is not one of "
-                              f"{', '.join(STATES)}")
-    for key in ("id_regex", "id_list_regex", "status_regex", "status_all_regex",
-                "missing_regex", "fallback_unavailable_regex"):
-        pattern = getattr(cfg, key)
-        if pattern:
-            try:
-                re.compile(pattern.replace("{id}", "0").replace("{name}", "x"))
-            except re.error as exc:
-                raise ConfigError(f"backend.shell.{key}: not a valid regex: {exc}") from None
-    if not cfg.id_regex and not cfg.id_command:
-        raise ConfigError("backend.shell: give id_regex (id from submit's output) or id_command")
-    return cfg
+    """The `[backend.shell]` table, validated (errors name the key)."""
+    try:
+        return section(ShellConfig, raw, "backend.shell")
+    except SectionError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 class _CallFailed(Exception):
@@ -140,11 +161,15 @@ class _CallFailed(Exception):
         self.output = output
 
 
+@register_backend("shell", settings=ShellConfig,
+                  summary="command templates: Slurm, VESSL, SkyPilot or your own queue")
 class ShellBackend(Backend):
     name = "shell"
 
-    def __init__(self, state_dir: Path, backend_config=None) -> None:
-        self.cfg = load_shell_config(getattr(backend_config, "shell", None) or {})
+    def __init__(self, state_dir: Path, settings: ShellConfig,
+                 backend: BackendSection | None = None) -> None:
+        del backend  # everything the engine's CLI needs is in [backend.shell]
+        self.cfg = settings
         self.store = RecordStore(state_dir / "shell")
         self.stage_root = Path(self.cfg.stage_dir).expanduser()
         self.remote_root = self.cfg.remote_stage_dir or str(self.stage_root)
@@ -175,8 +200,9 @@ class ShellBackend(Backend):
                               "(add it under [backend.shell.vars])") from None
 
     def _run(self, key: str, values: dict, *, missing_ok: bool = False) -> tuple[bool, str]:
-        """Run one template with timeout and retries. (True, out) or (False, out): missing."""
-        command = self._render(getattr(self.cfg, key), values, key)
+        """Run one template, once, with its timeout. (True, out), or (False, out) when the
+        engine says there is no such job; a failure raises BackendError."""
+        command = self._render(self.cfg.template(key), values, key)
         missing = self.cfg.missing_regex
 
         def once() -> tuple[bool, str]:
@@ -193,9 +219,8 @@ class ShellBackend(Backend):
                 return False, out
             raise _CallFailed(f"exit code {proc.returncode}: {out.strip()[-300:]}", out)
 
-        return with_retries(once, f"{key} `{command[:120]}`", attempts=self.cfg.call_attempts,
-                            backoff_s=self.cfg.backoff, transient=(_CallFailed,),
-                            note=self.store.note)
+        return engine_call(once, f"{key} `{command[:120]}`", transient=(_CallFailed,),
+                           note=self.store.note)
 
     def _find_id(self, name: str) -> str | None:
         if not self.cfg.id_command:
@@ -243,20 +268,9 @@ class ShellBackend(Backend):
             self._run("stage", values)
 
     def _place(self, record: JobRecord, name: str, command: str) -> None:
-        """Submit once; on a failed call, look for the job by name before submitting again."""
-        values = self._values(name, command=command)
-        for attempt in range(self.cfg.call_attempts):
-            try:
-                _, out = self._run("submit", values)
-                break
-            except BackendError:
-                if attempt + 1 == self.cfg.call_attempts:
-                    raise
-                found = self._find_id(name)
-                if found:
-                    record.engine_id = found
-                    self.store.put(record)
-                    return
+        """Submit once. A failed call raises; the study calls `submit` again, which looks
+        the job up by name (the record is written ahead) before submitting again."""
+        _, out = self._run("submit", self._values(name, command=command))
         if self.cfg.id_regex:
             match = re.search(self.cfg.id_regex.replace("{name}", re.escape(name)), out,
                               re.MULTILINE)
