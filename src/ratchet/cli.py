@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import signal
 import sys
-import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console, Group
@@ -16,9 +15,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ratchet import __version__, backends, gitrepo, views
-from ratchet.config import Config, ConfigError, load_config
+from ratchet.config import Config, load_config
+from ratchet.errors import UserError
 from ratchet.ledger import Candidate
-from ratchet.study import Progress, Study, StudyError
+from ratchet.study import Progress, Study
 from ratchet.vocab import Kind, Status
 
 # Every string we print is literal text: help, errors, descriptions and reasons often
@@ -39,7 +39,7 @@ err = Console(stderr=True, markup=False, emoji=False, highlight=False, soft_wrap
 RepoOption = Annotated[Path, typer.Option("--repo", "-C", help="research repository")]
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     err.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
     raise typer.Exit(code)
 
@@ -60,23 +60,22 @@ def _main(
 
 
 def open_study(repo: Path, **kwargs) -> Study:
+    """The study of REPO; use it as `with open_study(repo) as study:` (closed on the way
+    out, however the command ends). A user error propagates to `main`: one line."""
     repo = repo.resolve()
     if not repo.is_dir():
-        fail(f"{repo}: no such directory")
-    try:
-        top = gitrepo.work_tree(repo)
-        if top is None:
-            fail(f"{repo}: not a git repository (run `git init` and commit your files first)")
-        on_disk = load_config(top)  # the file as it is: a broken one stops us, even uncommitted
-        config, source = _study_config(top, on_disk)
-        log = kwargs.setdefault("log", lambda m: err.print(m))
-        if source and config != on_disk:
-            log(f"warning: ratchet.toml has changes that are not in the study's config; "
-                f"they are ignored: the study reads ratchet.toml as {source}")
-        return Study(top, config, **kwargs)
-    except (ConfigError, StudyError, gitrepo.GitError) as exc:
-        fail(str(exc))
-    raise AssertionError
+        raise UserError(f"{repo}: no such directory (check --repo / -C)")
+    top = gitrepo.work_tree(repo)
+    if top is None:
+        raise UserError(f"{repo}: not a git repository (run `git init` and commit your "
+                        "files first)")
+    on_disk = load_config(top)  # the file as it is: a broken one stops us, even uncommitted
+    config, source = _study_config(top, on_disk)
+    log = kwargs.setdefault("log", lambda m: err.print(m))
+    if source and config != on_disk:
+        log(f"warning: ratchet.toml has changes that are not in the study's config; "
+            f"they are ignored: the study reads ratchet.toml as {source}")
+    return Study(top, config, **kwargs)
 
 
 def _study_config(top: Path, on_disk: Config) -> tuple[Config, str | None]:
@@ -101,21 +100,6 @@ def _study_config(top: Path, on_disk: Config) -> tuple[Config, str | None]:
     return loads_config(raw, f"{CONFIG_FILE} in HEAD {head[:7]}"), f"committed in HEAD {head[:7]}"
 
 
-def _user_errors() -> tuple[type[Exception], ...]:
-    from ratchet.prep import PrepError
-    from ratchet.proposers import ProposerError
-
-    return (ConfigError, StudyError, gitrepo.GitError, ProposerError, PrepError)
-
-
-def _guard(fn):
-    """Turn the errors a user can fix into one line and a non-zero exit."""
-    try:
-        return fn()
-    except _user_errors() as exc:
-        fail(str(exc))
-
-
 # ---------------------------------------------------------------------------------------
 
 
@@ -136,7 +120,7 @@ def init(
         written = write_template(template, dest, force=force)
         if existing is None:
             init_repository(dest)
-    except (ValueError, FileExistsError, gitrepo.GitError) as exc:
+    except (ValueError, FileExistsError) as exc:
         fail(str(exc))
     for path in written:
         console.print(f"wrote {path}")
@@ -154,12 +138,12 @@ def prep(
     force: Annotated[bool, typer.Option("--force", help="prepare again even if cached")] = False,
 ) -> None:
     """Run [prep] run once into the shared read-only cache ($RATCHET_DATA)."""
-    study = open_study(repo)
-    if study.config.prep is None:
-        fail("ratchet.toml has no [prep] section (add `[prep] run = \"python prepare.py\"`)")
-    data = _guard(lambda: study.prepare(force=force))
+    with open_study(repo) as study:
+        if study.config.prep is None:
+            fail("ratchet.toml has no [prep] section "
+                 "(add `[prep] run = \"python prepare.py\"`)")
+        data = study.prepare(force=force)
     console.print(f"data ready at {data} (exposed to jobs as $RATCHET_DATA)")
-    study.close()
 
 
 class RunView:
@@ -250,24 +234,26 @@ def run(
     study = open_study(repo, backend=backend, proposer=proposer, parallel=parallel,
                        progress=view.update, log=view.note)
     view.attach(study, rounds)
+    stopped_by: list[int] = []  # the signals that stopped the study
 
-    def on_sigint(signum, frame) -> None:  # noqa: ARG001
+    def on_signal(signum, frame) -> None:  # noqa: ARG001
+        stopped_by.append(signum)
         study.stop.request()
         if study.stop.hard:
             view.note("stopping: cancelling running jobs…")
         else:
             view.note("stopping after the running jobs are judged (Ctrl-C again to cancel them)")
 
-    signal.signal(signal.SIGINT, on_sigint)
-    signal.signal(signal.SIGTERM, on_sigint)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
     problem: str | None = None
-    try:
+    with study:
         if console.is_terminal:
             with Live(console=console, refresh_per_second=4, transient=True) as live_view:
                 view.live = live_view
                 try:
                     study.run(rounds=rounds)
-                except _user_errors() as exc:
+                except UserError as exc:
                     problem = str(exc)  # printed once the live area is gone, so it stays
                 finally:
                     view.print_judged()  # the last round stays on screen
@@ -275,18 +261,19 @@ def run(
         else:
             try:
                 study.run(rounds=rounds)
-            except _user_errors() as exc:
+            except UserError as exc:
                 problem = str(exc)
             finally:
                 view.print_judged()
-    finally:
-        study.close()
     if problem is not None:
         fail(problem)
     _print_summary(study)
     _write_progress(study)
-    if study.stop.soft:
+    if stopped_by:
         err.print("stopped; run `ratchet run` again to resume")
+        # the shell's convention for a command ended by a signal (130 after Ctrl-C), so a
+        # script that runs `ratchet run && next-step` does not carry on after a stop
+        raise typer.Exit(128 + stopped_by[0])
 
 
 def _print_summary(study: Study) -> None:
@@ -320,8 +307,8 @@ def submit(
     repo: RepoOption = Path("."),
 ) -> None:
     """Evaluate REV as a candidate; print its id and return at once."""
-    study = open_study(repo)
-    made = _guard(lambda: study.submit_rev(rev, message, base))
+    with open_study(repo) as study:
+        made = study.submit_rev(rev, message, base)
     only_baseline = not any(cand.kind == Kind.CANDIDATE for cand in made)  # REV is the start
     for cand in made:
         if cand.kind == Kind.CANDIDATE or only_baseline:
@@ -330,7 +317,6 @@ def submit(
             console.print(cand.id)
         else:
             err.print(f"{cand.id}: {cand.description} submitted too", highlight=False)
-    study.close()
 
 
 def _as_json(cand: Candidate, metric: str) -> dict:
@@ -370,21 +356,20 @@ def wait(
     repo: RepoOption = Path("."),
 ) -> None:
     """Wait for candidates, judge them like the loop does, promote the best improving one."""
-    study = open_study(repo)
-    study.lock.acquire = lambda: None  # waiting shares the study with a running loop
-    results = _guard(lambda: study.wait_ids(ids))
-    metric = study.config.metric.name
-    for cand in results:
-        if as_json:
-            print(json.dumps(_as_json(cand, metric)))
-        else:
-            value = "—" if cand.metric is None else f"{cand.metric:.6g}"
-            console.print(f"{cand.id} {cand.short} {cand.status:8} {metric}={value} "
-                          f"{cand.description}  {cand.reasons or ''}", highlight=False)
-    incumbent = study.ledger.get("incumbent")
-    if not as_json:
-        console.print(f"incumbent: {str(incumbent)[:7]} (branch ratchet/{study.name})")
-    study.close()
+    with open_study(repo) as study:
+        study.lock.acquire = lambda: None  # waiting shares the study with a running loop
+        results = study.wait_ids(ids)
+        metric = study.config.metric.name
+        for cand in results:
+            if as_json:
+                print(json.dumps(_as_json(cand, metric)))
+            else:
+                value = "—" if cand.metric is None else f"{cand.metric:.6g}"
+                console.print(f"{cand.id} {cand.short} {cand.status:8} {metric}={value} "
+                              f"{cand.description}  {cand.reasons or ''}", highlight=False)
+        incumbent = study.ledger.get("incumbent")
+        if not as_json:
+            console.print(f"incumbent: {str(incumbent)[:7]} (branch ratchet/{study.name})")
 
 
 @app.command()
@@ -395,75 +380,75 @@ def status(
     repo: RepoOption = Path("."),
 ) -> None:
     """The study at a glance: incumbent, counts, running jobs, costs, sandbox."""
-    study = open_study(repo)
-    ledger = study.ledger
-    cands = ledger.candidates()
-    metric = study.config.metric.name
-    counts: dict[str, int] = {}
-    for cand in cands:
-        counts[cand.status] = counts.get(cand.status, 0) + 1
-    run_s = sum(c.run_s or 0 for c in cands)
-    created = ledger.get("created")
-    wall = (max((c.finished_at or 0) for c in cands) - created) if cands and created else 0.0
-    hypotheses = sum(1 for c in cands if c.kind == Kind.CANDIDATE and c.is_judged)
-    from ratchet.ledger import throughput  # duty cycle and the limit, from the ledger
+    with open_study(repo) as study:
+        ledger = study.ledger
+        cands = ledger.candidates()
+        metric = study.config.metric.name
+        counts: dict[str, int] = {}
+        for cand in cands:
+            counts[cand.status] = counts.get(cand.status, 0) + 1
+        run_s = sum(c.run_s or 0 for c in cands)
+        created = ledger.get("created")
+        wall = (max((c.finished_at or 0) for c in cands) - created) if cands and created else 0.0
+        hypotheses = sum(1 for c in cands if c.kind == Kind.CANDIDATE and c.is_judged)
+        from ratchet.ledger import throughput  # duty cycle and the limit, from the ledger
 
-    busy = throughput(cands, study.busy_slots)
-    summary = {
-        "study": study.name,
-        "started": study.started,
-        "round": views.rounds_done(ledger.get("round"), cands),  # run so far, not the next
-        "incumbent": ledger.get("incumbent"),
-        "incumbent_id": ledger.get("incumbent_id"),
-        "metric": metric,
-        "goal": study.config.metric.goal,
-        "incumbent_metric": ledger.get("incumbent_metric"),
-        "counts": counts,
-        "running": [c.id for c in cands if c.status == Status.SUBMITTED],
-        "job_hours": round(run_s / 3600, 4),
-        "cost_usd": round(views.total_cost(cands), 4),
-        "wall_hours": round(max(wall, 0) / 3600, 4),
-        "hypotheses_per_hour": round(hypotheses / (wall / 3600), 2) if wall > 0 else None,
-        "duty_cycle": busy.duty,  # job time / (slots x wall time of the jobs)
-        "limit_per_hour": busy.limit_per_hour,  # slots x 3600 / mean run time
-        "sandbox": study.sandbox_status(),
-        "backend": study.backend_kind,
-    }
-    if as_json:
-        print(json.dumps(summary))
-        study.close()
-        return
-    if not study.started:
-        console.print(f"study {study.name}: not started (run `ratchet run`)")
-        study.close()
-        return
-    rows = [(cand.id, str(cand.round), cand.short, cand.status, views.fmt(cand.metric)
-             if cand.metric is not None else "", cand.description or "")
-            for cand in cands[-30:]]
-    table = Table(show_edge=False)
-    # the short columns keep their width; the description takes the rest on one line
-    for i, col in enumerate(("id", "round", "commit", "status", metric)):
-        table.add_column(col, no_wrap=True,
-                         min_width=max(len(col), *(len(row[i]) for row in rows)))
-    table.add_column("description", no_wrap=True, overflow="ellipsis", ratio=1)
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
-    best = summary["incumbent_metric"]
-    console.print(
-        f"study {study.name} round {summary['round']}: incumbent "
-        f"{str(summary['incumbent'])[:7]} {metric}={'—' if best is None else f'{best:.6g}'}; "
-        + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
-        highlight=False,
-    )
-    console.print(f"job time {summary['job_hours']:.3f} h, cost ${summary['cost_usd']:.2f}, "
-                  f"wall {summary['wall_hours']:.3f} h; sandbox: {summary['sandbox']}",
-                  highlight=False)
-    if busy.duty is not None:
-        console.print(f"slots {busy.slots}: duty {busy.duty:.0%}, mean run "
-                      f"{busy.mean_run_s:.1f} s, limit {busy.limit_per_hour:.0f}/h, "
-                      f"achieved {busy.per_hour:.0f}/h", highlight=False)
-    study.close()
+        busy = throughput(cands, study.busy_slots)
+        summary = {
+            "study": study.name,
+            "started": study.started,
+            "round": views.rounds_done(ledger.get("round"), cands),  # run so far, not the next
+            "incumbent": ledger.get("incumbent"),
+            "incumbent_id": ledger.get("incumbent_id"),
+            "metric": metric,
+            "goal": study.config.metric.goal,
+            "incumbent_metric": ledger.get("incumbent_metric"),
+            "counts": counts,
+            "running": [c.id for c in cands if c.status == Status.SUBMITTED],
+            "job_hours": round(run_s / 3600, 4),
+            "cost_usd": round(views.total_cost(cands), 4),
+            "wall_hours": round(max(wall, 0) / 3600, 4),
+            "hypotheses_per_hour": round(hypotheses / (wall / 3600), 2) if wall > 0 else None,
+            "duty_cycle": busy.duty,  # job time / (slots x wall time of the jobs)
+            "limit_per_hour": busy.limit_per_hour,  # slots x 3600 / mean run time
+            "sandbox": study.sandbox_status(),
+            "backend": study.backend_kind,
+        }
+        if as_json:
+            print(json.dumps(summary))
+            return
+        if not study.started:
+            console.print(f"study {study.name}: not started (run `ratchet run`)")
+            return
+        rows = [(cand.id, str(cand.round), cand.short, cand.status, views.fmt(cand.metric)
+                 if cand.metric is not None else "", cand.description or "")
+                for cand in cands[-30:]]
+        if rows:
+            table = Table(show_edge=False)
+            # the short columns keep their width; the description takes the rest on one line
+            for i, col in enumerate(("id", "round", "commit", "status", metric)):
+                table.add_column(col, no_wrap=True,
+                                 min_width=max([len(col), *(len(row[i]) for row in rows)]))
+            table.add_column("description", no_wrap=True, overflow="ellipsis", ratio=1)
+            for row in rows:
+                table.add_row(*row)
+            console.print(table)
+        else:
+            console.print("no candidates yet (`ratchet run` proposes them)")
+        best = summary["incumbent_metric"]
+        console.print(
+            f"study {study.name} round {summary['round']}: incumbent "
+            f"{str(summary['incumbent'])[:7]} {metric}={'—' if best is None else f'{best:.6g}'}; "
+            + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+            highlight=False,
+        )
+        console.print(f"job time {summary['job_hours']:.3f} h, cost ${summary['cost_usd']:.2f}, "
+                      f"wall {summary['wall_hours']:.3f} h; sandbox: {summary['sandbox']}",
+                      highlight=False)
+        if busy.duty is not None:
+            console.print(f"slots {busy.slots}: duty {busy.duty:.0%}, mean run "
+                          f"{busy.mean_run_s:.1f} s, limit {busy.limit_per_hour:.0f}/h, "
+                          f"achieved {busy.per_hour:.0f}/h", highlight=False)
 
 
 @app.command()
@@ -472,15 +457,14 @@ def logs(
     repo: RepoOption = Path("."),
 ) -> None:
     """Print a candidate's job logs (each phase, capped)."""
-    study = open_study(repo)
-    cand = study.ledger.find(candidate)
-    if cand is None:
-        fail(f"no candidate {candidate!r} in this study")
-    if not cand.job_id:
-        fail(f"{cand.id} never ran ({cand.status}: {cand.reasons or 'no job'})")
-    text = study.backend.logs(cand.job_id)
-    sys.stdout.write(text + ("\n" if text and not text.endswith("\n") else ""))
-    study.close()
+    with open_study(repo) as study:
+        cand = study.ledger.find(candidate)
+        if cand is None:
+            fail(f"no candidate {candidate!r} in this study")
+        if not cand.job_id:
+            fail(f"{cand.id} never ran ({cand.status}: {cand.reasons or 'no job'})")
+        text = study.backend.logs(cand.job_id)
+        sys.stdout.write(text + ("\n" if text and not text.endswith("\n") else ""))
 
 
 @app.command()
@@ -489,10 +473,9 @@ def cancel(
     repo: RepoOption = Path("."),
 ) -> None:
     """Cancel a candidate's job; it is recorded as cancelled."""
-    study = open_study(repo)
-    cand = _guard(lambda: study.cancel(candidate))
-    console.print(f"{cand.id} cancelled")
-    study.close()
+    with open_study(repo) as study:
+        cand = study.cancel(candidate)
+        console.print(f"{cand.id} cancelled")
 
 
 @app.command()
@@ -501,24 +484,40 @@ def show(
     repo: RepoOption = Path("."),
 ) -> None:
     """The audit trail of one candidate: diff, phases, verdict and its reasons."""
-    study = open_study(repo)
-    cand = study.ledger.find(candidate)
-    if cand is None:
-        fail(f"no candidate {candidate!r} in this study")
-    if Kind(cand.kind).is_reference and cand.commit_sha:
-        parent = gitrepo.try_rev_parse(study.repo, f"{cand.commit_sha}^")
-    else:
-        parent = cand.parent
-    for line in views.show_lines(cand, study.config.metric.name, parent):
-        console.print(line)
-    for line in _measurement_lines(cand.result or {}):
-        console.print(line, highlight=False, markup=False)
-    if cand.context_path:
-        console.print(f"context the proposer saw: {cand.context_path}")
-    if cand.commit_sha and cand.parent and cand.commit_sha != cand.parent:
-        diff = gitrepo.diff_text(study.repo, cand.parent, cand.commit_sha)
-        console.print(diff, highlight=False, markup=False)
-    study.close()
+    with open_study(repo) as study:
+        cand = _the_row_of(study, candidate)
+        if Kind(cand.kind).is_reference and cand.commit_sha:
+            parent = gitrepo.try_rev_parse(study.repo, f"{cand.commit_sha}^")
+        else:
+            parent = cand.parent
+        for line in views.show_lines(cand, study.config.metric.name, parent):
+            console.print(line)
+        for line in _measurement_lines(cand.result or {}):
+            console.print(line, highlight=False, markup=False)
+        if cand.context_path:
+            console.print(f"context the proposer saw: {cand.context_path}")
+        if cand.commit_sha and cand.parent and cand.commit_sha != cand.parent:
+            diff = gitrepo.diff_text(study.repo, cand.parent, cand.commit_sha)
+            console.print(diff, highlight=False, markup=False)
+
+
+def _the_row_of(study: Study, ref: str) -> Candidate:
+    """The candidate a user means by REF. A commit is measured again after it is kept
+    (co-runs, confirmations: rows of their own with the same commit), so a commit names
+    the change that made it, not its latest re-measure: a candidate first, else the
+    baseline, else the row the ledger finds."""
+    found = study.ledger.find(ref)
+    if found is None:
+        fail(f"no candidate {ref!r} in this study (ids, job ids and commits are in "
+             "`ratchet log`)")
+    if found.id == ref or not found.commit_sha:
+        return found
+    same = [c for c in study.ledger.candidates() if c.commit_sha == found.commit_sha]
+    for kind in (Kind.CANDIDATE, Kind.BASELINE):
+        first = next((c for c in same if c.kind == kind), None)
+        if first is not None:
+            return first
+    return found
 
 
 @app.command()
@@ -527,10 +526,11 @@ def idea(
     repo: RepoOption = Path("."),
 ) -> None:
     """Queue an idea: the next candidates take pending ideas first, one each."""
-    study = open_study(repo)
-    added = study.ledger.add_idea(text)
-    console.print("queued" if added else "already queued")
-    study.close()
+    if not text.strip():
+        fail("an idea needs some text, e.g. ratchet idea \"unroll the inner loop\"")
+    with open_study(repo) as study:
+        added = study.ledger.add_idea(text)
+        console.print("queued" if added else "already queued")
 
 
 @app.command()
@@ -538,11 +538,10 @@ def report(repo: RepoOption = Path(".")) -> None:
     """Write the HTML report under .ratchet/report/."""
     from ratchet.report import write_report
 
-    study = open_study(repo)
-    path = write_report(study)
-    console.print(f"wrote {path}")
-    _write_progress(study)
-    study.close()
+    with open_study(repo) as study:
+        path = write_report(study)
+        console.print(f"wrote {path}")
+        _write_progress(study)
 
 
 # -- hand-off: progress.png, log, diff, export (logic in progress / history / export) ------
@@ -574,14 +573,13 @@ def log_(
     """One line per candidate, like git log --oneline: id, commit, status, metric, gain, description."""
     from ratchet.history import HistoryError, log_line, select
 
-    study = open_study(repo)
-    try:
-        cands = select(study.ledger.candidates(), kept=kept, status=status, round=round_)
-    except HistoryError as exc:
-        fail(str(exc))
-    metric = study.config.metric.name
-    sys.stdout.write("".join(log_line(c, metric) + "\n" for c in cands))
-    study.close()
+    with open_study(repo) as study:
+        try:
+            cands = select(study.ledger.candidates(), kept=kept, status=status, round=round_)
+        except HistoryError as exc:
+            fail(str(exc))
+        metric = study.config.metric.name
+        sys.stdout.write("".join(log_line(c, metric) + "\n" for c in cands))
 
 
 @app.command("diff")
@@ -593,16 +591,15 @@ def diff_(
     """The diff from A to B: two candidates, or a candidate and the incumbent or baseline."""
     from ratchet.history import HistoryError, diff
 
-    study = open_study(repo)
-    try:
-        rev_a, rev_b, text = diff(study.repo, study.ledger, a, b)
-    except HistoryError as exc:
-        fail(str(exc))
-    err.print(f"diff {rev_a.label} {rev_a.commit[:7]} -> {rev_b.label} {rev_b.commit[:7]}"
-              + ("" if text else ": no difference"))
-    if text:
-        sys.stdout.write(text + "\n")
-    study.close()
+    with open_study(repo) as study:
+        try:
+            rev_a, rev_b, text = diff(study.repo, study.ledger, a, b)
+        except HistoryError as exc:
+            fail(str(exc))
+        err.print(f"diff {rev_a.label} {rev_a.commit[:7]} -> {rev_b.label} {rev_b.commit[:7]}"
+                  + ("" if text else ": no difference"))
+        if text:
+            sys.stdout.write(text + "\n")
 
 
 @app.command("export")
@@ -615,19 +612,18 @@ def export_(
     """Create branch NAME from the study start: one commit per kept step (HEAD untouched)."""
     from ratchet.export import ExportError, StudyView, export
 
-    study = open_study(repo)
-    view = StudyView(study.repo, study.ledger, study.name, study.config.metric.name,
-                     study.config.metric.goal)
-    try:
-        done = export(view, name, squash=squash, force=force)
-    except ExportError as exc:
-        fail(str(exc))
-    steps = f"{len(done.steps)} kept step{'s' * (len(done.steps) != 1)}"
-    how = "squashed into 1 commit" if squash else f"{len(done.commits)} commit(s)"
-    console.print(f"branch {name} at {done.tip[:7]}: {steps}, {how}, on the study start "
-                  f"{str(study.ledger.get('pinned'))[:7]}; its tree is the incumbent's"
-                  + (f" (replaced {done.replaced[:7]})" if done.replaced else ""), soft_wrap=True)
-    study.close()
+    with open_study(repo) as study:
+        view = StudyView(study.repo, study.ledger, study.name, study.config.metric.name,
+                         study.config.metric.goal)
+        try:
+            done = export(view, name, squash=squash, force=force)
+        except ExportError as exc:
+            fail(str(exc))
+        steps = f"{len(done.steps)} kept step{'s' * (len(done.steps) != 1)}"
+        how = "squashed into 1 commit" if squash else f"{len(done.commits)} commit(s)"
+        console.print(f"branch {name} at {done.tip[:7]}: {steps}, {how}, on the study start "
+                      f"{str(study.ledger.get('pinned'))[:7]}; its tree is the incumbent's"
+                      + (f" (replaced {done.replaced[:7]})" if done.replaced else ""), soft_wrap=True)
 
 
 def _whole_summaries() -> None:
@@ -642,10 +638,14 @@ def _whole_summaries() -> None:
 _whole_summaries()  # keep this after the last command
 
 
-def main() -> None:  # pragma: no cover
-    app()
+def main() -> None:
+    """The `ratchet` command: a user error, from any command, is one line and exit 2."""
+    try:
+        app()
+    except UserError as exc:
+        err.print(Text.assemble(("error:", "bold red"), " ", str(exc)), soft_wrap=True)
+        sys.exit(2)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    started = time.time()
-    app()
+if __name__ == "__main__":
+    main()

@@ -26,11 +26,13 @@ from pydantic import (
     model_validator,
 )
 
+from ratchet.errors import UserError
+
 CONFIG_FILE = "ratchet.toml"
 M = TypeVar("M", bound=BaseModel)
 
 
-class ConfigError(Exception):
+class ConfigError(UserError):
     """A problem with ratchet.toml, phrased for the user (one line, names the key)."""
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ratchet import gitrepo
 from ratchet.candidate import study_branch
+from ratchet.errors import UserError
 from ratchet.fingerprint import fingerprint_key
 from ratchet.history import Step, format_change, kept_steps
 from ratchet.ledger import Ledger
@@ -29,7 +30,7 @@ RATCHET_IDENT = {"GIT_COMMITTER_NAME": "ratchet", "GIT_COMMITTER_EMAIL": "ratche
 SUBJECT_LIMIT = 72
 
 
-class ExportError(Exception):
+class ExportError(UserError):
     """Why the branch was not written (phrased for the user)."""
 
 

@@ -16,6 +16,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from ratchet.errors import UserError
+
 # A full commit id names the same files forever, so what `show` and `ls-tree` read at
 # one is kept (in this process only) instead of asking git again: a round of proposals
 # reads the same knob file once, not once per proposal.
@@ -24,7 +26,7 @@ SHOW_CACHE_ENTRIES = 256
 SHOW_CACHE_BYTES = 1 << 20  # larger files are read again when asked for
 
 
-class GitError(Exception):
+class GitError(UserError):
     pass
 
 

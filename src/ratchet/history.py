@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ratchet import gitrepo
+from ratchet.errors import UserError
 from ratchet.ledger import OPEN, VERDICTS, Candidate, Ledger
 
 STATUSES = (*OPEN, *VERDICTS)
@@ -19,7 +20,7 @@ STATUSES = (*OPEN, *VERDICTS)
 INCUMBENT, BASELINE = "incumbent", "baseline"
 
 
-class HistoryError(Exception):
+class HistoryError(UserError):
     """A request about the study's history that cannot be answered (phrased for the user)."""
 
 

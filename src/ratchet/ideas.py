@@ -15,13 +15,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ratchet.errors import UserError
 from ratchet.ledger import Ledger
 
 IDEAS_FILE = "ideas.md"
 _BULLET = re.compile(r"^[-*+]\s+(?:\[[ xX]\]\s+)?(.*\S)\s*$")
 
 
-class IdeasError(Exception):
+class IdeasError(UserError):
     """ideas.md exists but cannot be read (one line, names the file)."""
 
 

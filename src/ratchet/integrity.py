@@ -16,11 +16,12 @@ from pathlib import Path
 
 from ratchet import gitrepo
 from ratchet.config import CONFIG_FILE, Config, matches_any
+from ratchet.errors import UserError
 from ratchet.jobspec import PinnedFile
 from ratchet.ledger import Ledger
 
 
-class IntegrityError(Exception):
+class IntegrityError(UserError):
     """The state is inconsistent in a way ratchet must not repair on its own."""
 
 

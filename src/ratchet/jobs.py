@@ -20,6 +20,7 @@ from typing import TypeVar
 
 from ratchet.backends import Backend, JobState, make_backend
 from ratchet.config import Config
+from ratchet.errors import InfrastructureError
 from ratchet.faults import fault_point
 from ratchet.jobspec import COMPILE_CACHE_VARS, JobResult, JobSpec, PinnedFile
 from ratchet.ledger import Candidate, Ledger
@@ -40,7 +41,7 @@ BACKEND_BACKOFF_S = 0.5
 # compile caches (jobspec.COMPILE_CACHE_VARS) are shared by the jobs of one study under
 # .ratchet/cache/: the second candidate to compile the same kernel finds it built
 
-class BackendDown(Exception):
+class BackendDown(InfrastructureError):
     """A backend call failed BACKEND_TRIES times; everything is recorded for a resume."""
 
 

@@ -7,8 +7,10 @@ import os
 import time
 from pathlib import Path
 
+from ratchet.errors import UserError
 
-class StudyLocked(Exception):
+
+class StudyLocked(UserError):
     """Another driver holds the study (the Study front reports it as a StudyError)."""
 
 

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from ratchet import gitrepo
+from ratchet.errors import UserError
 from ratchet.jobspec import scrub_env
 from ratchet.procs import run_capped
 
@@ -33,7 +34,7 @@ DIGEST_VERSION = "v2:"  # v2: file and directory modes are part of the digest
 PRIVATE_COPY_LIMIT = 512 << 20  # bytes; larger data is shared (restored when poisoned)
 
 
-class DataError(Exception):
+class DataError(UserError):
     """The prepared data is modified and no intact copy is left to restore it from."""
 
 
@@ -143,7 +144,7 @@ def private_copy(data: Path, digest: str, target: Path) -> bool:
     return True
 
 
-class PrepError(Exception):
+class PrepError(UserError):
     pass
 
 

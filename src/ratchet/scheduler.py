@@ -42,6 +42,7 @@ from ratchet.candidate import (
     study_ref,
 )
 from ratchet.config import Config
+from ratchet.errors import UserError
 from ratchet.faults import fault_point
 from ratchet.integrity import Guard
 from ratchet.jobs import Jobs
@@ -52,7 +53,7 @@ from ratchet.proposers import ProposalContext, Proposer, make_proposer
 OPEN_STATES = ("committed", "submitted", "interrupted", "finished")
 
 
-class ScheduleError(Exception):
+class ScheduleError(UserError):
     """The study cannot go on (e.g. the baseline failed); one line naming the cause."""
 
 

@@ -24,34 +24,34 @@ from ratchet import gitrepo, sandbox
 from ratchet.backends import Backend
 from ratchet.candidate import Proposal, study_branch
 from ratchet.config import Config, load_config
-from ratchet.integrity import Guard, IntegrityError, check_commands, committed_config, pin_protected
-from ratchet.jobs import BackendDown, Jobs
+from ratchet.errors import UserError
+from ratchet.integrity import Guard, check_commands, committed_config, pin_protected
+from ratchet.jobs import Jobs
 from ratchet.jobspec import JobSpec
 from ratchet.ledger import Candidate, Ledger
-from ratchet.lock import StudyLock, StudyLocked
+from ratchet.lock import StudyLock
 from ratchet.proposers import Proposer
 from ratchet.proposers.knobs import KnobError, knob_values
-from ratchet.scheduler import Loop, Proposals, Rolling, Rounds, ScheduleError, StopFlag
+from ratchet.scheduler import Loop, Proposals, Rolling, Rounds, StopFlag
 from ratchet.views import write_results_tsv
 
 STATE_DIR = ".ratchet"
 __all__ = ["Progress", "StopFlag", "Study", "StudyError"]
 
 
-class StudyError(Exception):
+class StudyError(UserError):
     """A problem the user must fix; phrased as one line naming the cause."""
 
 
 @contextlib.contextmanager
 def _as_study_errors() -> Iterator[None]:
-    """The rooms raise their own errors; the front turns them into one-line StudyErrors."""
-    from ratchet.ideas import IdeasError
-    from ratchet.prep import PrepError
-
+    """The rooms raise their own user errors (errors.UserError); the Study API raises
+    them as one-line StudyErrors. No list: whatever a room marks as a user error."""
     try:
         yield
-    except (IntegrityError, ScheduleError, BackendDown, IdeasError, PrepError,
-            StudyLocked) as exc:
+    except StudyError:
+        raise
+    except UserError as exc:
         raise StudyError(str(exc)) from None
 
 
@@ -112,6 +112,12 @@ class Study:
     @property
     def proposer(self) -> Proposer:
         return self.proposals.proposer
+
+    def __enter__(self) -> Study:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         self.proposals.close()

@@ -20,11 +20,12 @@ import os
 import shutil
 from pathlib import Path
 
+from ratchet.errors import InfrastructureError
 from ratchet.jobspec import JobResult, JobSpec
 from ratchet.vocab import JobState  # pending | running | done | lost
 
 
-class BackendError(Exception):
+class BackendError(InfrastructureError):
     """An infrastructure problem talking to the engine (retried by the study)."""
 
 

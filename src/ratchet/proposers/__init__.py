@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ratchet.candidate import Proposal
 from ratchet.config import Config
+from ratchet.errors import UserError
 from ratchet.ledger import Candidate
 
 
@@ -50,7 +51,7 @@ class Proposer:
         whole history)."""
 
 
-class ProposerError(Exception):
+class ProposerError(UserError):
     """The proposer cannot produce candidates (bad config, service down after retries)."""
 
 

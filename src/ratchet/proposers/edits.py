@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass, field
 
 from ratchet.config import matches_any
+from ratchet.errors import RatchetError
 
 SEARCH, DIVIDER, REPLACE = "<<<<<<< SEARCH", "=======", ">>>>>>> REPLACE"
 FILE_START, FILE_END = "<<<<<<< FILE", ">>>>>>> FILE"
@@ -36,7 +37,7 @@ _FENCE = re.compile(r"^\s*(```|~~~)")
 _DESCRIPTION = re.compile(r"^\s*\**DESCRIPTION\**\s*:\s*\**\s*(.+?)\s*\**\s*$", re.IGNORECASE)
 
 
-class EditParseError(Exception):
+class EditParseError(RatchetError):
     """The reply is not a well-formed set of edits (one line, says where)."""
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from ratchet.errors import RatchetError
 
-class KnobError(Exception):
+
+class KnobError(RatchetError):
     pass
 
 

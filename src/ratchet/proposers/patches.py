@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from ratchet import gitrepo
 from ratchet.candidate import Proposal
 from ratchet.config import Config
+from ratchet.errors import RatchetError
 from ratchet.ledger import Candidate
 from ratchet.proposers import ProposalContext, Proposer, ProposerError
 from ratchet.proposers.context import validate_section
@@ -125,7 +126,7 @@ class PatchesProposer(Proposer):
         return Proposal(description=description, commit=new)
 
 
-class PatchError(Exception):
+class PatchError(RatchetError):
     pass
 
 

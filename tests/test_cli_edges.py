@@ -1,0 +1,73 @@
+"""Rough edges a new user hit, each through the real CLI: one line and the right exit code,
+never a traceback (issue 22)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from helpers import git, ratchet, score_repo
+
+from ratchet.study import Study
+
+
+def _one_error_line(proc, *words: str) -> str:
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def test_status_of_a_started_study_with_no_candidates(tmp_path):
+    repo = score_repo(tmp_path / "r")
+    with Study(repo) as study:
+        study.ensure_started()  # pinned, nothing proposed yet
+    proc = ratchet(repo, "status")
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "no candidates yet" in proc.stdout
+    assert "study demo round 0" in proc.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
+def test_the_ray_backend_with_no_cluster_is_one_line_naming_the_key(tmp_path):
+    repo = score_repo(tmp_path / "r")
+    proc = ratchet(repo, "run", "--backend", "ray", timeout=120,
+                   env={"RAY_ADDRESS": "", "RAY_TMPDIR": str(tmp_path / "no-ray")})
+    _one_error_line(proc, "cannot connect", "[backend.ray] cluster")
+
+
+def test_an_unknown_backend_on_the_command_line_lists_the_known_ones(tmp_path):
+    repo = score_repo(tmp_path / "r")
+    proc = ratchet(repo, "run", "--backend", "rya")
+    _one_error_line(proc, "'rya'", "local | ray | shell")
+
+
+def test_an_empty_idea_is_refused_not_already_queued(tmp_path):
+    repo = score_repo(tmp_path / "r")
+    proc = ratchet(repo, "idea", "  ")
+    _one_error_line(proc, "an idea needs some text")
+    assert "already queued" not in proc.stdout
+
+
+def test_show_of_a_kept_commit_is_the_candidate_not_its_re_measure(tmp_path):
+    # co_run_incumbent: the kept commit is measured again in the next round (a row of
+    # its own with the same commit)
+    repo = score_repo(tmp_path / "r",
+                      search='[search]\nproposer = "tune"\nparallel = 2\nrounds = 3\n',
+                      knobs='[tune.knobs]\n"solution.py:X" = { choices = [3.0, 1.25] }\n'
+                            '[acceptance]\nco_run_incumbent = true\n')
+    ratchet(repo, "run", check=True)
+    with Study(repo) as study:
+        cands = study.ledger.candidates()
+    kept = [c for c in cands if c.status == "keep" and c.kind == "candidate"]
+    assert kept, [(c.id, c.kind, c.status) for c in cands]
+    sha = kept[0].commit_sha
+    assert any(c.commit_sha == sha and c.id != kept[0].id for c in cands), "no re-measure"
+    proc = ratchet(repo, "show", sha[:8])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].startswith(kept[0].id), proc.stdout
+    assert git(repo, "rev-parse", sha) == sha
