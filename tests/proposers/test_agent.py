@@ -148,11 +148,12 @@ def test_claude_preset_with_a_stand_in_cli(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     claude = bin_dir / "claude"
-    # `claude -p --permission-mode acceptEdits PROMPT`: check the flags, edit, summarise
+    # `claude -p --permission-mode acceptEdits --allowedTools=Bash PROMPT`: check the
+    # flags, edit, summarise (tests/agent_cli drives the real one)
     claude.write_text(f"""#!{sys.executable}
 import pathlib, sys
-assert sys.argv[1:4] == ["-p", "--permission-mode", "acceptEdits"], sys.argv
-assert "VALUE = 10" in sys.argv[4]
+assert sys.argv[1:5] == ["-p", "--permission-mode", "acceptEdits", "--allowedTools=Bash"], sys.argv
+assert "VALUE = 10" in sys.argv[5]
 path = pathlib.Path("solution.py")
 path.write_text(path.read_text().replace("VALUE = 10", "VALUE = 1"))
 print("Done.\\nDESCRIPTION: claude sets VALUE to 1")

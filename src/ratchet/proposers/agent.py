@@ -40,6 +40,7 @@ from ratchet.config import Config, Duration
 from ratchet.ledger import Candidate
 from ratchet.procs import CappedLog, kill_group, kill_tree
 from ratchet.proposers import ProposalContext, Proposer, ProposerError
+from ratchet.proposers.agent_clis import JUNK, PRESETS, failure_reason
 from ratchet.proposers.context import (
     build_context,
     context_settings,
@@ -50,20 +51,11 @@ from ratchet.proposers.context import (
     warm_context,
 )
 
-PRESETS: dict[str, list[str]] = {
-    # edits allowed without asking; the prompt goes in as the argument
-    "claude": ["claude", "-p", "--permission-mode", "acceptEdits", "{prompt}"],
-    "codex": ["codex", "exec", "--full-auto", "{prompt}"],
-    # aider must not commit or touch .gitignore itself: ratchet commits the worktree
-    "aider": ["aider", "--yes-always", "--no-auto-commits", "--no-gitignore",
-              "--message-file", "{prompt_file}", "{files}"],
-}
 PASS_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TMPDIR",
             "TZ", "SHELL")
 MAX_ARG_BYTES = 120_000  # Linux caps a single argv string at 128 KiB
 _DESCRIPTION = re.compile(r"^\s*\**DESCRIPTION\**\s*:\s*\**\s*(.+?)\s*\**\s*$",
                           re.IGNORECASE | re.MULTILINE)
-_JUNK = re.compile(r"(^|/)(__pycache__/|\.aider[^/]*$|\.pytest_cache/)|\.pyc$")
 
 AGENT_INSTRUCTIONS = """\
 ## Your job now
@@ -184,8 +176,8 @@ class AgentProposer(Proposer):
                               "tree was killed")
                 return base
             if code != 0:
-                tail = " | ".join(output.strip().splitlines()[-3:])[-300:]
-                base.error = f"agent exited with code {code}" + (f": {tail}" if tail else "")
+                why = failure_reason(output)  # the CLI's own error line, not its usage text
+                base.error = f"agent exited with code {code}" + (f": {why}" if why else "")
                 return base
             _remove_junk(worktree)
             gitrepo.commit_worktree(worktree, f"agent: {description}")
@@ -265,7 +257,7 @@ def _remove_junk(worktree: Path) -> None:
     """Caches and tool state an agent leaves behind are not part of its change."""
     out = gitrepo.git_bytes(worktree, "ls-files", "--others", "--exclude-standard", "-z")
     for path in out.decode("utf-8", "replace").split("\0"):
-        if path and _JUNK.search(path):
+        if path and JUNK.search(path):
             target = worktree / path
             with contextlib.suppress(OSError):
                 target.unlink()

@@ -1,0 +1,69 @@
+"""What the agent proposer knows about the real coding-agent CLIs.
+
+The presets' command lines (checked against Claude Code 2.1.197, Codex CLI 0.171.0 and
+aider 0.86.2, the versions scripts/install_agent_clis.sh pins and tests/agent_cli drives),
+the files those CLIs leave in the directory they work in, and how to find the line that
+explains a failed run in a CLI's output.
+
+Why each preset looks the way it does:
+- claude: `-p` runs one prompt unattended. `--permission-mode acceptEdits` lets it edit;
+  its Bash tool still asks ("This command requires approval"), and nobody can answer in
+  `-p`, so `--allowedTools=Bash` allows it: the agent sandbox, not Claude Code's
+  prompts, is what confines the agent. The `=` form matters: `--allowedTools` takes a
+  list, and with a space it swallows the prompt that follows. `bypassPermissions` /
+  `--dangerously-skip-permissions` are refused when running as root.
+- codex: `--full-auto` is gone from `codex exec` (0.171: "unexpected argument"); its
+  replacement is `--sandbox workspace-write` (exec never asks for approval).
+  `--skip-git-repo-check`: exec refuses a directory that is not a git repository, and
+  the agent's directory need not be one.
+- aider: it must not commit or edit .gitignore (ratchet takes the change), and must not
+  stop to ask or to look for updates.
+"""
+
+from __future__ import annotations
+
+import re
+
+PRESETS: dict[str, list[str]] = {
+    "claude": ["claude", "-p", "--permission-mode", "acceptEdits", "--allowedTools=Bash",
+               "{prompt}"],
+    "codex": ["codex", "exec", "--sandbox", "workspace-write", "--skip-git-repo-check",
+              "{prompt}"],
+    "aider": ["aider", "--yes-always", "--no-auto-commits", "--no-gitignore",
+              "--no-check-update", "--no-show-release-notes", "--analytics-disable",
+              "--no-show-model-warnings", "--no-pretty", "--no-fancy-input",
+              "--message-file", "{prompt_file}", "{files}"],
+}
+
+# Caches and tool state a CLI (or the checks it runs) leaves behind: never part of a
+# change. Directories count whole: aider's repo map lives in .aider.tags.cache.v4/.
+JUNK = re.compile(
+    r"(^|/)(__pycache__|\.pytest_cache|\.mypy_cache|\.ruff_cache|\.aider[^/]*|\.claude|\.codex)"
+    r"(/|$)|\.py[co]$")
+
+# A line that states a failure, as the CLIs word it ("error: unexpected argument ...",
+# "Error: ...", "API Error: 401 ...", "fatal: ...", a Python exception's last line).
+_ERROR_LINE = re.compile(r"^\s*(\[?(error|fatal|panic)\b|\w*(Error|Exception)\b[:\s]|api error\b)",
+                         re.IGNORECASE)
+_LOGGED_ERROR = re.compile(r"\bERROR\b")  # a log record's level, as Codex writes them
+# Where a CLI's usage text starts: what follows explains how to call it, not what failed.
+_USAGE = re.compile(r"^\s*(usage:|for more information, try)", re.IGNORECASE)
+REASON_CHARS = 300
+
+
+def failure_reason(output: str) -> str:
+    """The line of a failed run's output that says why it failed, else its last lines.
+
+    A CLI's own error line comes first; usage text printed after it (as a CLI does for a
+    wrong flag) is left out, so the reason names the flag rather than the `--help` hint.
+    """
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    body: list[str] = []
+    for line in lines:
+        if _USAGE.match(line):
+            break
+        body.append(line)
+    errors = [line for line in body if _ERROR_LINE.search(line) or _LOGGED_ERROR.search(line)]
+    if errors:
+        return errors[-1][-REASON_CHARS:]
+    return " | ".join((body or lines)[-3:])[-REASON_CHARS:]
