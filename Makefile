@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint bench tinygpt clean
+.PHONY: install demo test test-agents agent-clis lint bench tinygpt clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# The real coding-agent CLIs (Claude Code, Codex, aider), pinned, into .venv-agents/; the
+# tests in tests/agent_cli (marker agent_cli, part of `make test`) skip without them.
+agent-clis:
+	PYTHON=$(PYTHON) bash scripts/install_agent_clis.sh
+
+test-agents: $(STAMP) agent-clis
+	$(BIN)/python -m pytest -q -m agent_cli
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
 
@@ -34,4 +42,4 @@ tinygpt: $(STAMP)
 	bash scripts/run_example.sh tinygpt
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) .venv-agents build *.egg-info src/*.egg-info

@@ -19,6 +19,8 @@ DEST=${RATCHET_AGENTS_DIR:-.venv-agents}
 
 mkdir -p "$DEST/bin"
 DEST=$(cd "$DEST" && pwd)
+LOG="$DEST/install.log"  # the package managers' own output, for when an install fails
+: >"$LOG"
 failed=()
 
 have_version() {  # have_version BIN VERSION: the installed CLI reports VERSION
@@ -30,7 +32,7 @@ npm_cli() {  # npm_cli BIN PACKAGE VERSION
   if have_version "$bin" "$version"; then echo "$bin $version: already installed"; return; fi
   if ! command -v npm >/dev/null 2>&1; then failed+=("$bin (no npm)"); return; fi
   if timeout 600 npm install --prefix "$DEST/node" --no-audit --no-fund --loglevel=error \
-      "$package@$version" >/dev/null; then
+      "$package@$version" >>"$LOG" 2>&1; then
     ln -sf "$DEST/node/node_modules/.bin/$bin" "$DEST/bin/$bin"
     echo "$bin $version: installed"
   else
@@ -43,9 +45,9 @@ npm_cli codex @openai/codex "$CODEX_VERSION"
 
 if have_version aider "$AIDER_VERSION"; then
   echo "aider $AIDER_VERSION: already installed"
-elif "$PYTHON" -m venv "$DEST/aider" \
+elif "$PYTHON" -m venv "$DEST/aider" >>"$LOG" 2>&1 \
     && timeout 900 "$DEST/aider/bin/pip" install -q --disable-pip-version-check \
-        "aider-chat==$AIDER_VERSION"; then
+        "aider-chat==$AIDER_VERSION" >>"$LOG" 2>&1; then
   ln -sf "$DEST/aider/bin/aider" "$DEST/bin/aider"
   echo "aider $AIDER_VERSION: installed"
 else
@@ -53,6 +55,8 @@ else
 fi
 
 if [ ${#failed[@]} -gt 0 ]; then
-  echo "warning: not installed: ${failed[*]}; their tests in tests/agent_cli will skip" >&2
+  echo "warning: not installed: ${failed[*]}; their tests in tests/agent_cli will skip" \
+       "(package managers' output: $LOG)" >&2
+  tail -n 20 "$LOG" >&2
 fi
 exit 0

@@ -18,11 +18,13 @@ which offer no tools) get a short text answer. Every request is recorded.
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 
@@ -103,8 +105,11 @@ Script = Callable[[Turn], Step]
 
 
 class AgentServer:
-    def __init__(self, script: Script, side_reply: str = "ok") -> None:
+    def __init__(self, script: Script, side_reply: str = "ok",
+                 tls: tuple[Path, Path] | None = None) -> None:
+        """`tls`: (certificate chain, key) to serve HTTPS, as behind a re-signing proxy."""
         self.script = script
+        self.tls = tls
         self.side_reply = side_reply
         self.turns: list[Turn] = []
         self.unknown: list[str] = []  # paths no handler speaks, for a test's failure message
@@ -182,13 +187,17 @@ class AgentServer:
                 self.close_connection = True
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(str(tls[0]), str(tls[1]))
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     @property
     def main_turns(self) -> list[Turn]:

@@ -1,6 +1,9 @@
 """Claude Code, Codex and aider, as installed from their registry packages, through `ratchet run`.
 
-Each CLI talks to a scripted model on loopback in its own API (tests/agent_server.py):
+Each CLI talks to a scripted model on loopback in its own API (tests/agent_server.py),
+over HTTPS signed by a private CA that reaches the CLI only through the CA variable the
+test names in `[agent] env` (NODE_EXTRA_CA_CERTS, SSL_CERT_FILE), as behind a proxy
+that re-signs TLS:
 the script makes it read the editable file, edit it with its own edit tool or format,
 and (where the CLI runs commands) run the evaluator as the quick check the agent's
 instructions allow. The task is the quadratic one: score = (X - 1.25)^2, X = 3.0 at the
@@ -17,7 +20,7 @@ import time
 from pathlib import Path
 
 from agent_server import AgentServer, Call, Say, Turn
-from conftest import AGENTS_BIN, cli
+from conftest import AGENTS_BIN, LoopbackCA, cli
 from helpers import git, ratchet, results_tsv, score_repo
 
 from ratchet.ledger import Ledger
@@ -76,13 +79,14 @@ def claude_script(turn: Turn) -> Say | Call:
     return Say(f"The evaluator now prints: {done[-1].strip()}\n\nDESCRIPTION: {DESCRIPTION}")
 
 
-def test_claude_code_edit_is_kept(tmp_path):
+def test_claude_code_edit_is_kept(tmp_path, test_ca: LoopbackCA):
     cli("claude")
-    with AgentServer(claude_script) as server:
+    with AgentServer(claude_script, tls=(test_ca.cert, test_ca.key)) as server:
         repo = study_repo(tmp_path, '[agent]\npreset = "claude"\ntimeout = "180s"\n'
-                          'env = ["ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", '
+                          'env = ["ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "NODE_EXTRA_CA_CERTS", '
                           '"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"]\n')
         run = run_study(repo, {"ANTHROPIC_API_KEY": "sk-ant-test", "ANTHROPIC_BASE_URL": server.url,
+                               "NODE_EXTRA_CA_CERTS": str(test_ca.ca),
                                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}, "claude")
     main = server.main_turns
     assert main and all(t.body.get("stream") for t in main), "Claude Code streams its turns"
@@ -135,17 +139,18 @@ stream_max_retries = 0
     return home
 
 
-def test_codex_edit_is_kept(tmp_path):
+def test_codex_edit_is_kept(tmp_path, test_ca: LoopbackCA):
     cli("codex")
     # Codex will not create its helper binaries under the temporary directory, and the
     # test's CODEX_HOME lives there: give the agent a TMPDIR of its own, as a user's
     # machine would have one elsewhere.
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    with AgentServer(codex_script) as server:
+    with AgentServer(codex_script, tls=(test_ca.cert, test_ca.key)) as server:
         repo = study_repo(tmp_path, '[agent]\npreset = "codex"\ntimeout = "180s"\n'
-                          'env = ["OPENAI_API_KEY", "CODEX_HOME"]\n')
+                          'env = ["OPENAI_API_KEY", "CODEX_HOME", "SSL_CERT_FILE"]\n')
         run = run_study(repo, {"OPENAI_API_KEY": "sk-test", "TMPDIR": str(scratch),
+                               "SSL_CERT_FILE": str(test_ca.ca),
                                "CODEX_HOME": str(codex_home(tmp_path, server.url))}, "codex")
     main = server.main_turns
     assert main and all(t.api == "responses" and t.body.get("stream") for t in main)
@@ -170,13 +175,14 @@ def aider_script(turn: Turn) -> Say:
     return Say(f"Moving X to the vertex.\n\n{edit}\nDESCRIPTION: {DESCRIPTION}\n")
 
 
-def test_aider_edit_is_kept_without_its_cache(tmp_path):
+def test_aider_edit_is_kept_without_its_cache(tmp_path, test_ca: LoopbackCA):
     cli("aider")
-    with AgentServer(aider_script) as server:
+    with AgentServer(aider_script, tls=(test_ca.cert, test_ca.key)) as server:
         repo = study_repo(tmp_path, '[agent]\npreset = "aider"\ntimeout = "180s"\n'
                           'env = ["OPENAI_API_KEY", "OPENAI_API_BASE", "AIDER_MODEL", '
-                          '"LITELLM_LOCAL_MODEL_COST_MAP"]\n')
+                          '"SSL_CERT_FILE", "LITELLM_LOCAL_MODEL_COST_MAP"]\n')
         run = run_study(repo, {"OPENAI_API_KEY": "sk-test", "OPENAI_API_BASE": f"{server.url}/v1",
+                               "SSL_CERT_FILE": str(test_ca.ca),
                                "AIDER_MODEL": "openai/ratchet-test",
                                "LITELLM_LOCAL_MODEL_COST_MAP": "True"}, "aider")
     main = server.main_turns

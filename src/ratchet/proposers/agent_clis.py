@@ -43,7 +43,7 @@ JUNK = re.compile(
 
 # A line that states a failure, as the CLIs word it ("error: unexpected argument ...",
 # "Error: ...", "API Error: 401 ...", "fatal: ...", a Python exception's last line).
-_ERROR_LINE = re.compile(r"^\s*(\[?(error|fatal|panic)\b|\w*(Error|Exception)\b[:\s]|api error\b)",
+_ERROR_LINE = re.compile(r"^\s*(\[?(error|fatal|panic)\b|[\w.]*(Error|Exception)\b[:\s]|api error\b)",
                          re.IGNORECASE)
 _LOGGED_ERROR = re.compile(r"\bERROR\b")  # a log record's level, as Codex writes them
 # Where a CLI's usage text starts: what follows explains how to call it, not what failed.
