@@ -2,29 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-TESTS = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(TESTS))  # agent_server, helpers
-
-ROOT = TESTS.parent
-AGENTS_BIN = ROOT / ".venv-agents" / "bin"
-
-
-def cli(name: str) -> Path:
-    """The installed CLI, or a skip that says how to install it."""
-    for candidate in (AGENTS_BIN / name, shutil.which(name)):
-        if candidate and Path(candidate).exists():
-            return Path(candidate)
-    pytest.skip(f"{name} is not installed: run `make agent-clis` "
-                f"(scripts/install_agent_clis.sh puts it in .venv-agents/bin)")
+from agent_cli_kit import LoopbackCA, make_ca
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -33,38 +14,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.agent_cli)
 
 
-@dataclass(frozen=True)
-class LoopbackCA:
-    """A private CA and a certificate for 127.0.0.1 that it signed: the loopback model serves
-    HTTPS as a TLS-re-signing proxy would, and a CLI reaches it only through the CA bundle
-    variable the user names in `[agent] env`."""
-
-    ca: Path
-    cert: Path
-    key: Path
-
-
 @pytest.fixture(scope="session")
 def test_ca(tmp_path_factory: pytest.TempPathFactory) -> LoopbackCA:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("the openssl command is needed to make the test CA (apt-get install openssl)")
-    d = tmp_path_factory.mktemp("ca")
-    os.chmod(d, 0o755)  # the agent reads the CA bundle as its sandbox's uid
-
-    def run(*args: str) -> None:
-        subprocess.run([openssl, *args], cwd=d, check=True, capture_output=True, timeout=60)
-
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
-        "-days", "2", "-subj", "/CN=ratchet test CA",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
-        "-subj", "/CN=127.0.0.1")
-    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-                               "basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
-    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-        "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "ext.cnf")
-    for name in ("ca.pem", "server.pem"):
-        os.chmod(d / name, 0o644)
-    return LoopbackCA(d / "ca.pem", d / "server.pem", d / "server.key")
+    return make_ca(tmp_path_factory.mktemp("ca"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from conftest import AGENTS_BIN, cli
+from agent_cli_kit import AGENTS_BIN, cli
 from helpers import git, score_repo
 
 from ratchet.config import load_config

@@ -19,8 +19,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from agent_cli_kit import AGENTS_BIN, LoopbackCA, cli
 from agent_server import AgentServer, Call, Say, Turn
-from conftest import AGENTS_BIN, LoopbackCA, cli
 from helpers import git, ratchet, results_tsv, score_repo
 
 from ratchet.ledger import Ledger
