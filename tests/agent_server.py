@@ -18,6 +18,8 @@ which offer no tools) get a short text answer. Every request is recorded.
 from __future__ import annotations
 
 import json
+import select
+import socket
 import ssl
 import threading
 import time
@@ -366,3 +368,66 @@ class AgentServer:
 def _pieces(text: str, size: int = 40) -> list[str]:
     """A reply in several deltas, as a real stream arrives."""
     return [text[i:i + size] for i in range(0, len(text), size)] or [""]
+
+
+class ConnectProxy:
+    """An HTTP proxy on loopback that tunnels CONNECT to loopback addresses only, as a
+    corporate proxy would for HTTPS; it records each tunnel's target (`host:port`)."""
+
+    def __init__(self) -> None:
+        self.tunnels: list[str] = []
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_CONNECT(self) -> None:  # noqa: N802 (http.server's naming)
+                host, _, port = self.path.rpartition(":")
+                if host not in ("127.0.0.1", "localhost") or not port.isdigit():
+                    self.send_error(403, "this test proxy reaches loopback only")
+                    return
+                try:
+                    upstream = socket.create_connection(("127.0.0.1", int(port)), timeout=30)
+                except OSError:
+                    self.send_error(502)
+                    return
+                proxy.tunnels.append(self.path)
+                self.send_response(200, "Connection established")
+                self.end_headers()
+                self.close_connection = True
+                _pipe(self.connection, upstream)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> ConnectProxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _pipe(a: socket.socket, b: socket.socket) -> None:
+    """Copy bytes both ways until either side closes (bounded by the sockets' timeouts)."""
+    sockets = [a, b]
+    try:
+        while True:
+            readable, _, _ = select.select(sockets, [], [], 30)
+            if not readable:
+                return
+            for sock in readable:
+                data = sock.recv(65536)
+                if not data:
+                    return
+                (b if sock is a else a).sendall(data)
+    except OSError:
+        return
+    finally:
+        b.close()

@@ -1,9 +1,9 @@
 """Claude Code, Codex and aider, as installed from their registry packages, through `ratchet run`.
 
 Each CLI talks to a scripted model on loopback in its own API (tests/agent_server.py),
-over HTTPS signed by a private CA that reaches the CLI only through the CA variable the
-test names in `[agent] env` (NODE_EXTRA_CA_CERTS, SSL_CERT_FILE), as behind a proxy
-that re-signs TLS:
+over HTTPS signed by a private CA, through an HTTPS_PROXY on loopback: the CLI reaches it
+only through the CA and proxy variables the test names in `[agent] env`
+(NODE_EXTRA_CA_CERTS or SSL_CERT_FILE, HTTPS_PROXY), as behind a TLS-re-signing proxy.
 the script makes it read the editable file, edit it with its own edit tool or format,
 and (where the CLI runs commands) run the evaluator as the quick check the agent's
 instructions allow. The task is the quadratic one: score = (X - 1.25)^2, X = 3.0 at the
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from agent_cli_kit import AGENTS_BIN, LoopbackCA, cli
-from agent_server import AgentServer, Call, Say, Turn
+from agent_server import AgentServer, Call, ConnectProxy, Say, Turn
 from helpers import git, ratchet, results_tsv, score_repo
 
 from ratchet.ledger import Ledger
@@ -38,12 +38,16 @@ def study_repo(tmp_path: Path, agent_toml: str) -> Path:
         backend='[backend]\nkind = "local"\nslots = 1\n')
 
 
-def run_study(repo: Path, env: dict[str, str], cli_name: str) -> dict:
-    """`ratchet run` as a user would start it; the agent candidate's row and the run's time."""
-    env = {**env, "PATH": f"{AGENTS_BIN}{os.pathsep}{os.environ['PATH']}"}
-    start = time.monotonic()
-    proc = ratchet(repo, "run", env=env, timeout=AGENT_TIMEOUT + 120)
-    seconds = time.monotonic() - start
+def run_study(repo: Path, env: dict[str, str], cli_name: str, server: AgentServer) -> dict:
+    """`ratchet run` as a user would start it, with every model request through a proxy; the
+    agent candidate's row, its log and the run's time."""
+    with ConnectProxy() as proxy:
+        env = {**env, "HTTPS_PROXY": proxy.url,
+               "PATH": f"{AGENTS_BIN}{os.pathsep}{os.environ['PATH']}"}
+        start = time.monotonic()
+        proc = ratchet(repo, "run", env=env, timeout=AGENT_TIMEOUT + 120)
+        seconds = time.monotonic() - start
+    assert f"127.0.0.1:{server.port}" in proxy.tunnels, "the CLI went through HTTPS_PROXY"
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     rows = [c for c in Ledger(repo / ".ratchet" / "ledger.db").candidates()
@@ -84,10 +88,10 @@ def test_claude_code_edit_is_kept(tmp_path, test_ca: LoopbackCA):
     with AgentServer(claude_script, tls=(test_ca.cert, test_ca.key)) as server:
         repo = study_repo(tmp_path, '[agent]\npreset = "claude"\ntimeout = "180s"\n'
                           'env = ["ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "NODE_EXTRA_CA_CERTS", '
-                          '"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"]\n')
+                          '"HTTPS_PROXY", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"]\n')
         run = run_study(repo, {"ANTHROPIC_API_KEY": "sk-ant-test", "ANTHROPIC_BASE_URL": server.url,
                                "NODE_EXTRA_CA_CERTS": str(test_ca.ca),
-                               "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}, "claude")
+                               "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}, "claude", server)
     main = server.main_turns
     assert main and all(t.body.get("stream") for t in main), "Claude Code streams its turns"
     results = main[-1].tool_results
@@ -148,10 +152,10 @@ def test_codex_edit_is_kept(tmp_path, test_ca: LoopbackCA):
     scratch.mkdir()
     with AgentServer(codex_script, tls=(test_ca.cert, test_ca.key)) as server:
         repo = study_repo(tmp_path, '[agent]\npreset = "codex"\ntimeout = "180s"\n'
-                          'env = ["OPENAI_API_KEY", "CODEX_HOME", "SSL_CERT_FILE"]\n')
+                          'env = ["OPENAI_API_KEY", "CODEX_HOME", "SSL_CERT_FILE", "HTTPS_PROXY"]\n')
         run = run_study(repo, {"OPENAI_API_KEY": "sk-test", "TMPDIR": str(scratch),
                                "SSL_CERT_FILE": str(test_ca.ca),
-                               "CODEX_HOME": str(codex_home(tmp_path, server.url))}, "codex")
+                               "CODEX_HOME": str(codex_home(tmp_path, server.url))}, "codex", server)
     main = server.main_turns
     assert main and all(t.api == "responses" and t.body.get("stream") for t in main)
     results = main[-1].tool_results
@@ -180,11 +184,11 @@ def test_aider_edit_is_kept_without_its_cache(tmp_path, test_ca: LoopbackCA):
     with AgentServer(aider_script, tls=(test_ca.cert, test_ca.key)) as server:
         repo = study_repo(tmp_path, '[agent]\npreset = "aider"\ntimeout = "180s"\n'
                           'env = ["OPENAI_API_KEY", "OPENAI_API_BASE", "AIDER_MODEL", '
-                          '"SSL_CERT_FILE", "LITELLM_LOCAL_MODEL_COST_MAP"]\n')
+                          '"SSL_CERT_FILE", "HTTPS_PROXY", "LITELLM_LOCAL_MODEL_COST_MAP"]\n')
         run = run_study(repo, {"OPENAI_API_KEY": "sk-test", "OPENAI_API_BASE": f"{server.url}/v1",
                                "SSL_CERT_FILE": str(test_ca.ca),
                                "AIDER_MODEL": "openai/ratchet-test",
-                               "LITELLM_LOCAL_MODEL_COST_MAP": "True"}, "aider")
+                               "LITELLM_LOCAL_MODEL_COST_MAP": "True"}, "aider", server)
     main = server.main_turns
     assert main and all(t.api == "chat" for t in main)
     assert "Applied edit to solution.py" in run["log"]
