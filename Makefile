@@ -31,8 +31,10 @@ agent-clis:
 test-agents: $(STAMP) agent-clis
 	$(BIN)/python -m pytest -q -m agent_cli
 
+# ruff over everything; mypy over the package (configured in pyproject.toml)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py

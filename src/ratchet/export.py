@@ -88,8 +88,11 @@ def export(study: StudyView, name: str, squash: bool = False, force: bool = Fals
     else:
         commits, parent = [], start
         for i, step in enumerate(steps, 1):
-            env = {**committer, **_author_env(repo, step.cand.commit_sha)}
-            parent = _commit(repo, gitrepo.tree_of(repo, step.cand.commit_sha), parent,
+            sha = step.cand.commit_sha
+            if sha is None:  # a keep is a commit: a row without one is a broken ledger
+                raise ExportError(f"kept candidate {step.cand.id} has no commit in the ledger")
+            env = {**committer, **_author_env(repo, sha)}
+            parent = _commit(repo, gitrepo.tree_of(repo, sha), parent,
                              step_message(study, step, i, len(steps)), env)
             commits.append(parent)
         tip = parent

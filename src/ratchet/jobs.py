@@ -10,6 +10,7 @@ that failed on its own never is.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections import deque
@@ -24,6 +25,7 @@ from ratchet.errors import InfrastructureError
 from ratchet.faults import fault_point
 from ratchet.jobspec import COMPILE_CACHE_VARS, JobResult, JobSpec, PinnedFile
 from ratchet.ledger import Candidate, Ledger
+from ratchet.vocab import Status
 
 T = TypeVar("T")
 POLL_S = 0.02
@@ -59,6 +61,13 @@ class Jobs:
         self._cleaner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratchet-clean")
         self._took: deque[float] = deque(maxlen=8)  # recent jobs' own run times (s)
 
+    def _row(self, cand_id: str) -> Candidate:
+        """A candidate this study recorded (a missing one is a bug, not a user error)."""
+        cand = self.ledger.candidate(cand_id)
+        if cand is None:
+            raise LookupError(f"{cand_id}: not in the ledger")
+        return cand
+
     @property
     def backend(self) -> Backend:
         if self._backend is None:
@@ -82,6 +91,8 @@ class Jobs:
     # -- spec and placement ---------------------------------------------------------------
 
     def spec(self, cand: Candidate) -> JobSpec:
+        if cand.commit_sha is None:
+            raise LookupError(f"{cand.id}: no commit to run")
         task, backend = self.config.task, self.config.backend
         pins = {k: PinnedFile(**v) for k, v in self.ledger.get("pins", {}).items()}
         holdout_dir = Path(task.holdout_data) if task.holdout_data else None
@@ -133,7 +144,7 @@ class Jobs:
     def submit(self, cand: Candidate) -> str:
         """Record the job id, then place the job (idempotent under the same id)."""
         spec = self.spec(cand)
-        self.ledger.update(cand.id, "submitted", status="submitted", job_id=spec.job_id,
+        self.ledger.update(cand.id, "submitted", status=Status.SUBMITTED, job_id=spec.job_id,
                            submitted_at=time.time())
         fault_point("submit-recorded")
         job_id = self.call("submit", lambda: self.backend.submit(spec), cand.id)
@@ -159,14 +170,14 @@ class Jobs:
         for a round, not one per job), then the jobs are placed.
         """
         fresh = []
-        for cand in (self.ledger.candidate(c.id) for c in cands):
-            if cand.status == "interrupted":
+        for cand in (self._row(c.id) for c in cands):
+            if cand.status == Status.INTERRUPTED:
                 # one write: a driver killed before the submit must not count it twice
-                self.ledger.update(cand.id, attempt=cand.attempt + 1, status="committed")
-                fresh.append(self.ledger.candidate(cand.id))
-            elif cand.status == "submitted":
+                self.ledger.update(cand.id, attempt=cand.attempt + 1, status=Status.COMMITTED)
+                fresh.append(self._row(cand.id))
+            elif cand.status == Status.SUBMITTED:
                 self.reattach(cand)
-            elif cand.status == "committed":
+            elif cand.status == Status.COMMITTED:
                 fresh.append(cand)
         if not fresh or stop_hard():
             return
@@ -174,11 +185,11 @@ class Jobs:
         now = time.time()
         with self.ledger.transaction():
             for cand, spec in zip(fresh, specs, strict=True):
-                self.ledger.update(cand.id, "submitted", status="submitted", job_id=spec.job_id,
-                                   submitted_at=now)
+                self.ledger.update(cand.id, "submitted", status=Status.SUBMITTED,
+                                   job_id=spec.job_id, submitted_at=now)
         fault_point("submit-recorded")
         for cand, spec in zip(fresh, specs, strict=True):  # all of them: each is recorded
-            self.call("submit", lambda s=spec: self.backend.submit(s), cand.id)
+            self.call("submit", functools.partial(self.backend.submit, spec), cand.id)
             fault_point("submitted")
 
     # -- the one retry loop ---------------------------------------------------------------
@@ -216,23 +227,29 @@ class Jobs:
     def poll(self, ids: list[str]) -> list[tuple[str, str, float, str]]:
         """One look at the submitted jobs among `ids`: record what finished, rerun what was
         lost, and return what still runs as (id, description, seconds, state)."""
-        cands = [c for c in (self.ledger.candidate(i) for i in ids) if c.status == "submitted"]
-        if not cands:
+        placed = [(c, c.job_id) for c in (self._row(i) for i in ids)
+                  if c.status == Status.SUBMITTED and c.job_id]
+        if not placed:
             return []
         states: dict[str, JobState] = self.call(
-            "status", lambda: self.backend.poll([c.job_id for c in cands]))
-        running, done, lost = [], [], []
+            "status", lambda: self.backend.poll([job_id for _, job_id in placed]))
+        running: list[tuple[str, str, float, str]] = []
+        done: list[tuple[Candidate, JobResult]] = []
+        lost: list[Candidate] = []
         now = time.time()
-        for cand in cands:
-            state = states.get(cand.job_id, "lost")
-            if state == "done":
-                result = self.call("result", lambda c=cand: self.backend.result(c.job_id),
+        for cand, job_id in placed:
+            state = states.get(job_id, JobState.LOST)
+            if state == JobState.DONE:
+                result = self.call("result", functools.partial(self.backend.result, job_id),
                                    cand.id)
-                (done if result is not None else lost).append((cand, result))
-            elif state == "lost":
-                lost.append((cand, None))
+                if result is not None:
+                    done.append((cand, result))
+                else:
+                    lost.append(cand)
+            elif state == JobState.LOST:
+                lost.append(cand)
             else:
-                phase = self.backend.phase(cand.job_id) if state == "running" else None
+                phase = self.backend.phase(job_id) if state == JobState.RUNNING else None
                 running.append((cand.id, cand.description, now - (cand.submitted_at or now),
                                 f"{state}: {phase}" if phase else state))
         if done:  # the results of one look in one transaction (one fsync)
@@ -240,7 +257,7 @@ class Jobs:
                 for cand, result in done:
                     self._record(cand, result)
             fault_point("result-recorded")
-        for cand, _ in lost:  # outside it: a rerun is recorded before it is placed
+        for cand in lost:  # outside it: a rerun is recorded before it is placed
             self.handle_lost(cand)
         return running
 
@@ -256,7 +273,7 @@ class Jobs:
             if stop_hard() and not cancelled:
                 cancelled = True
                 for cand_id, *_ in running:
-                    self.interrupt(self.ledger.candidate(cand_id))
+                    self.interrupt(self._row(cand_id))
                 continue
             time.sleep(self.pause(running))
 
@@ -279,25 +296,28 @@ class Jobs:
         return POLL_S
 
     def interrupt(self, cand: Candidate) -> None:
-        self.backend.cancel(cand.job_id)
-        if self.backend.status(cand.job_id) == "done":
-            result = self.backend.result(cand.job_id)
+        job_id = _placed(cand)
+        # through call() like every other backend call: retried and surfaced, one owner
+        self.call("cancel", lambda: self.backend.cancel(job_id), cand.id)
+        if self.call("status", lambda: self.backend.status(job_id), cand.id) == JobState.DONE:
+            result = self.call("result", lambda: self.backend.result(job_id), cand.id)
             if result is not None and result.outcome != "cancelled":
                 self.record_result(cand, result)  # it finished before the cancel landed
                 return
-        self.ledger.update(cand.id, "interrupted", status="interrupted",
+        self.ledger.update(cand.id, "interrupted", status=Status.INTERRUPTED,
                            reasons="interrupted (Ctrl-C); rerun on resume")
 
     def handle_lost(self, cand: Candidate) -> None:
         max_attempts = self.backend.max_attempts
         if cand.attempt + 1 >= max_attempts:
-            lost = JobResult(job_id=cand.job_id, outcome="error", failed_stage="infrastructure",
+            lost = JobResult(job_id=_placed(cand), outcome="error",
+                             failed_stage="infrastructure",
                              reason=f"job lost {max_attempts} times (worker vanished)")
-            self.ledger.update(cand.id, "lost", status="finished", reasons=lost.reason,
+            self.ledger.update(cand.id, "lost", status=Status.FINISHED, reasons=lost.reason,
                                result=json.loads(lost.to_json()))
             return
         self.ledger.update(cand.id, "lost-resubmitted", attempt=cand.attempt + 1)
-        self.submit(self.ledger.candidate(cand.id))
+        self.submit(self._row(cand.id))
 
     def record_result(self, cand: Candidate, result: JobResult | None) -> None:
         if result is None:
@@ -314,7 +334,7 @@ class Jobs:
         self.ledger.update(
             cand.id,
             "finished",
-            status="finished",
+            status=Status.FINISHED,
             metric=result.metric,
             samples=result.samples,
             extra=result.extra,
@@ -341,20 +361,20 @@ class Jobs:
         """The hold-out of a finished candidate: recorded, measured in its own job, or run
         now as a follow-up job (only ever for a would-be keep or a baseline)."""
         if cand.holdout is not None:
-            return JobResult(job_id=cand.job_id, outcome="ok", holdout=cand.holdout)
+            return JobResult(job_id=_placed(cand), outcome="ok", holdout=cand.holdout)
         result = JobResult.from_json(json.dumps(cand.result))
         if result.holdout is not None or self.backend.holdout_in_job:
             return result
         spec = self.spec(cand)
         spec.job_id = f"{spec.job_id}-holdout"
         spec.holdout_only = True
-        spec.reuse_workdir = self.backend.holdout_workdir(cand.job_id)
+        spec.reuse_workdir = self.backend.holdout_workdir(_placed(cand))
         self.ledger.event("holdout-submitted", cand.id, job_id=spec.job_id)
         # through call() like every other backend call: a flaky backend is retried and
         # surfaced, not mistaken for a candidate that overfit
         self.call("submit", lambda: self.backend.submit(spec), cand.id)
         while self.call("status", lambda: self.backend.status(spec.job_id),
-                        cand.id) in ("pending", "running"):
+                        cand.id) in (JobState.PENDING, JobState.RUNNING):
             time.sleep(POLL_S)
         held = self.call("result", lambda: self.backend.result(spec.job_id), cand.id) or \
             JobResult(job_id=spec.job_id, outcome="error", reason="hold-out job lost")
@@ -370,15 +390,23 @@ class Jobs:
         if policy == "all":
             return
         for cand in cands:
-            cand = self.ledger.candidate(cand.id)
-            if not cand.job_id or (policy == "kept" and cand.status == "keep"):
+            cand = self._row(cand.id)
+            if not cand.job_id or (policy == "kept" and cand.status == Status.KEEP):
                 continue
             # off the loop: deleting a checkpoint must not delay the next round
             self._cleaner.submit(self.backend.clean_up, cand.job_id)
 
     def cancel(self, cand: Candidate) -> None:
         if cand.job_id:
-            self.backend.cancel(cand.job_id)
+            job_id = cand.job_id
+            self.call("cancel", lambda: self.backend.cancel(job_id), cand.id)
+
+
+def _placed(cand: Candidate) -> str:
+    """The job id of a candidate whose job was placed (recorded before placing)."""
+    if cand.job_id is None:
+        raise LookupError(f"{cand.id}: no job was placed")
+    return cand.job_id
 
 
 def proposal_cost(cand: Candidate) -> float:

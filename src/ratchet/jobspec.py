@@ -350,7 +350,8 @@ def _scalar(value: Any) -> bool:
 
 def read_channel(data: bytes) -> tuple[list[tuple[str, Any]], list[str]]:
     """The channel's JSON lines -> ((name, value) in order, problems)."""
-    found, problems = [], []
+    found: list[tuple[str, Any]] = []
+    problems: list[str] = []
     for raw in data.splitlines():
         if not raw.strip():
             continue

@@ -6,6 +6,7 @@ import fcntl
 import os
 import time
 from pathlib import Path
+from typing import TextIO
 
 from ratchet.errors import UserError
 
@@ -19,9 +20,17 @@ class StudyLock:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.fh = None
+        self.fh: TextIO | None = None
+        self.shared = False
+
+    def share(self) -> None:
+        """This process works beside the driver that holds the lock (`ratchet wait`
+        while `ratchet run` runs): `acquire` then takes nothing."""
+        self.shared = True
 
     def acquire(self) -> None:
+        if self.shared:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fh = open(self.path, "a+")  # noqa: SIM115
         try:

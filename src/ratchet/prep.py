@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -50,7 +51,7 @@ def data_digest(root: Path) -> str:
         if path.is_file():
             digest.update(f"F {rel} {mode:o}\n".encode())
             with path.open("rb") as fh:
-                for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                for block in iter(functools.partial(fh.read, 1 << 20), b""):
                     digest.update(block)
         elif path.is_dir():
             digest.update(f"D {rel} {mode:o}\n".encode())

@@ -361,6 +361,8 @@ class PeakMemory:
         return max(total, peak_one)
 
     def _gpu_by_pid(self) -> dict[int, int] | None:
+        if self.smi is None:  # no nvidia-smi here (or it stopped answering)
+            return None
         try:
             out = subprocess.run([self.smi, *GPU_QUERY], capture_output=True, text=True,
                                  timeout=5)

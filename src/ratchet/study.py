@@ -34,6 +34,7 @@ from ratchet.proposers import Proposer
 from ratchet.proposers.knobs import KnobError, knob_values
 from ratchet.scheduler import Loop, Proposals, Rolling, Rounds, StopFlag
 from ratchet.views import write_results_tsv
+from ratchet.vocab import Status
 
 STATE_DIR = ".ratchet"
 __all__ = ["Progress", "StopFlag", "Study", "StudyError"]
@@ -257,11 +258,11 @@ class Study:
             Proposal(description=message or subject, commit=commit)]
         made = self.proposals.record(round_no, incumbent, proposals, rows, proposer="submit")
         for cand in made:
-            if cand.status == "committed":
+            if cand.status == Status.COMMITTED:
                 with _as_study_errors():
                     self.jobs.submit(cand)
         self._write_views()
-        return [self.ledger.candidate(c.id) for c in made]
+        return [self._row(c.id) for c in made]
 
     def wait_ids(self, ids: list[str]) -> list[Candidate]:
         """`ratchet wait ID...`: wait, judge as a group (baseline first), promote the best."""
@@ -283,12 +284,12 @@ class Study:
                            lambda: self.stop.hard)
             if self.guard.check(trusted, group):
                 self._write_views()
-            if any(self.ledger.candidate(i).status == "finished" for i in group):
+            if any(self._row(i).status == Status.FINISHED for i in group):
                 loop = self._loop()
                 loop.settle(group)
                 self.ledger.set(round=round_no + 1)
                 loop.release()
-        return [self.ledger.candidate(c.id) for c in cands]
+        return [self._row(c.id) for c in cands]
 
     def cancel(self, ref: str) -> Candidate:
         cand = self.ledger.find(ref)
@@ -297,10 +298,17 @@ class Study:
         if cand.is_judged:
             raise StudyError(f"{cand.id} is already judged ({cand.status})")
         self.jobs.cancel(cand)
-        self.ledger.update(cand.id, "cancelled", status="cancelled",
+        self.ledger.update(cand.id, "cancelled", status=Status.CANCELLED,
                            reasons="cancelled by the user", judged_at=time.time())
         self._write_views()
-        return self.ledger.candidate(cand.id)
+        return self._row(cand.id)
+
+    def _row(self, cand_id: str) -> Candidate:
+        """A candidate this study recorded (a missing one is a bug, not a user error)."""
+        cand = self.ledger.candidate(cand_id)
+        if cand is None:
+            raise LookupError(f"{cand_id}: not in the ledger")
+        return cand
 
     # -- prep -------------------------------------------------------------------------------
 
@@ -308,18 +316,23 @@ class Study:
         from ratchet.prep import prep_key, prepare
 
         self.ensure_started()
+        if self.config.prep is None:
+            raise StudyError("ratchet.toml has no [prep] section "
+                             "(add `[prep] run = \"python prepare.py\"`)")
+        command = self.config.prep.run
         with _as_study_errors():
             # a backend whose nodes do not see this machine prepares once where they all
             # see it (a prep job on the engine); None: the local cache below
             shared = self.backend.prepare(
-                study=self.name, repo=self.repo, command=self.config.prep.run,
+                study=self.name, repo=self.repo, command=command,
                 pinned_commit=self.ledger.get("pinned"),
-                key=prep_key(self.config.prep.run, self.ledger.get("pins", {})),
+                key=prep_key(command, self.ledger.get("pins", {})),
                 env_allow=list(self.config.task.env), timeout_s=self.config.task.timeout)
+            data: str | Path
             if shared is not None:
                 data, digest = shared
             else:
-                data, digest = prepare(self.repo, self.state_dir, self.config.prep.run,
+                data, digest = prepare(self.repo, self.state_dir, command,
                                        self.ledger.get("pinned"), self.ledger.get("pins", {}),
                                        list(self.config.task.env), self.config.task.timeout,
                                        force=force)

@@ -207,24 +207,24 @@ class LocalBackend(Backend):
         job_dir = self.job_dir(job_id)
         if (job_dir / "result.json").exists():
             self._reap(job_id, block=False)  # the worker may still be exiting: don't wait
-            return "done"
+            return JobState.DONE
         if self._alive(job_id):
             try:
                 state = json.loads((job_dir / "state.json").read_text())["state"]
             except (OSError, ValueError, KeyError):
-                return "pending"
-            return "pending" if state == "pending" else "running"
+                return JobState.PENDING
+            return JobState.PENDING if state == "pending" else JobState.RUNNING
         # exited: the result may have landed between our two checks
         if (job_dir / "result.json").exists():
-            return "done"
+            return JobState.DONE
         if (job_dir / "spec.json").exists() and not (job_dir / "state.json").exists():
             # placed but never started (the hand-over to a standby worker was cut off):
             # nothing ran, so placing it again under the same id is safe
             (job_dir / "pid.json").unlink(missing_ok=True)
             self._place(job_dir, job_id)
-            return "pending"
+            return JobState.PENDING
         self._kill_leftovers(job_id)  # the worker died: its phase tree must not outlive it
-        return "lost"
+        return JobState.LOST
 
     def result(self, job_id: str) -> JobResult | None:
         path = self.job_dir(job_id) / "result.json"

@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from ratchet.backends import Backend, BackendError, JobState
 from ratchet.backends.engine import (
@@ -48,10 +49,12 @@ class RayActors(Backend):
         self.cfg = cfg
         self.store = store
         self.namespace = self._namespace(store.root.parent)
-        self._ray = None
+        # the ray module and its handles, imported when first needed (ray is optional);
+        # Ray's handles are dynamic (`actor.method.remote(...)`), so they are typed Any
+        self._ray: Any = None
         self._owns_ray = False
-        self._runner = None  # ray.remote(SlotRunner)
-        self._actors: dict[str, object] = {}
+        self._runner: Any = None  # ray.remote(SlotRunner)
+        self._actors: dict[str, Any] = {}
         self._load: dict[str, int] | None = None  # slot -> our unfinished jobs there
         self._seen: dict[str, tuple[float, JobState]] = {}
         self._submits: dict[str, object] = {}  # job id -> its submit call, until answered
@@ -241,11 +244,11 @@ class RayActors(Backend):
             seen = self._seen.get(job_id)
             record = self.store.get(job_id)
             if self.store.cached_result(job_id) is not None:
-                states[job_id] = "done"
+                states[job_id] = JobState.DONE
             elif seen and now - seen[0] < self.cfg.poll:
                 states[job_id] = seen[1]
             elif record is None or not record.engine_id:
-                states[job_id] = "lost"
+                states[job_id] = JobState.LOST
             else:
                 by_slot.setdefault(record.engine_id, []).append((job_id, record))
         if not by_slot:
@@ -284,7 +287,8 @@ class RayActors(Backend):
                 else:
                     reason = overdue(record, answer["state"], self.cfg.queue_timeout,
                                      self.store, time.time())
-                    states[job_id] = self._stop(record, reason) if reason else answer["state"]
+                    states[job_id] = (self._stop(record, reason) if reason
+                                      else JobState(answer["state"]))
                 self._seen[job_id] = (now, states[job_id])
         for slot, done in finished.items():  # fire and forget: free the slot's memory
             self._actors[slot].forget.remote(done)
@@ -324,11 +328,11 @@ class RayActors(Backend):
             worker = None
         if record.stop_reason:
             self.store.cache_result(record.job_id, stopped_result(record, worker), logs)
-            return "done"
+            return JobState.DONE
         if worker is None:
             return self._lost(record, "the slot reported no result")
         self.store.cache_result(record.job_id, add_engine_queue(worker, record), logs)
-        return "done"
+        return JobState.DONE
 
     def _unknown(self, job_id: str, record: JobRecord, slot: str) -> JobState:
         """The slot does not know the job: the driver died before placing it, or the
@@ -338,26 +342,26 @@ class RayActors(Backend):
             return self._lost(record, f"slot {slot} does not know the job")
         self._place(JobSpec.from_json(path.read_text()), slot)
         self.store.note(f"{job_id}: not on {slot}; placed again under the same id")
-        return "pending"
+        return JobState.PENDING
 
     def _lost(self, record: JobRecord, why: str) -> JobState:
         if record.stop_reason:
             self.store.cache_result(record.job_id, stopped_result(record, None))
-            return "done"
+            return JobState.DONE
         record.lost = why
         self.store.put(record)
         self.store.note(f"{record.job_id}: lost: {why}")
-        return "lost"
+        return JobState.LOST
 
     def _stop(self, record: JobRecord, reason: str) -> JobState:
         record.stop_reason, record.stop_outcome = reason, "timeout"
         self.store.put(record)
         self.store.note(f"{record.job_id}: {reason}")
-        actor = self._actors.get(record.engine_id)
+        actor = self._actors.get(record.engine_id) if record.engine_id else None
         if actor is not None:
             actor.cancel.remote(record.job_id)
         self.store.cache_result(record.job_id, stopped_result(record, None))
-        return "done"
+        return JobState.DONE
 
     def result(self, job_id: str) -> JobResult | None:
         return self.store.cached_result(job_id)

@@ -201,7 +201,7 @@ class RayJobs(Backend):
 
     def status(self, job_id: str) -> JobState:
         if self.store.cached_result(job_id) is not None:
-            return "done"
+            return JobState.DONE
         seen = self._seen.get(job_id)
         if seen and time.monotonic() - seen[0] < self.cfg.poll:
             return seen[1]
@@ -217,39 +217,39 @@ class RayJobs(Backend):
         except Exception as exc:  # the server is unreachable: keep waiting, say so
             self.store.note(f"{job_id}: job server unreachable ({exc}); will ask again")
             seen = self._seen.get(job_id)
-            return seen[1] if seen else "pending"
+            return seen[1] if seen else JobState.PENDING
         if info is None:
             record.lost = "the job server does not know this job (cluster restarted?)"
             self.store.put(record)
             self.store.note(f"{job_id}: lost: {record.lost}")
-            return "lost"
+            return JobState.LOST
         status = str(getattr(info.status, "value", info.status))
         if status in ("PENDING", "RUNNING"):
             state = status.lower()
             reason = overdue(record, state, self.cfg.queue_timeout, self.store, time.time())
-            return self._stop(record, reason, "timeout") if reason else state
+            return self._stop(record, reason, "timeout") if reason else JobState(state)
         if status not in TERMINAL:
-            return "running"
+            return JobState.RUNNING
         try:
             logs = self._call(f"get_job_logs {engine_id}", "get_job_logs", engine_id)
         except Exception as exc:
             self.store.note(f"{job_id}: could not fetch logs ({exc}); will ask again")
-            return "running"
+            return JobState.RUNNING
         worker = parse_result(logs)
         if record.stop_reason:
             self.store.cache_result(job_id, stopped_result(record, worker), logs)
-            return "done"
+            return JobState.DONE
         if worker is None:
             record.lost = f"{status} without a worker result: {info.message or ''}".strip()
             self.store.put(record)
             self.store.note(f"{job_id}: lost: {record.lost}")
             with contextlib.suppress(OSError):
                 (self.store.dir(job_id) / "engine.log").write_text(logs)
-            return "lost"
+            return JobState.LOST
         if record.running_at is None and info.start_time:
             record.running_at = info.start_time / 1000.0
         self.store.cache_result(job_id, add_engine_queue(worker, record), logs)
-        return "done"
+        return JobState.DONE
 
     def _stop(self, record: JobRecord, reason: str, outcome: str) -> JobState:
         record.stop_reason, record.stop_outcome = reason, outcome
@@ -261,7 +261,7 @@ class RayJobs(Backend):
         except Exception as exc:
             self.store.note(f"{record.job_id}: stop_job failed ({exc})")
         self.store.cache_result(record.job_id, stopped_result(record, None))
-        return "done"
+        return JobState.DONE
 
     def result(self, job_id: str) -> JobResult | None:
         return self.store.cached_result(job_id)

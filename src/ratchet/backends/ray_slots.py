@@ -215,6 +215,7 @@ class SlotRunner:
                     stderr=subprocess.DEVNULL, start_new_session=True, cwd=job_dir,
                     env=worker_env(dict(os.environ)))
             else:
+                assert worker.stdin is not None  # a spare is started with stdin=PIPE
                 worker.stdin.write(f"{job_dir}\n".encode())
                 worker.stdin.close()
             times["handed"] = time.time()

@@ -132,6 +132,8 @@ def run_job(spec_path: Path, workdir: Path | None, archive: Path | None,
     (job_dir / "spec.json").write_text(spec.to_json())
     scratch = None
     if workdir is None:
+        if archive is None:
+            raise SystemExit("ratchet.backends.remote job: give --workdir or --archive")
         scratch = Path(tempfile.mkdtemp(prefix="ratchet-work-"))
         workdir = scratch / "work"
         _unpack(archive, workdir)

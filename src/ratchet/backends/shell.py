@@ -267,9 +267,10 @@ class ShellBackend(Backend):
         if self.cfg.stage:
             self._run("stage", values)
 
-    def _place(self, record: JobRecord, name: str, command: str) -> None:
-        """Submit once. A failed call raises; the study calls `submit` again, which looks
-        the job up by name (the record is written ahead) before submitting again."""
+    def _place(self, record: JobRecord, name: str, command: str) -> str:
+        """Submit once; the engine id, also recorded. A failed call raises; the study calls
+        `submit` again, which looks the job up by name (the record is written ahead)
+        before submitting again."""
         _, out = self._run("submit", self._values(name, command=command))
         if self.cfg.id_regex:
             match = re.search(self.cfg.id_regex.replace("{name}", re.escape(name)), out,
@@ -277,10 +278,12 @@ class ShellBackend(Backend):
             if match:
                 record.engine_id = _group(match, "id")
                 self.store.put(record)
-                return
-        self._await_id(record, name)
+                return record.engine_id
+        return self._await_id(record, name)
 
-    def _await_id(self, record: JobRecord, name: str) -> None:
+    def _await_id(self, record: JobRecord, name: str) -> str:
+        """Wait (within `id_wait`) for a submitted job to be listed: the engine showing
+        what it already did, not a retry of a failed call."""
         deadline = time.monotonic() + self.cfg.id_wait
         delay = min(self.cfg.poll, 1.0)
         while True:
@@ -288,7 +291,7 @@ class ShellBackend(Backend):
             if found:
                 record.engine_id = found
                 self.store.put(record)
-                return
+                return found
             if time.monotonic() > deadline:
                 raise BackendError(f"{name}: submitted, but no engine id appeared within "
                                    f"{self.cfg.id_wait:g}s")
@@ -326,7 +329,7 @@ class ShellBackend(Backend):
                 self.store.put(record)
                 self.store.note(f"{job_id}: found on the engine as {found}; reattached")
                 return job_id
-        holdout = spec.holdout_only and bool(spec.holdout_dir) and \
+        holdout = spec.holdout_only and spec.holdout_dir is not None and \
             Path(spec.holdout_dir).is_dir()
         command = self._job_command(name, holdout)
         self._stage(name, command, spec.commit, Path(spec.repo or "."), spec)
@@ -355,49 +358,49 @@ class ShellBackend(Backend):
         study retries with backoff); nothing here retries or sleeps."""
         now = time.monotonic()
         states: dict[str, JobState] = {}
-        ask: list[tuple[str, JobRecord]] = []
+        ask: list[tuple[str, JobRecord, str]] = []  # job id, its record, engine id
         for job_id in job_ids:
             seen = self._seen.get(job_id)
             if self.store.cached_result(job_id) is not None:
-                states[job_id] = "done"
+                states[job_id] = JobState.DONE
             elif seen and now - seen[0] < self.cfg.poll:
                 states[job_id] = seen[1]
             else:
                 record = self.store.get(job_id)
                 if record is None:
-                    states[job_id] = "lost"
-                elif not record.engine_id and not self._learn_id(record):
+                    states[job_id] = JobState.LOST
+                elif (engine_id := record.engine_id or self._learn_id(record)) is None:
                     states[job_id] = self._no_id_yet(record)
                 else:
-                    ask.append((job_id, record))
+                    ask.append((job_id, record, engine_id))
         if ask:
+            listed: dict[str, EngineState | None]
             if self.cfg.status_all:
-                listed = self._list_states(ask)
+                listed = {**self._list_states([e for _, _, e in ask])}
             else:
-                listed = {r.engine_id: self._engine_state(self._name(j), r.engine_id)
-                          for j, r in ask}
-            for job_id, record in ask:
-                states[job_id] = self._judge(job_id, record, listed.get(record.engine_id))
+                listed = {e: self._engine_state(self._name(j), e) for j, _, e in ask}
+            for job_id, record, engine_id in ask:
+                states[job_id] = self._judge(job_id, record, engine_id, listed.get(engine_id))
                 self._seen[job_id] = (now, states[job_id])
         return states
 
-    def _learn_id(self, record: JobRecord) -> bool:
+    def _learn_id(self, record: JobRecord) -> str | None:
         found = self._find_id(self._name(record.job_id))
         if found:
             record.engine_id = found
             self.store.put(record)
-        return bool(found)
+        return found
 
     def _no_id_yet(self, record: JobRecord) -> JobState:
         if time.time() - record.submitted_at > self.cfg.id_wait:
             record.lost = "the engine never listed the job"
             self.store.put(record)
-            return "lost"
-        return "pending"
+            return JobState.LOST
+        return JobState.PENDING
 
-    def _list_states(self, ask: list[tuple[str, JobRecord]]) -> dict[str, EngineState]:
+    def _list_states(self, engine_ids: list[str]) -> dict[str, EngineState]:
         """One call for all jobs: engine id -> our state, for the jobs the engine lists."""
-        ids = ",".join(r.engine_id for _, r in ask if r.engine_id)
+        ids = ",".join(engine_ids)
         _, out = self._run("status_all", {**self._values("", ""), "ids": ids})
         states = {k.upper(): v for k, v in self.cfg.states.items()}
         found: dict[str, EngineState] = {}
@@ -406,10 +409,10 @@ class ShellBackend(Backend):
                 found[_group(match, "id")] = states.get(_group(match, "state").upper(),
                                                         "running")
             return found
-        for _, record in ask:  # one listing, parsed per job (e.g. status_regex with {id})
-            raw = self._parse_state(out, record.engine_id)
+        for engine_id in engine_ids:  # one listing, parsed per job (status_regex with {id})
+            raw = self._parse_state(out, engine_id)
             if raw:
-                found[record.engine_id] = states.get(raw.upper(), "running")
+                found[engine_id] = states.get(raw.upper(), "running")
         return found
 
     def _engine_state(self, name: str, engine_id: str) -> EngineState | None:
@@ -461,37 +464,38 @@ class ShellBackend(Backend):
         words = out.split()
         return words[0] if words else None
 
-    def _judge(self, job_id: str, record: JobRecord, state: EngineState | None) -> JobState:
+    def _judge(self, job_id: str, record: JobRecord, engine_id: str,
+               state: EngineState | None) -> JobState:
         """Our state for one job, given what the engine listed (None: not listed)."""
         name = self._name(job_id)
         if state in ("pending", "running"):
             self._gone_since.pop(job_id, None)
             reason = overdue(record, state, self.cfg.queue_timeout, self.store, time.time())
-            return self._stop(record, name, reason, "timeout") if reason else state
+            return self._stop(record, name, reason, "timeout") if reason else JobState(state)
         # finished, or left the queue: the job's log decides (its last line is the
         # worker's result); no second call when it is there
-        logs = self._logs(name, record.engine_id)
+        logs = self._logs(name, engine_id)
         worker = parse_result(logs)
         if record.stop_reason:
             self.store.cache_result(job_id, stopped_result(record, worker), logs)
-            return "done"
+            return JobState.DONE
         if worker is not None:
             self._gone_since.pop(job_id, None)
             self.store.cache_result(job_id, add_engine_queue(worker, record), logs)
-            return "done"
+            return JobState.DONE
         if state is None:  # not listed, no result (yet): ask the fallback, then wait a bit
-            fallback = self._fallback_state(name, record.engine_id)
+            fallback = self._fallback_state(name, engine_id)
             if fallback in ("pending", "running"):
-                return fallback
+                return JobState(fallback)
             first = self._gone_since.setdefault(job_id, time.monotonic())
             if fallback is None and time.monotonic() - first < self.cfg.gone_grace:
-                return "running"  # a shared filesystem may show the log's end late
+                return JobState.RUNNING  # a shared filesystem may show the log's end late
             state = fallback
         record.lost = (f"engine state {state}, no worker result in the log"
                        if state else "the engine no longer knows the job")
         self.store.put(record)
         self.store.note(f"{job_id} ({record.engine_id}): lost: {record.lost}")
-        return "lost"
+        return JobState.LOST
 
     def _logs(self, name: str, engine_id: str | None) -> str:
         try:
@@ -508,7 +512,7 @@ class ShellBackend(Backend):
         with contextlib.suppress(BackendError):
             self._run("cancel", self._values(name, record.engine_id), missing_ok=True)
         self.store.cache_result(record.job_id, stopped_result(record, None))
-        return "done"
+        return JobState.DONE
 
     def result(self, job_id: str) -> JobResult | None:
         return self.store.cached_result(job_id)
@@ -559,16 +563,16 @@ class ShellBackend(Backend):
         job_command = " ".join(shlex.quote(a) for a in argv)
         self._stage(name, job_command, pinned_commit, repo, None)
         record = JobRecord(name, None, time.time(), timeout_s=timeout_s)
-        self._place(record, name, job_command)
+        engine_id = self._place(record, name, job_command)
         deadline = time.time() + self.cfg.queue_timeout + timeout_s + DEADLINE_GRACE_S
         while time.time() < deadline:
             try:
-                state = self._engine_state(name, record.engine_id)
+                state = self._engine_state(name, engine_id)
             except BackendError as exc:
                 self.store.note(f"prep job {name}: {exc}")
                 state = "running"
             if state not in ("pending", "running"):
-                out = parse_prep_output(self._logs(name, record.engine_id))
+                out = parse_prep_output(self._logs(name, engine_id))
                 if out and "error" in out:
                     raise PrepError(out["error"])
                 if out:
@@ -576,11 +580,11 @@ class ShellBackend(Backend):
                 raise PrepError(f"prep job {name} ended ({state or 'gone'}) without a result")
             time.sleep(self.cfg.poll)
         with contextlib.suppress(BackendError):
-            self._run("cancel", self._values(name, record.engine_id), missing_ok=True)
+            self._run("cancel", self._values(name, engine_id), missing_ok=True)
         raise PrepError(f"prep job {name} did not finish in time; cancelled")
 
 
 def _group(match: re.Match, name: str) -> str:
     groups = match.groupdict()
     value = groups.get(name) if name in groups else match.group(1)
-    return value.strip()
+    return (value or "").strip()  # a group that matched nothing is an empty answer

@@ -14,6 +14,8 @@ single-node Slurm (opt-in, `RATCHET_TEST_SLURM=1`).
 
 from __future__ import annotations
 
+from typing import Any
+
 SLURM = {
     "files": {
         "job.sh": "#!/bin/sh\n# ratchet job {name}\n{command}\n",
@@ -95,4 +97,4 @@ SKYPILOT = {
     "vars": {"accelerators": "null"},
 }
 
-PRESETS = {"slurm": SLURM, "vessl": VESSL, "skypilot": SKYPILOT}
+PRESETS: dict[str, dict[str, Any]] = {"slurm": SLURM, "vessl": VESSL, "skypilot": SKYPILOT}
