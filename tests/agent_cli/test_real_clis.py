@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -42,8 +43,11 @@ def run_study(repo: Path, env: dict[str, str], cli_name: str, server: AgentServe
     """`ratchet run` as a user would start it, with every model request through a proxy; the
     agent candidate's row, its log and the run's time."""
     with ConnectProxy() as proxy:
-        env = {**env, "HTTPS_PROXY": proxy.url,
-               "PATH": f"{AGENTS_BIN}{os.pathsep}{os.environ['PATH']}"}
+        # the CLIs first, then this interpreter's directory: the agent's `python` check runs
+        # the project's Python, as in a user's activated virtual environment
+        path = os.pathsep.join([str(AGENTS_BIN), str(Path(sys.executable).parent),
+                                os.environ["PATH"]])
+        env = {**env, "HTTPS_PROXY": proxy.url, "PATH": path}
         start = time.monotonic()
         proc = ratchet(repo, "run", env=env, timeout=AGENT_TIMEOUT + 120)
         seconds = time.monotonic() - start
