@@ -115,3 +115,17 @@ def results_tsv(repo: Path) -> list[dict[str, str]]:
     lines = (repo / "results.tsv").read_text().splitlines()
     header = lines[0].split("\t")
     return [dict(zip(header, line.split("\t"), strict=True)) for line in lines[1:]]
+
+
+def job_result(repo: Path, job_id: str) -> dict:
+    """A local job's result as the driver reads it: unsealed with the job's own key."""
+    import json
+
+    from ratchet.jobspec import JobResult
+    from ratchet.seal import KeyStore
+
+    state = repo / ".ratchet"
+    key = KeyStore(state).get(job_id)
+    assert key is not None, f"no result key for {job_id}"
+    text = (state / "jobs" / job_id / "result.json").read_text()
+    return json.loads(JobResult.from_sealed(text, key, job_id).to_json())

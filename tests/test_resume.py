@@ -8,7 +8,7 @@ import time
 
 import psutil
 import pytest
-from helpers import ROOT, config_text, make_repo, results_tsv
+from helpers import ROOT, config_text, job_result, make_repo, results_tsv
 
 from ratchet.ledger import Ledger
 
@@ -82,8 +82,7 @@ def test_double_ctrl_c_cancels_running_jobs_and_resume_finishes(tmp_path, mode):
     ledger.close()
     # the interrupted jobs were cancelled, and no worker is left behind
     for cand in interrupted:
-        result = (repo / ".ratchet" / "jobs" / cand.job_id / "result.json").read_text()
-        assert '"outcome": "cancelled"' in result
+        assert job_result(repo, cand.job_id)["outcome"] == "cancelled"
     for p in psutil.process_iter(["cmdline"]):
         assert str(repo) not in " ".join(p.info["cmdline"] or []), p.info["cmdline"]
 

@@ -126,7 +126,9 @@ class Jobs:
                                 if backend.memory_limit_gb else None),
             file_size_limit_bytes=(int(backend.disk_limit_gb * (1 << 30))
                                    if backend.disk_limit_gb else None),
-            readonly_paths=[str(self.repo / ".git"), str(self.state_dir / "ledger.db")],
+            # the ledger needs no entry: the worker hides the whole state directory but
+            # the job's own parts
+            readonly_paths=[str(self.repo / ".git")],
             sandbox=sandbox,
         )
 

@@ -278,11 +278,28 @@ class JobResult:
         return cls(**data)
 
     @classmethod
-    def from_output(cls, text: str) -> JobResult | None:
-        """Recover the worker's result from its stdout (the last marker line wins)."""
+    def from_sealed(cls, text: str, key: bytes, job_id: str) -> JobResult:
+        """The result inside a worker's sealed envelope (`seal.Forged` if it is not one)."""
+        from ratchet import seal
+
+        return cls.from_json(seal.unseal(key, job_id, text))
+
+    @classmethod
+    def from_output(cls, text: str, key: bytes | None = None,
+                    job_id: str = "") -> JobResult | None:
+        """Recover the worker's result from its stdout: the last marker line that is a
+        result (with `key`: the last one sealed with this job's key; forged lines are not)."""
+        from ratchet import seal
+
         for line in reversed(text.splitlines()):
             if line.startswith(RESULT_MARKER):
-                return cls.from_json(line[len(RESULT_MARKER) :])
+                body = line[len(RESULT_MARKER):]
+                if key is None:
+                    return cls.from_json(body)
+                try:
+                    return cls.from_sealed(body, key, job_id)
+                except (seal.Forged, ValueError, TypeError):
+                    continue
         return None
 
 

@@ -1,28 +1,102 @@
-"""Sandbox for candidate phases, as far as the OS allows one.
+"""One sandbox for every untrusted party: proposers, candidate phases, the candidate child.
 
-Three levels, best first, decided once per machine:
-- `bwrap` (Debian package `bubblewrap`): the whole filesystem is read-only but the job's
-  own directories, the hold-out directory is hidden behind an empty tmpfs for everything
-  but the trusted evaluator, and the phase gets its own PID namespace.
-- `pidns` (util-linux `unshare`, no bubblewrap): the phase gets its own PID namespace
-  (as root, or through an unprivileged user namespace where the kernel allows it), so a
-  candidate sees only its own processes: not the driver, not other jobs, not their
-  `/proc/<pid>/environ`. Files are guarded by detect-and-reject (hashes after each phase).
-- `none`: nothing isolates; `ratchet status` says so.
+The agent CLI that writes a candidate, the candidate's build/run/smoke phases and the
+evaluator's candidate child all start through `command()` (or `Jail`, its Popen), with a
+`Policy` saying what the party may write, see and keep. Three levels, best first, decided
+once per machine:
+
+- `bwrap` (Debian package `bubblewrap`): the filesystem is read-only but the policy's
+  writable paths, hidden paths are empty, /tmp and /dev/shm are private, and the party has
+  its own PID namespace.
+- `pidns` (util-linux `unshare`, no bubblewrap): its own PID and mount namespace; the warden
+  mounts the hidden paths empty itself. Files outside the writable paths are guarded by the
+  uid drop below (as root) and by detect-and-reject (hashes after each phase).
+- `none`: no namespace; the warden is a subreaper. `ratchet status` says so.
+
+At every level the party's first process is the **warden** (`warden.py`), which, when the
+job runs as root, drops the party to an unprivileged uid of its own (so it cannot read the
+trusted processes' /proc, environment or descriptors, signal them, or write what root
+owns), kills every process left when the party ends, and freezes the whole tree on request.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import os
 import shutil
+import socket
+import stat
 import subprocess
+import sys
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
-BWRAP = "bwrap"
-PIDNS = "pidns"
-NONE = "none"
+WARDEN = Path(__file__).with_name("warden.py")
+# uids handed to untrusted parties: one per sandbox seed, far above any real account
+UNTRUSTED_UID_BASE = 3_000_000
+UNTRUSTED_UID_SPAN = 1_000_000
 
+
+class Level(StrEnum):
+    BWRAP = "bwrap"
+    PIDNS = "pidns"
+    NONE = "none"
+
+
+class SandboxUnavailable(RuntimeError):
+    """The level asked for does not work on this machine."""
+
+
+# Kept for callers that name the levels as module constants.
+BWRAP, PIDNS, NONE = Level.BWRAP, Level.PIDNS, Level.NONE
+
+
+def untrusted_uid(seed: str) -> int:
+    """A uid for untrusted parties, stable for its seed: one per study, so the phases of a
+    job and the compile caches its jobs share agree on the owner of what they wrote."""
+    return UNTRUSTED_UID_BASE + zlib.crc32(seed.encode()) % UNTRUSTED_UID_SPAN
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What an untrusted party may write, see and keep.
+
+    `writable`: directories it may write (made writable for its uid by `grant`).
+    `readonly`: extra paths it must be able to read even when an ancestor is private.
+    `hidden`: paths it sees as empty directories (hold-out data, keys, other trees).
+    `drop_privileges`: when the caller is root, run the party as `uid` (default: a uid of
+    its own from `seed`), never as root.
+    `keep_fds`: descriptors it keeps (everything else is closed).
+    `shared_shm`: keep the caller's /dev/shm (the candidate child maps shared buffers there).
+    `control`: give the Jail a freeze/thaw channel to the warden.
+    """
+
+    writable: Sequence[Path | str] = ()
+    readonly: Sequence[Path | str] = ()
+    hidden: Sequence[Path | str] = ()
+    drop_privileges: bool = True
+    uid: int | None = None
+    seed: str = "ratchet"
+    keep_fds: Sequence[int] = ()
+    network: bool = True
+    shared_shm: bool = False
+    private_tmp: bool = True
+    extra_visible: Sequence[Path | str] = field(default=())
+
+    def party_uid(self) -> int | None:
+        """The uid the party runs as, or None when it keeps the caller's."""
+        if not self.drop_privileges or os.geteuid() != 0:
+            return None
+        return self.uid if self.uid is not None else untrusted_uid(self.seed)
+
+
+# -- what works here -------------------------------------------------------------------------
 
 def _probe(argv: list[str], expect: str = "1") -> bool:
     try:
@@ -51,10 +125,10 @@ def bwrap_works() -> bool:
 
 @functools.cache
 def unshare_prefix() -> tuple[str, ...] | None:
-    """The util-linux `unshare` command line that gives a new PID namespace here, if any.
+    """The util-linux `unshare` command line that gives new PID and mount namespaces here.
 
-    `--kill-child`: if `unshare` dies, its child (PID 1 of the namespace, and with it the
-    whole namespace) is killed too, so a timeout never leaves candidate processes behind.
+    `--kill-child`: if `unshare` dies, its child (the warden, PID 1 of the namespace, and
+    with it the whole namespace) is killed too.
     """
     exe = shutil.which("unshare")
     if not exe:
@@ -71,71 +145,305 @@ def unshare_prefix() -> tuple[str, ...] | None:
     return None
 
 
-def choose(preference: str) -> str:
+def choose(preference: str) -> Level:
     """`auto`: the best level available; `bwrap`: bubblewrap or an error; `none`: nothing."""
-    if preference == NONE:
-        return NONE
-    if preference in ("auto", BWRAP) and bwrap_works():
-        return BWRAP
-    if preference == BWRAP:
-        raise RuntimeError("sandbox = 'bwrap' was asked for but bubblewrap does not work here")
+    if preference == Level.NONE:
+        return Level.NONE
+    if preference in ("auto", Level.BWRAP) and bwrap_works():
+        return Level.BWRAP
+    if preference == Level.BWRAP:
+        raise SandboxUnavailable(
+            "sandbox = 'bwrap' was asked for but bubblewrap does not work here "
+            "(install it: apt-get install bubblewrap)")
     if unshare_prefix() is not None:  # auto, or pidns decided on another machine
-        return PIDNS
-    return NONE
+        return Level.PIDNS
+    return Level.NONE
 
 
 def describe(preference: str = "auto") -> str:
     try:
         kind = choose(preference)
-    except RuntimeError as exc:
+    except SandboxUnavailable as exc:
         return f"unavailable: {exc}"
-    if kind == BWRAP and _bwrap_modes()[1]:
-        return "bwrap (read-only filesystem except the job's directory; own PID namespace)"
-    if kind == BWRAP:
+    who = ("untrusted parties run as an unprivileged uid of their own"
+           if os.geteuid() == 0 else
+           "untrusted parties run as this user (ratchet is not root, so no uid drop)")
+    if kind == Level.BWRAP and _bwrap_modes()[1]:
+        return ("bwrap (read-only filesystem except the job's directory; own PID "
+                f"namespace); {who}")
+    if kind == Level.BWRAP:
         return ("bwrap (read-only filesystem except the job's directory); NO PID namespace: "
-                "candidates can see other processes of this user")
-    if kind == PIDNS:
+                f"candidates can see other processes; {who}")
+    if kind == Level.PIDNS:
         return ("pid namespace only (unshare): candidates see only their own processes; "
-                "no bubblewrap, so files are guarded by detect-and-reject (hash checks)")
-    if preference == NONE:
-        return ("none (sandbox = \"none\"): candidates can see every process of this user, "
-                "and read their environments; files guarded by detect-and-reject")
+                f"no bubblewrap, so files are guarded by the uid and detect-and-reject; {who}")
+    if preference == Level.NONE:
+        return ("none (sandbox = \"none\"): candidates can see every process of this machine; "
+                f"files guarded by detect-and-reject; {who}")
     return ("none: NO ISOLATION: neither bubblewrap nor a PID namespace (unshare) works "
-            "here; candidates can see every process of this user and read their "
-            "environments; files guarded by detect-and-reject (hash checks)")
+            "here; candidates can see every process of this machine; files guarded by "
+            f"detect-and-reject (hash checks); {who}")
 
 
-def wrap(
-    kind: str,
-    argv: list[str],
-    *,
-    writable: list[Path],
-    hidden: list[str] | None = None,
-    readonly: list[str] | None = None,
-) -> list[str]:
-    if kind == PIDNS:
-        prefix = unshare_prefix()
-        return [*prefix, *argv] if prefix else argv
-    if kind != BWRAP:
-        return argv
+# -- paths ----------------------------------------------------------------------------------
+
+def _traversable(path: Path, uid: int) -> bool:
+    try:
+        st = path.stat()
+    except OSError:
+        return True  # nothing to open up
+    if st.st_uid == uid:
+        return bool(st.st_mode & stat.S_IXUSR)
+    return bool(st.st_mode & stat.S_IXOTH)
+
+
+def _runtime_paths() -> list[Path]:
+    """What any party needs to read to run ratchet's Python and the tools on PATH."""
+    paths = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix),
+             Path(os.path.realpath(sys.executable)).parent.parent}
+    paths.update(Path(p) for p in sys.path if p and Path(p).is_dir())
+    paths.update(Path(p) for p in os.environ.get("PATH", "").split(os.pathsep) if p)
+    return sorted(p.resolve() for p in paths if p.is_absolute() and p.exists())
+
+
+def private_ancestors(paths: Iterable[Path], uid: int) -> dict[Path, set[Path]]:
+    """The private directories (no search permission for `uid`) above `paths`, each with the
+    paths below it that must stay visible. A private directory is replaced by an empty one
+    and only those paths are put back, so the party sees them and nothing beside them. /root
+    is the usual one: a 0700 home holding the interpreter (pyenv) and the repository."""
+    cover: dict[Path, set[Path]] = {}
+    for path in paths:
+        path = Path(os.path.abspath(path))
+        for ancestor in path.parents[::-1][1:]:  # "/" excluded, outermost first
+            if not _traversable(ancestor, uid):
+                cover.setdefault(ancestor, set()).add(path)
+                break
+    # a private directory below another one is inside its cover already
+    for inner in sorted(cover, key=lambda p: len(p.parts)):
+        outer = next((o for o in cover if o != inner and o in inner.parents), None)
+        if outer is not None:
+            cover[outer] |= cover.pop(inner)
+    return cover
+
+
+def reachable(path: Path, uid: int) -> bool:
+    """Can `uid` reach `path` (search permission on every directory above it)?"""
+    path = Path(os.path.abspath(path))
+    return all(_traversable(p, uid) for p in [*path.parents, path] if p != Path("/"))
+
+
+def share(paths: Iterable[Path | str]) -> None:
+    """Caches every job's party writes (compile caches): writable by all, like /tmp (sticky,
+    so no party can delete another's files). Trusted phases never read these."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.chmod(path, 0o1777)
+
+
+def grant(paths: Iterable[Path | str], policy: Policy) -> None:
+    """Make `paths` (and everything in them) the party's own, so its uid can write them.
+
+    The trusted side calls this before starting the party; it reads what the party wrote
+    afterwards as root. A symlink is changed, never followed.
+    """
+    uid = policy.party_uid()
+    if uid is None:
+        return
+    for top in paths:
+        top = Path(top)
+        top.mkdir(parents=True, exist_ok=True)
+        os.lchown(top, uid, uid)
+        for root, dirs, files in os.walk(top):
+            for name in dirs + files:
+                with contextlib.suppress(FileNotFoundError):
+                    os.lchown(os.path.join(root, name), uid, uid)
+
+
+# -- the command line -------------------------------------------------------------------------
+
+def _warden_argv(policy: Policy, *, pidns: bool, control_fd: int | None,
+                 mount_plan: dict[str, Any] | None) -> list[str]:
+    argv = [sys.executable, "-I", "-S", str(WARDEN)]
+    if pidns:
+        argv.append("--pidns")
+    uid = policy.party_uid()
+    if uid is not None:
+        argv += ["--uid", str(uid), "--gid", str(uid)]
+    if control_fd is not None:
+        argv += ["--control-fd", str(control_fd)]
+    for fd in policy.keep_fds:
+        argv += ["--keep-fd", str(fd)]
+    if mount_plan:
+        argv += ["--mount-plan", json.dumps(mount_plan)]
+    return [*argv, "--"]
+
+
+def _needed(policy: Policy) -> list[Path]:
+    """What the party must be able to reach (the writable paths are bound on their own)."""
+    return [*map(Path, policy.readonly), *map(Path, policy.extra_visible), *_runtime_paths()]
+
+
+def _readonly(policy: Policy) -> list[Path]:
+    """Read-only paths that exist. They are put back after the hidden directories that hold
+    writable paths are emptied (prepared data inside the study's state directory)."""
+    return [Path(p) for p in policy.readonly if Path(p).exists()]
+
+
+def _split_hidden(policy: Policy) -> tuple[list[str], list[str]]:
+    """Hidden paths that contain writable ones are emptied before those are put back (the
+    study's state directory around the job's own); the others last (data inside a tree)."""
+    first, last = [], []
+    for hidden in map(Path, policy.hidden):
+        inside = any(hidden == w or hidden in Path(w).parents for w in policy.writable)
+        (first if inside else last).append(str(hidden))
+    return first, last
+
+
+def command(level: Level | str, argv: Sequence[str], policy: Policy, *,
+            control_fd: int | None = None) -> list[str]:
+    """The full command line that runs `argv` as an untrusted party under `policy`."""
+    level = Level(level)
+    uid = policy.party_uid()
+    cover = private_ancestors(_needed(policy), uid) if uid is not None else {}
+    if level == Level.BWRAP:
+        return _bwrap_args(policy, cover) + _warden_argv(
+            policy, pidns=_bwrap_modes()[1], control_fd=control_fd, mount_plan=None) + list(argv)
+    if level == Level.PIDNS and (prefix := unshare_prefix()):
+        hide_first, hide_last = _split_hidden(policy)
+        plan = {
+            "cover": [str(a) for a in sorted(cover)] + hide_first
+            + (["/tmp"] if policy.private_tmp else [])
+            + (["/dev/shm"] if not policy.shared_shm and Path("/dev/shm").is_dir() else []),
+            "binds": [[str(p), False] for keep in cover.values() for p in sorted(keep)]
+            + [[str(p), False] for p in _readonly(policy)]
+            + [[str(p), True] for p in policy.writable],
+            "hide": hide_last,
+        }
+        for path in policy.writable:
+            Path(path).mkdir(parents=True, exist_ok=True)
+        return [*prefix, *_warden_argv(policy, pidns=True, control_fd=control_fd,
+                                       mount_plan=plan), *argv]
+    if cover:
+        # no mount namespace to open a private home with: better the caller's uid than a
+        # party that cannot even start its interpreter
+        policy = Policy(**{**policy.__dict__, "drop_privileges": False})
+    return [*_warden_argv(policy, pidns=False, control_fd=control_fd, mount_plan=None), *argv]
+
+
+def _bwrap_args(policy: Policy, cover: Mapping[Path, set[Path]]) -> list[str]:
     exe = shutil.which("bwrap") or "bwrap"
     # /dev is bound whole so GPUs (/dev/nvidia*) stay reachable; /proc is fresh and, with
-    # its own PID namespace, shows the phase's processes alone.
+    # its own PID namespace, shows the party's processes alone.
     args = [exe, "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc"]
     if _bwrap_modes()[1]:
         args.append("--unshare-pid")
-    for shm in ("/dev/shm",):
-        if Path(shm).is_dir():
-            args += ["--tmpfs", shm]
-    for path in writable:
+    if not policy.network:
+        args.append("--unshare-net")
+    if not policy.shared_shm and Path("/dev/shm").is_dir():
+        args += ["--tmpfs", "/dev/shm"]
+    if policy.private_tmp:
+        args += ["--tmpfs", "/tmp"]
+    hide_first, hide_last = _split_hidden(policy)
+    # directories replaced by an empty tmpfs: paths put back below them need their
+    # parents made (bubblewrap would make them 0700, closed to the party's uid)
+    empties = [Path(p) for p in ("/tmp", *map(str, cover), *hide_first)]
+    made: set[Path] = set()
+
+    def bind(flag: str, path: Path | str) -> list[str]:
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        args += ["--bind", str(path), str(path)]
-    for path in readonly or []:
-        if Path(path).exists():
-            args += ["--ro-bind", str(path), str(path)]
-    for path in hidden or []:
-        if Path(path).exists():
-            args += ["--tmpfs", str(path)]
-    args += ["--die-with-parent", "--"]
-    return args + argv
+        parents = [d for d in path.parents[::-1]
+                   if d not in made and any(e in d.parents for e in empties)]
+        made.update(parents)
+        return [arg for d in parents for arg in ("--perms", "0755", "--dir", str(d))] + [
+            flag, str(path), str(path)]
+
+    for ancestor, keep in sorted(cover.items()):
+        args += ["--tmpfs", str(ancestor)]
+        for path in sorted(keep):
+            if path.exists():
+                args += bind("--ro-bind", path)
+    for path in hide_first:
+        if Path(path).is_dir():
+            args += ["--tmpfs", path]
+    for path in _readonly(policy):
+        args += bind("--ro-bind", path)
+    for path in policy.writable:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        args += bind("--bind", path)
+    for path in hide_last:
+        if Path(path).is_dir():
+            args += ["--tmpfs", path]
+    # the party's view of the filesystem is set: drop bubblewrap's own powers before argv
+    return [*args, "--die-with-parent", "--"]
+
+
+# -- a running party --------------------------------------------------------------------------
+
+class Jail:
+    """An untrusted party running under `policy`: a Popen with whole-tree freeze and kill.
+
+    `freeze()` returns once every process of the party is stopped (SIGSTOP, sent by the
+    warden to each one, setsid'd daemons included); `thaw()` lets them run; `kill()` ends
+    all of them. Extra keyword arguments go to `subprocess.Popen`.
+    """
+
+    def __init__(self, argv: Sequence[str], policy: Policy, *, level: Level | str,
+                 **popen: Any) -> None:
+        self.level = Level(level)
+        self.policy = policy
+        ours, theirs = socket.socketpair()
+        self._control = ours
+        pass_fds = tuple(popen.pop("pass_fds", ())) + tuple(policy.keep_fds) + (theirs.fileno(),)
+        try:
+            self.argv = command(self.level, argv, policy, control_fd=theirs.fileno())
+            self.proc = subprocess.Popen(self.argv, pass_fds=pass_fds,
+                                         start_new_session=True, **popen)
+        finally:
+            theirs.close()
+        self.pid = self.proc.pid
+
+    def _ask(self, command: bytes, answer: bytes, timeout: float = 10.0) -> bool:
+        if self.proc.poll() is not None:
+            return False
+        try:
+            self._control.settimeout(timeout)
+            self._control.sendall(command)
+            return self._control.recv(1) == answer
+        except OSError:
+            return False
+
+    def freeze(self) -> bool:
+        """Stop the whole party; True once it is stopped (False: it is gone)."""
+        return self._ask(b"F", b"f")
+
+    def thaw(self) -> bool:
+        return self._ask(b"T", b"t")
+
+    def kill(self, grace_s: float = 2.0) -> None:
+        """End the whole party: the warden kills every process of it, then exits."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self._control.shutdown(socket.SHUT_WR)  # EOF: the warden ends the party
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.proc.pid, 9)  # the warden's group; the namespace dies with it
+                self.proc.wait()
+        self.close()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._control.close()
+
+    def __enter__(self) -> Jail:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()

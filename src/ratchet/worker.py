@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from ratchet import sandbox
+from ratchet import sandbox, seal
 from ratchet.jobspec import (
     COMPILE_CACHE_VARS,
     RESULT_MARKER,
@@ -158,7 +158,8 @@ class Job:
         self.result = JobResult(job_id=spec.job_id, outcome="error")
         self.deadline = 0.0
         self.env: dict[str, str] = {}
-        self.sandbox_kind = "none"
+        self.sandbox_kind = sandbox.Level.NONE
+        self._shared_caches: list[Path] = []
         self.channel_data: dict[str, bytes] = {}  # trusted phase -> what its pipe carried
         self.data_dir = Path(spec.data_dir) if spec.data_dir else None  # $RATCHET_DATA
         self.memory_extra: dict[str, float] = {}  # the worker's measurement wins
@@ -205,6 +206,41 @@ class Job:
             path.mkdir(parents=True, exist_ok=True)  # bwrap binds only what exists
         return shared
 
+    def policy(self, name: str, env: dict[str, str], result_dir: Path | None, *,
+               trusted: bool, keep_fds: tuple[int, ...] = ()) -> sandbox.Policy:
+        """What the phase may write and see. Every phase runs under the sandbox's warden, so
+        its whole tree dies with it; candidate phases also run as the job's own unprivileged
+        uid (when the worker is root). Trusted phases (the evaluator) keep the worker's uid."""
+        writable = [self.work, self.job_dir / "tmp"] + ([result_dir] if result_dir else [])
+        self._shared_caches = self._compile_caches(env, name, trusted)
+        writable += self._shared_caches
+        # the study's state (ledger, keys, other jobs) is hidden around the job's own dirs
+        state_dir = self.job_dir.parent.parent
+        hidden = [state_dir] if (state_dir / "jobs") == self.job_dir.parent else []
+        readonly = [*self.spec.readonly_paths, *([self.spec.data_dir] if self.spec.data_dir else [])]
+        if self.data_dir is not None:
+            readonly.append(str(self.data_dir))
+        if self.spec.holdout_dir and not name.startswith("holdout"):
+            # hold-out data is visible to the hold-out evaluator alone: the public evaluator
+            # imports candidate code, which must not be able to read it
+            hidden.append(Path(self.spec.holdout_dir))
+        elif self.spec.holdout_dir:
+            readonly.append(self.spec.holdout_dir)
+        policy = sandbox.Policy(writable=writable, hidden=hidden, readonly=readonly,
+                                drop_privileges=not trusted, seed=str(state_dir),
+                                keep_fds=keep_fds)
+        if trusted:
+            # a dropped uid's ~/.local could otherwise plant .pth files for the evaluator
+            # (the work tree itself stays off its sys.path when evaluate runs `python -P`)
+            env["PYTHONNOUSERSITE"] = "1"
+        else:
+            sandbox.grant([self.work, self.job_dir / "tmp"], policy)
+            sandbox.share(writable[len(writable) - len(self._shared_caches):])
+            uid = policy.party_uid()
+            if uid is not None and not sandbox.reachable(Path(env.get("HOME", "/")), uid):
+                env["HOME"] = str(self.job_dir / "tmp")  # the dropped uid cannot enter root's
+        return policy
+
     def phase(self, name: str, command: str, *, trusted: bool = False) -> PhaseResult:
         with contextlib.suppress(OSError):  # for the live view only: never fails a job
             _write_state(self.job_dir / "state.json", "running", phase=name)
@@ -219,19 +255,10 @@ class Job:
             env["RATCHET_REPEAT"] = name.rpartition(".")[2] if "." in name else "1"
             if self.spec.holdout_dir and name.startswith("holdout"):
                 env["RATCHET_HOLDOUT"] = self.spec.holdout_dir
-        argv = ["/bin/sh", "-c", command]
-        writable = [self.work, self.job_dir / "tmp"] + ([result_file.parent] if trusted else [])
-        writable += self._compile_caches(env, name, trusted)
-        argv = sandbox.wrap(
-            self.sandbox_kind,
-            argv,
-            writable=writable,
-            # hold-out data is visible to the hold-out evaluator alone: the public evaluator
-            # imports candidate code, which must not be able to read it
-            hidden=[self.spec.holdout_dir]
-            if self.spec.holdout_dir and not name.startswith("holdout") else [],
-            readonly=self.spec.readonly_paths,
-        )
+        argv = sandbox.command(self.sandbox_kind, ["/bin/sh", "-c", command],
+                               self.policy(name, env, result_file.parent if trusted else None,
+                                           trusted=trusted,
+                                           keep_fds=(pipe.write_fd,) if pipe else ()))
         # memory_gb: the training run's peak; without a run phase, the evaluation's
         measure = name == "run" or (not self.spec.run and name.startswith("evaluate"))
         # sampling is light (~7 ms a sample) and sparser while an evaluator may be timing;
@@ -540,19 +567,28 @@ def _preload() -> None:
         sandbox.choose("auto")  # the isolation probes too
 
 
-def _wait_for_job() -> Path | None:
-    """Standby: imports are done; block until the driver names our job directory."""
+def _read_key(text: str) -> bytes | None:
+    try:
+        return bytes.fromhex(text.strip()) or None
+    except ValueError:
+        return None
+
+
+def _wait_for_job() -> tuple[Path, bytes | None] | None:
+    """Standby: imports are done; block until the driver names our job directory (and
+    hands over the job's result key on the same private pipe)."""
     _preload()
     line = sys.stdin.readline().strip()
     if not line:
         return None
-    job_dir = Path(line)
+    job_text, _, key_text = line.partition("\t")
+    job_dir = Path(job_text)
     os.chdir(job_dir)
     log = os.open(job_dir / "worker.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
-    return job_dir
+    return job_dir, _read_key(key_text)
 
 
 def _build_then_run(job: Job, state_path: Path, build_lease: IO | None,
@@ -610,7 +646,7 @@ def serve_spares() -> int:
                 created = 0.0
             sys.stdout.write(f"{pid} {created}\n")
             sys.stdout.flush()
-        elif command == "assign":
+        elif command == "assign":  # assign PID JOBDIR<TAB>KEY: the key stays on our pipes
             pid_text, _, job_dir = rest.partition(" ")
             write_end = pipes.pop(int(pid_text), None)
             if write_end is not None:
@@ -648,17 +684,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="start now, read the job directory from stdin later")
     parser.add_argument("--spare-server", action="store_true",
                         help="fork standby workers on request (see serve_spares)")
+    parser.add_argument("--key-stdin", action="store_true",
+                        help="read the job's result key (hex) from the first line of stdin")
     args = parser.parse_args(argv)
 
     if args.spare_server:
         return serve_spares()
+    key: bytes | None = None
     if args.standby:
-        args.job_dir = _wait_for_job()
-        if args.job_dir is None:
+        handed = _wait_for_job()
+        if handed is None:
             return 0  # the driver went away before handing us a job
+        args.job_dir, key = handed
     elif args.job_dir is None:
         parser.error("job_dir is required (or --standby)")
+    elif args.key_stdin:
+        key = _read_key(sys.stdin.readline())
     job_dir = args.job_dir.resolve()
+    # a shipped key (remote engines) is read and deleted before any candidate code runs
+    key = seal.take_key_file(job_dir) or key
     spec = JobSpec.from_json((job_dir / "spec.json").read_text())
     signal.signal(signal.SIGTERM, _on_term)
     signal.signal(signal.SIGINT, _on_term)
@@ -713,6 +757,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a fact we cannot read must not cost the result
         result.notes.append(f"machine fingerprint unavailable: {type(exc).__name__}: {exc}")
     text = result.to_json()
+    if key is not None:  # sealed: the only form of result.json the driver believes
+        text = seal.seal(key, spec.job_id, text)
     job_dir.mkdir(parents=True, exist_ok=True)  # the candidate may have deleted it
     tmp = job_dir / "result.tmp"
     tmp.write_text(text)

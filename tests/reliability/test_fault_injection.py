@@ -15,7 +15,7 @@ import time
 
 import pytest
 from common import deterministic_repo, ledger, start_run, wait_no_processes
-from helpers import git, results_tsv
+from helpers import git, job_result, results_tsv
 
 from ratchet.jobspec import RESULT_MARKER
 
@@ -115,8 +115,7 @@ def test_driver_killed_at_20_points_resumes_to_the_same_result(tmp_path):
         for cand in cands:
             log = (jobs / cand.job_id / "worker.log").read_text()
             assert log.count(RESULT_MARKER) == 1, (cand.id, log)
-            result = json.loads((jobs / cand.job_id / "result.json").read_text())
-            assert result["metric"] == cand.metric
+            assert job_result(repo, cand.job_id)["metric"] == cand.metric
         # every candidate keeps its ref; the incumbent was judged keep
         for cand in cands:
             if cand.kind == "candidate":
@@ -187,8 +186,7 @@ def test_rolling_driver_killed_at_every_boundary_keeps_its_guarantees(tmp_path):
         for cand in cands:
             log = (jobs / cand.job_id / "worker.log").read_text()
             assert log.count(RESULT_MARKER) == 1, (cand.id, log)
-            assert json.loads((jobs / cand.job_id / "result.json").read_text())["metric"] \
-                == cand.metric
+            assert job_result(repo, cand.job_id)["metric"] == cand.metric
             if cand.kind == "candidate":  # the incumbent it started from is recorded
                 assert git(repo, "rev-parse", f"{cand.commit_sha}^") == cand.parent
                 assert git(repo, "rev-parse", f"refs/ratchet/demo/{cand.id}") == \

@@ -8,10 +8,11 @@ copy and gives small data to each job as a private copy; the digest covers modes
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
-from helpers import ratchet
+from helpers import job_result, ratchet
 from redteam.test_redteam import FAST_SOLUTION, SOLUTION, cheat, judge, new_study
 
 from ratchet import sandbox
@@ -22,14 +23,19 @@ SLOWER = SOLUTION.replace("DELAY = 0.2", "DELAY = 0.3")
 
 
 def read_only(mode: str) -> bool:
-    """bubblewrap mounts the cache read-only (for root too): the write itself fails."""
-    return sandbox.choose(mode) == "bwrap"
+    """bubblewrap mounts the cache read-only; with a namespace, a root worker also runs the
+    candidate as an unprivileged uid, which cannot write root's files: the write fails."""
+    level = sandbox.choose(mode)
+    return level == "bwrap" or (os.geteuid() == 0 and level == "pidns")
 
 
 def assert_caught(verdict: dict, mode: str) -> None:
     if read_only(mode):
         assert verdict["status"] == "crash", verdict
-        assert "Read-only file system" in verdict["reasons"]
+        assert any(why in verdict["reasons"] for why in
+                   ("Read-only file system", "Permission denied", "Operation not permitted",
+                    # the job's spec.json, the cheat's map to the cache, is out of sight
+                    "No such file or directory")), verdict["reasons"]
     else:
         assert verdict["status"] == "rejected", verdict
         assert "prepared data ($RATCHET_DATA) was modified" in verdict["reasons"]
@@ -93,7 +99,7 @@ def test_poisoning_the_shared_cache_is_restored_for_the_next_job(template, tmp_p
     # the first job after the attack (the hold-out of the baseline, or the honest one)
     # found the cache modified and restored it before running anything
     notes = [note for job in (repo / ".ratchet" / "jobs").glob("*/result.json")
-             for note in json.loads(job.read_text()).get("notes", [])]
+             for note in job_result(repo, job.parent.name).get("notes", [])]
     assert read_only(mode) or any("found modified and restored" in note for note in notes), notes
     assert data_digest(data) == digest
     assert json.loads((data / "public.json").read_text()) != [[1]]

@@ -135,11 +135,12 @@ def test_each_isolation_level_hides_other_processes(tmp_path):
     if not levels:
         pytest.skip("neither bubblewrap nor unshare works here")
     for kind in levels:
-        argv = sandbox.wrap(kind, ["/bin/sh", "-c", "ls /proc | grep -c '^[0-9]'"],
-                            writable=[tmp_path])
+        argv = sandbox.command(kind, ["/bin/sh", "-c", "ls /proc | grep -c '^[0-9]'"],
+                               sandbox.Policy(writable=[tmp_path]))
         out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, (kind, out.stderr)
-        assert int(out.stdout.strip()) <= 4, (kind, out.stdout)
+        # sh, ls, grep and the warden (plus bubblewrap's init): nothing of the machine's
+        assert int(out.stdout.strip()) <= 5, (kind, out.stdout)
 
 
 def test_gpu_memory_is_read_for_the_phase_processes(tmp_path):

@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel, ConfigDict
 
+from ratchet import seal
 from ratchet.backends import Backend, JobState, register_backend
 from ratchet.backends.spares import Spare, SpareServer, running
 from ratchet.config import Backend as BackendSection
@@ -110,6 +111,7 @@ class LocalBackend(Backend):
         backend = backend or BackendSection()
         self.jobs_dir = state_dir / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.keys = seal.KeyStore(state_dir)  # each job's result key: driver and worker only
         self.lock_dir = state_dir / "slots"
         self.slots = plan_slots(backend.slots, backend.gpus)
         self.build_slots = plan_build_slots(backend.build_slots)
@@ -145,7 +147,7 @@ class LocalBackend(Backend):
 
     def submit(self, spec: JobSpec) -> str:
         job_dir = self.job_dir(spec.job_id)
-        if (self._alive(spec.job_id) or (job_dir / "result.json").exists()
+        if (self._alive(spec.job_id) or self._sealed(spec.job_id) is not None
                 or (job_dir / "pid.json").exists()):
             return spec.job_id  # idempotent: already placed (a dead one is `lost`, not rerun)
         job_dir.mkdir(parents=True, exist_ok=True)
@@ -160,27 +162,32 @@ class LocalBackend(Backend):
         return spec.job_id
 
     def _place(self, job_dir: Path, job_id: str) -> None:
+        key = self.keys.create(job_id)
         spare = self._spares.take() if self.standby else None
         if spare is not None:
             # pid.json first: a driver killed before the hand-over leaves a job that never
             # started (no state.json), which status() places again under the same id
             self._write_pid(job_dir, spare.pid, spare.created)
             fault_point("spawned")
-            if self._spares.assign(spare, job_dir):
+            if self._spares.assign(spare, job_dir, key):
                 self._children[job_id] = spare
                 return
             (job_dir / "pid.json").unlink(missing_ok=True)
             spare.kill()
         with (job_dir / "worker.log").open("ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "ratchet.worker", str(job_dir)],
+                [sys.executable, "-m", "ratchet.worker", str(job_dir), "--key-stdin"],
                 env=worker_env(dict(os.environ)),
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 cwd=job_dir,
             )
+        with contextlib.suppress(OSError):  # the key travels on a pipe only we two hold
+            assert proc.stdin is not None
+            proc.stdin.write(key.hex().encode() + b"\n")
+            proc.stdin.close()
         self._children[job_id] = proc
         fault_point("spawned")
         self._write_pid(job_dir, proc.pid, psutil.Process(proc.pid).create_time())
@@ -205,7 +212,7 @@ class LocalBackend(Backend):
     def status(self, job_id: str) -> JobState:
         self._top_up_spares()  # someone is waiting on jobs: the next ones will need workers
         job_dir = self.job_dir(job_id)
-        if (job_dir / "result.json").exists():
+        if self._sealed(job_id) is not None:
             self._reap(job_id, block=False)  # the worker may still be exiting: don't wait
             return JobState.DONE
         if self._alive(job_id):
@@ -215,7 +222,7 @@ class LocalBackend(Backend):
                 return JobState.PENDING
             return JobState.PENDING if state == "pending" else JobState.RUNNING
         # exited: the result may have landed between our two checks
-        if (job_dir / "result.json").exists():
+        if self._sealed(job_id) is not None:
             return JobState.DONE
         if (job_dir / "spec.json").exists() and not (job_dir / "state.json").exists():
             # placed but never started (the hand-over to a standby worker was cut off):
@@ -227,10 +234,19 @@ class LocalBackend(Backend):
         return JobState.LOST
 
     def result(self, job_id: str) -> JobResult | None:
-        path = self.job_dir(job_id) / "result.json"
+        return self._sealed(job_id)
+
+    def _sealed(self, job_id: str) -> JobResult | None:
+        """The job's result.json, if its worker sealed it with the job's key. Anything else
+        there (a candidate's daemon or another party wrote it) is not a result: the real
+        worker replaces it, or the job is lost and rerun, never judged on it."""
+        key = self.keys.get(job_id)
+        if key is None:
+            return None
         try:
-            return JobResult.from_json(path.read_text())
-        except (OSError, ValueError):
+            text = (self.job_dir(job_id) / "result.json").read_text()
+            return JobResult.from_sealed(text, key, job_id)
+        except (OSError, ValueError, TypeError):  # seal.Forged is a ValueError
             return None
 
     def phase(self, job_id: str) -> str | None:
@@ -270,7 +286,7 @@ class LocalBackend(Backend):
     def close(self) -> None:
         self._spares.close()  # idle spares exit with their server; jobs run on
         for job_id in list(self._children):
-            if (self.job_dir(job_id) / "result.json").exists():
+            if self._sealed(job_id) is not None:
                 self._reap(job_id)  # finished: let it exit; running jobs stay detached
 
     # -- process bookkeeping -----------------------------------------------------------------

@@ -124,9 +124,9 @@ class SpareServer:
                 self._abandon()
                 return None
 
-    def assign(self, spare: Spare, job_dir: Path) -> bool:
+    def assign(self, spare: Spare, job_dir: Path, key: bytes) -> bool:
         try:
-            self._proc.stdin.write(f"assign {spare.pid} {job_dir}\n".encode())
+            self._proc.stdin.write(f"assign {spare.pid} {job_dir}\t{key.hex()}\n".encode())
             self._proc.stdin.flush()
         except (OSError, AttributeError):
             return False

@@ -1,0 +1,312 @@
+"""The warden: the trusted first process of every sandbox (stdlib only, run by file path).
+
+    python -I -S warden.py [--uid U --gid G] [--pidns] [--control-fd N] [--keep-fd N]...
+                           [--mount-plan JSON] -- argv...
+
+Every untrusted party (a proposer's agent CLI, a candidate's build/run/smoke phase, the
+evaluator's candidate child) starts as a child of a warden. The warden
+
+- is PID 1 (or 2, under bubblewrap's own init) of the sandbox's PID namespace when there is
+  one (`--pidns`), otherwise a child subreaper, so every process the party starts, daemons
+  that called setsid() included, stays in reach;
+- as root, drops the party to an unprivileged uid/gid (`--uid/--gid`, no supplementary
+  groups, no_new_privs): it cannot read the trusted processes' /proc entries, environments
+  or descriptors, signal them, or write a file root owns;
+- closes every descriptor but stdio and `--keep-fd`;
+- with `--mount-plan` (a PID namespace made by `unshare`, which gives a private mount
+  namespace but no bubblewrap) mounts the plan's empty tmpfs dirs itself;
+- on `--control-fd` answers `F` (freeze every process of the sandbox with SIGSTOP; the
+  answer `f` comes once all of them are stopped) and `T` (SIGCONT; answer `t`);
+- when the party's first process exits, kills every process left in the sandbox and exits
+  with the party's status (128 + signal when it was killed); SIGTERM/SIGINT to the warden
+  do the same to the whole sandbox.
+
+Which processes are "the sandbox's": in a PID namespace, every process but the warden and
+bubblewrap's init (the namespace holds nothing else); otherwise the warden's descendants
+(a subreaper: a daemon that called setsid() is re-parented to it, never lost).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import signal
+import sys
+import time
+import warnings  # noqa: F401 - os.execvp imports it, and the dropped uid may not read the stdlib
+
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND = 1, 2, 4, 32, 4096
+MS_REC, MS_PRIVATE = 16384, 1 << 18
+STOPPED = frozenset("TtZX")
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class Options:
+    def __init__(self, args: list[str]) -> None:
+        self.uid: int | None = None
+        self.gid: int | None = None
+        self.pidns = False
+        self.control_fd: int | None = None
+        self.keep_fds: list[int] = []
+        self.mount_plan: dict = {}
+        while args and args[0] != "--":
+            flag = args.pop(0)
+            if flag == "--pidns":
+                self.pidns = True
+            elif flag == "--uid":
+                self.uid = int(args.pop(0))
+            elif flag == "--gid":
+                self.gid = int(args.pop(0))
+            elif flag == "--control-fd":
+                self.control_fd = int(args.pop(0))
+            elif flag == "--keep-fd":
+                self.keep_fds.append(int(args.pop(0)))
+            elif flag == "--mount-plan":
+                self.mount_plan = json.loads(args.pop(0))
+            else:
+                raise SystemExit(f"warden: unknown option {flag}")
+        if not args or len(args) < 2:
+            raise SystemExit("warden: no command after --")
+        self.argv = args[1:]
+        # kill(-1, ...) as root outside a PID namespace would reach the whole machine: only
+        # trust --pidns when this process really is the first (or bubblewrap init's first
+        # child) of a fresh namespace. The host's PIDs 1 and 2 are init and kthreadd.
+        if self.pidns and os.getpid() > 2:
+            self.pidns = False
+
+
+def _die(message: str) -> None:
+    os.write(2, f"ratchet sandbox: {message}\n".encode())
+    os._exit(126)
+
+
+def _mount(source: bytes, target: str, fstype: bytes | None, flags: int,
+           data: bytes | None = None) -> None:
+    if _libc.mount(source, target.encode(), fstype, flags, data) != 0:
+        _die(f"cannot mount {target}: {os.strerror(ctypes.get_errno())}")
+
+
+def apply_mount_plan(plan: dict) -> None:
+    """unshare gave a private mount namespace and no bubblewrap: build the party's view.
+
+    `cover`: directories replaced by an empty tmpfs (private homes, /tmp, /dev/shm);
+    `binds`: [path, writable] put back afterwards, from descriptors opened before any cover
+    hid them; `hide`: directories emptied last (hold-out data, keys).
+    """
+    if not plan:
+        return
+    _mount(b"none", "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here leaks out
+    held = []
+    for path, writable in plan.get("binds", []):
+        if os.path.exists(path):
+            held.append((path, writable, os.open(path, os.O_PATH | os.O_CLOEXEC)))
+    for path in plan.get("cover", []):
+        if os.path.isdir(path):
+            _mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755")
+    for path, writable, fd in held:
+        if not os.path.exists(path):  # a cover hid it: make the mount point again
+            if os.path.isdir(f"/proc/self/fd/{fd}"):
+                os.makedirs(path, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+        _mount(f"/proc/self/fd/{fd}".encode(), path, None, MS_BIND | MS_REC)
+        if not writable:
+            _mount(b"none", path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_REC)
+        os.close(fd)
+    for path in plan.get("hide", []):
+        if os.path.isdir(path):
+            _mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755")
+
+
+def _child(opts: Options) -> None:
+    """In the forked child: become the party (never returns)."""
+    try:
+        os.setsid()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        if opts.uid is not None:
+            gid = opts.gid if opts.gid is not None else opts.uid
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(opts.uid, opts.uid, opts.uid)
+            if os.geteuid() == 0 or os.getuid() == 0:
+                _die("could not drop root")
+        if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            _die("could not set no_new_privs")
+        keep = sorted({0, 1, 2, *opts.keep_fds})
+        low = 0
+        for fd in keep:
+            if low < fd:  # closerange(n, n) closes everything from n up on some Pythons
+                os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, 1 << 16)
+        for fd in opts.keep_fds:
+            os.set_inheritable(fd, True)
+        os.execvp(opts.argv[0], opts.argv)
+    except OSError as exc:
+        _die(f"cannot start {opts.argv[0]}: {exc}")
+    except BaseException as exc:  # never fall back into the warden's own loop
+        _die(f"cannot start {opts.argv[0]}: {type(exc).__name__}: {exc}")
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                out += [int(p) for p in fh.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+class Sandbox:
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.me = os.getpid()
+        self.exited: dict[int, int] = {}  # every child reaped so far: pid -> wait status
+
+    def members(self) -> list[int]:
+        """Every process of the sandbox but the warden (see the module docstring)."""
+        if self.opts.pidns:
+            return [int(p) for p in os.listdir("/proc")
+                    if p.isdigit() and int(p) not in (self.me, 1)]
+        found, todo = [], _children(self.me)
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            todo += _children(pid)
+        return found
+
+    def signal_all(self, sig: int) -> list[int]:
+        pids = self.members()
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        return pids
+
+    def freeze(self) -> None:
+        """SIGSTOP every member, again for any that appeared meanwhile, until all are stopped."""
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            pids = self.signal_all(signal.SIGSTOP)
+            if all(_all_tasks_stopped(pid) for pid in pids) and set(self.members()) <= set(pids):
+                return
+            time.sleep(0.0002)
+
+    def kill_all(self) -> None:
+        for _ in range(50):
+            if not self.signal_all(signal.SIGKILL):
+                return
+            self.reap()
+            time.sleep(0.01)
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.exited[pid] = status
+
+
+def _all_tasks_stopped(pid: int) -> bool:
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True  # gone
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as fh:
+                state = fh.read().rsplit(b")", 1)[1].split()[0].decode()
+        except (OSError, IndexError):
+            continue
+        if state not in STOPPED:
+            return False
+    return True
+
+
+def main() -> int:
+    opts = Options(sys.argv[1:])
+    if not opts.pidns:
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    apply_mount_plan(opts.mount_plan)
+    sandbox = Sandbox(opts)
+    # SIGCHLD and stop requests wake the loop through one pipe, so nothing is polled
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    stop_requested: list[int] = []
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: stop_requested.append(signum))
+    pid = os.fork()
+    if pid == 0:
+        signal.set_wakeup_fd(-1)
+        os.close(wake_r)
+        os.close(wake_w)
+        if opts.control_fd is not None:
+            os.close(opts.control_fd)
+        _child(opts)
+    control = opts.control_fd
+    status: int | None = None
+    term_sent_at: float | None = None
+    while status is None:
+        readable = [wake_r] + ([control] if control is not None else [])
+        timeout = 0.2 if term_sent_at is not None else None
+        try:
+            ready, _, _ = select.select(readable, [], [], timeout)
+        except InterruptedError:
+            ready = []
+        if wake_r in ready:
+            try:
+                os.read(wake_r, 512)
+            except BlockingIOError:
+                pass
+        if control is not None and control in ready:
+            try:
+                command = os.read(control, 1)
+            except OSError:
+                command = b""
+            if command == b"F":
+                sandbox.freeze()
+                os.write(control, b"f")
+            elif command == b"T":
+                sandbox.signal_all(signal.SIGCONT)
+                os.write(control, b"t")
+            elif command == b"":  # the trusted side went away: end the sandbox
+                control = None
+                stop_requested.append(signal.SIGTERM)
+        if stop_requested and term_sent_at is None:
+            sandbox.signal_all(signal.SIGCONT)
+            sandbox.signal_all(signal.SIGTERM)
+            term_sent_at = time.monotonic()
+        if term_sent_at is not None and time.monotonic() - term_sent_at > 2.0:
+            sandbox.kill_all()
+        sandbox.reap()
+        status = sandbox.exited.get(pid)
+    sandbox.kill_all()  # daemons left behind die with the party
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
