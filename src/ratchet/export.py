@@ -216,7 +216,7 @@ def _checked_out(repo: Path) -> set[str]:
 def _committer_env(repo: Path) -> dict[str, str]:
     """The user's identity when git has one; ratchet's otherwise (commit-tree needs one)."""
     try:
-        gitrepo.git(repo, "var", "GIT_COMMITTER_IDENT")
+        gitrepo.git(repo, "var", "GIT_COMMITTER_IDENT", user_config=True)
     except gitrepo.GitError:
         return dict(RATCHET_IDENT)
     return {}
@@ -234,4 +234,4 @@ def _commit(repo: Path, tree: str, parent: str, message: str, env: dict[str, str
         env = {**env, "GIT_AUTHOR_NAME": env["GIT_COMMITTER_NAME"],
                "GIT_AUTHOR_EMAIL": env["GIT_COMMITTER_EMAIL"]}
     return gitrepo.git(repo, "commit-tree", tree, "-p", parent, input=message.encode(),
-                       env=env)
+                       env=env, user_config=True)  # the user's own identity, as git has it

@@ -30,20 +30,47 @@ class GitError(UserError):
     pass
 
 
-def git(repo: Path, *args: str, input: bytes | None = None, env: dict | None = None) -> str:
-    out = git_bytes(repo, *args, input=input, env=env)
+def git(repo: Path, *args: str, input: bytes | None = None, env: dict | None = None,
+        user_config: bool = False) -> str:
+    out = git_bytes(repo, *args, input=input, env=env, user_config=user_config)
     return out.decode("utf-8", "replace").strip()
 
 
-def git_bytes(repo: Path, *args: str, input: bytes | None = None, env: dict | None = None) -> bytes:
-    full_env = {**os.environ, **(env or {})}
-    # Keep commits reproducible and never prompt.
-    full_env.setdefault("GIT_TERMINAL_PROMPT", "0")
+# Every git call ratchet makes runs no code from the repository's config or hooks: a
+# proposer or candidate that got a hook, an fsmonitor or a signing program into a `.git`
+# would otherwise run as the driver, with its secrets, on ratchet's next git call.
+HARDENED = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",
+            "-c", "core.untrackedCache=false", "-c", "commit.gpgSign=false",
+            "-c", "tag.gpgSign=false", "-c", "core.pager=cat", "-c", "protocol.ext.allow=never")
+# What git needs of the driver's environment; everything else (API keys, tokens, GIT_DIR
+# or GIT_CONFIG_* set by someone else) stays out.
+_ENV_KEEP = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "SYSTEMROOT")
+
+
+def git_env(extra: dict | None = None, *, user_config: bool = False) -> dict[str, str]:
+    """A scrubbed environment for git: no secrets, no system or global config (unless
+    `user_config`: the user's own identity for `ratchet export`), never a prompt."""
+    env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP or k.startswith("LC_")}
+    env["GIT_TERMINAL_PROMPT"] = "0"
+    if not user_config:
+        env["GIT_CONFIG_NOSYSTEM"] = "1"
+        env["GIT_CONFIG_GLOBAL"] = os.devnull
+    env.update(extra or {})
+    return env
+
+
+def git_argv(repo: Path, *args: str) -> list[str]:
+    """The command line of a hardened git call in `repo` (for callers that need Popen)."""
+    return ["git", *HARDENED, "-C", str(repo), *args]
+
+
+def git_bytes(repo: Path, *args: str, input: bytes | None = None, env: dict | None = None,
+              user_config: bool = False) -> bytes:
     proc = subprocess.run(
-        ["git", "-C", str(repo), *args],
+        git_argv(repo, *args),
         input=input,
         capture_output=True,
-        env=full_env,
+        env=git_env(env, user_config=user_config),
     )
     if proc.returncode != 0:
         message = proc.stderr.decode("utf-8", "replace").strip().splitlines()
@@ -166,7 +193,7 @@ def diff_changes(repo: Path, base: str, head: str) -> list[Change]:
 
 
 def diff_text(repo: Path, base: str, head: str) -> str:
-    return git(repo, "diff", "--no-color", base, head)
+    return git(repo, "diff", "--no-color", "--no-ext-diff", "--no-textconv", base, head)
 
 
 def commit_files(

@@ -408,8 +408,8 @@ class Loop:
 def _descends(repo: Path, commit: str | None, ancestor: str | None) -> bool:
     if not commit or not ancestor:
         return False
-    proc = subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", ancestor,
-                           commit], capture_output=True)
+    proc = subprocess.run(gitrepo.git_argv(repo, "merge-base", "--is-ancestor", ancestor,
+                                           commit), capture_output=True, env=gitrepo.git_env())
     return proc.returncode == 0
 
 

@@ -28,6 +28,7 @@ bubblewrap's init (the namespace holds nothing else); otherwise the warden's des
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -195,10 +196,8 @@ class Sandbox:
     def signal_all(self, sig: int) -> list[int]:
         pids = self.members()
         for pid in pids:
-            try:
+            with contextlib.suppress(OSError):  # gone already
                 os.kill(pid, sig)
-            except OSError:
-                pass
         return pids
 
     def freeze(self) -> None:
@@ -276,10 +275,8 @@ def main() -> int:
         except InterruptedError:
             ready = []
         if wake_r in ready:
-            try:
+            with contextlib.suppress(BlockingIOError):  # drained by an earlier wake-up
                 os.read(wake_r, 512)
-            except BlockingIOError:
-                pass
         if control is not None and control in ready:
             try:
                 command = os.read(control, 1)

@@ -441,8 +441,10 @@ class RayActors(Backend):
 
 
 def _git_archive(repo: Path, commit: str) -> bytes:
-    proc = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit],
-                          capture_output=True, check=False)
+    from ratchet import gitrepo
+
+    proc = subprocess.run(gitrepo.git_argv(repo, "archive", "--format=tar", commit),
+                          capture_output=True, check=False, env=gitrepo.git_env())
     if proc.returncode != 0:
         raise BackendError(f"git archive {commit[:12]}: {proc.stderr.decode().strip()}")
     return proc.stdout

@@ -16,7 +16,6 @@ When the queue is empty the study stops. Ideas are for the llm and agent propose
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import tempfile
@@ -118,7 +117,7 @@ class PatchesProposer(Proposer):
         # based on an older commit: carry its own changes over onto the incumbent
         try:
             base = gitrepo.git(ctx.repo, "merge-base", ctx.incumbent, commit)
-            diff = gitrepo.git_bytes(ctx.repo, "diff", "--binary", "--no-color", base, commit)
+            diff = gitrepo.git_bytes(ctx.repo, "diff", "--binary", "--no-color", "--no-ext-diff", base, commit)
             new = apply_onto(ctx.repo, ctx.incumbent, diff, description)
         except (PatchError, gitrepo.GitError) as exc:
             return Proposal(description=description,
@@ -140,10 +139,9 @@ def apply_onto(repo: Path, parent: str, patch: bytes, message: str) -> str:
         patch_file = Path(tmp) / "change.patch"
         patch_file.write_bytes(patch)
         proc = subprocess.run(
-            ["git", "-C", str(repo), "apply", "--cached", "--whitespace=nowarn",
-             str(patch_file)],
+            gitrepo.git_argv(repo, "apply", "--cached", "--whitespace=nowarn", str(patch_file)),
             capture_output=True,
-            env={**os.environ, **env},
+            env=gitrepo.git_env(env),
         )
         if proc.returncode != 0:
             lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
@@ -163,7 +161,7 @@ def _subject(patch: bytes) -> str | None:
 
 def _is_ancestor(repo: Path, ancestor: str, commit: str) -> bool:
     proc = subprocess.run(
-        ["git", "-C", str(repo), "merge-base", "--is-ancestor", ancestor, commit],
-        capture_output=True,
+        gitrepo.git_argv(repo, "merge-base", "--is-ancestor", ancestor, commit),
+        capture_output=True, env=gitrepo.git_env(),
     )
     return proc.returncode == 0
