@@ -21,6 +21,7 @@ from helpers import git, make_repo, ratchet
 from ratchet import sandbox
 from ratchet.ledger import Ledger
 
+
 def blocked(reasons: str) -> bool:
     """The write failed: a read-only mount, or (root) the candidate's unprivileged uid."""
     return any(why in reasons for why in ("Read-only file system", "Permission denied"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 
-from helpers import config_text, git, job_result, make_repo, ratchet, SCORE_EVALUATOR
+from helpers import SCORE_EVALUATOR, config_text, git, job_result, make_repo, ratchet
 
 SLOW = '''
 X = 3.0
