@@ -4,9 +4,11 @@ never a traceback (issue 22)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
-from helpers import git, ratchet, score_repo
+from helpers import RATCHET, ROOT, git, ratchet, score_repo
+from terminal import run_on_tty, screen
 
 from ratchet.study import Study
 
@@ -71,3 +73,49 @@ def test_show_of_a_kept_commit_is_the_candidate_not_its_re_measure(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0].startswith(kept[0].id), proc.stdout
     assert git(repo, "rev-parse", sha) == sha
+
+
+def test_an_editable_glob_that_matches_no_file_stops_the_study_in_one_line(tmp_path):
+    task = ('[task]\nname = "demo"\neditable = ["solutoin.py"]\nprotected = ["evaluate.py"]\n'
+            'evaluate = "python evaluate.py"\ntimeout = "60s"\n')
+    repo = score_repo(tmp_path / "r", task=task, knobs="")
+    # `submit` starts the study with no proposer in the way
+    line = _one_error_line(ratchet(repo, "submit"),
+                           "task.editable: 'solutoin.py' matches no file",
+                           "did you mean 'solution.py'?")
+    assert "ratchet.toml" in line
+    assert not (repo / ".ratchet" / "jobs").exists()  # refused before anything ran
+
+
+def test_one_editable_glob_of_several_matching_nothing_is_a_warning(tmp_path):
+    task = ('[task]\nname = "demo"\neditable = ["solution.py", "extra/*.py"]\n'
+            'protected = ["evaluate.py"]\nevaluate = "python evaluate.py"\ntimeout = "60s"\n')
+    repo = score_repo(tmp_path / "r", task=task,
+                      search='[search]\nproposer = "tune"\nparallel = 1\nrounds = 1\n')
+    proc = ratchet(repo, "run")
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: task.editable: 'extra/*.py' matches no file" in proc.stderr
+
+
+def test_at_80_columns_no_word_is_cut_across_lines(tmp_path):
+    """A line longer than the terminal wraps at a space (the rest indented), never
+    inside a number or a word: the verdicts of `run`, the summary of `status`."""
+    repo = score_repo(tmp_path / "r")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    screens = {}
+    for command in ("run", "status"):
+        code, raw = run_on_tty([*RATCHET, command], env, repo, cols=80)
+        assert code == 0, raw
+        screens[command] = screen(raw, 80)
+    with Study(repo) as study:
+        # the reasons a round's block shows: why a candidate was not kept
+        reasons = [c.reasons for c in study.ledger.candidates()
+                   if c.reasons and c.status == "discard"]
+        sandbox = study.sandbox_status()
+    expected = {"run": reasons, "status": [f"sandbox: {sandbox}"]}
+    for command, lines in screens.items():
+        assert all(len(line) <= 80 for line in lines), lines
+        joined = " ".join(line.strip() for line in lines)  # each wrapped line joined again
+        for text in expected[command]:
+            assert text in joined, (text, lines)
+    assert any(len(line) > 70 for line in screens["run"]), "no line long enough to wrap"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import textwrap
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -15,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ratchet import __version__, backends, gitrepo, views
-from ratchet.config import Config, load_config
+from ratchet.config import CONFIG_FILE, Config, load_config
 from ratchet.errors import UserError
 from ratchet.ledger import Candidate
 from ratchet.study import Progress, Study
@@ -24,8 +25,9 @@ from ratchet.vocab import Kind, Status
 # Every string we print is literal text: help, errors, descriptions and reasons often
 # hold brackets ("[prep] run", "[tune.knobs]") or colons that rich would read as markup
 # or emoji codes. So no markup in help (plain click help) and none on our consoles.
-# soft_wrap: a line is never cut at rich's 80-column default when piped; the terminal
-# (whatever its width) wraps it.
+# Wrapping: on a terminal rich wraps a long line at a space to the terminal's width (the
+# terminal itself would cut it mid-word); piped, a line is never cut (soft wrap), so a log
+# file or a grep sees each line whole.
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -33,14 +35,28 @@ app = typer.Typer(
     rich_markup_mode=None,
     help="Autoresearch that only moves forward: propose, verify, keep or revert.",
 )
-console = Console(markup=False, emoji=False, highlight=False, soft_wrap=True)
-err = Console(stderr=True, markup=False, emoji=False, highlight=False, soft_wrap=True)
+console = Console(markup=False, emoji=False, highlight=False)
+err = Console(stderr=True, markup=False, emoji=False, highlight=False)
+for _out in (console, err):
+    _out.soft_wrap = not _out.is_terminal
 
 RepoOption = Annotated[Path, typer.Option("--repo", "-C", help="research repository")]
 
 
+def emit(out: Console, line: str) -> None:
+    """One line of output. On a terminal narrower than the line it is wrapped at spaces,
+    the rest indented under the line's own text, never cut mid-word (the terminal itself
+    would cut `1.5625` into `1.5` and `625`); piped, it goes out whole."""
+    if out.is_terminal and len(line) > out.width:
+        lead = len(line) - len(line.lstrip(" "))
+        line = "\n".join(textwrap.wrap(line, width=out.width,
+                                       subsequent_indent=" " * min(lead + 4, out.width // 2),
+                                       break_long_words=False, break_on_hyphens=False))
+    out.print(line)
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
-    err.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
+    err.print(Text.assemble(("error:", "bold red"), " ", message))
     raise typer.Exit(code)
 
 
@@ -69,6 +85,13 @@ def open_study(repo: Path, **kwargs) -> Study:
     if top is None:
         raise UserError(f"{repo}: not a git repository (run `git init` and commit your "
                         "files first)")
+    if top != repo and (repo / CONFIG_FILE).is_file():
+        # a study is the git repository whose root holds ratchet.toml; from inside another
+        # repository, -C would quietly study that one instead
+        raise UserError(f"{repo} has its own {CONFIG_FILE} but is inside the git repository "
+                        f"{top}; a study needs ratchet.toml at a repository's root: copy the "
+                        "directory out and `git init` it there (the bundled examples: "
+                        "scripts/run_example.sh NAME)")
     on_disk = load_config(top)  # the file as it is: a broken one stops us, even uncommitted
     config, source = _study_config(top, on_disk)
     log = kwargs.setdefault("log", lambda m: err.print(m))
@@ -82,7 +105,7 @@ def _study_config(top: Path, on_disk: Config) -> tuple[Config, str | None]:
     """The config a study runs with, and where it comes from: the one pinned when the study
     started, else the one committed in HEAD (where a new study starts). An uncommitted
     edit never takes effect: candidates are evaluated against committed files only."""
-    from ratchet.config import CONFIG_FILE, loads_config
+    from ratchet.config import loads_config
     from ratchet.ledger import Ledger
 
     db = top / ".ratchet" / "ledger.db"
@@ -189,10 +212,7 @@ class RunView:
         """The study's log lines. While the live area is up they go through its console,
         which prints them above it; a write to the terminal behind its back would leave
         copies of the live area on screen."""
-        if self.live is not None:
-            self.live.console.print(message)
-        else:
-            err.print(message)
+        emit(self.live.console if self.live is not None else err, message)
 
     def update(self, p: Progress) -> None:
         self.rounds = p.rounds or self.rounds
@@ -217,7 +237,7 @@ class RunView:
                 return
             rounds = max(self.rounds, self.next_round)
             for line in views.round_lines(cands, self.next_round, rounds, self.metric):
-                out.print(line)
+                emit(out, line)
             self.next_round += 1
 
 
@@ -287,13 +307,11 @@ def _print_summary(study: Study) -> None:
     metric = study.config.metric.name
     baseline = next((c for c in cands if c.kind == Kind.BASELINE and c.metric is not None), None)
     best = ledger.get("incumbent_metric")
-    console.print(
-        f"study {study.name}: {len(cands)} candidates "
-        + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-    )
+    emit(console, f"study {study.name}: {len(cands)} candidates "
+         + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     if baseline and best is not None:
-        console.print(f"{metric}: baseline {baseline.metric:.6g} -> incumbent {best:.6g} "
-                      f"(branch ratchet/{study.name} at {str(ledger.get('incumbent'))[:7]})")
+        emit(console, f"{metric}: baseline {baseline.metric:.6g} -> incumbent {best:.6g} "
+             f"(branch ratchet/{study.name} at {str(ledger.get('incumbent'))[:7]})")
     ledger.close()
 
 
@@ -436,19 +454,17 @@ def status(
         else:
             console.print("no candidates yet (`ratchet run` proposes them)")
         best = summary["incumbent_metric"]
-        console.print(
-            f"study {study.name} round {summary['round']}: incumbent "
-            f"{str(summary['incumbent'])[:7]} {metric}={'—' if best is None else f'{best:.6g}'}; "
-            + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
-            highlight=False,
-        )
-        console.print(f"job time {summary['job_hours']:.3f} h, cost ${summary['cost_usd']:.2f}, "
-                      f"wall {summary['wall_hours']:.3f} h; sandbox: {summary['sandbox']}",
-                      highlight=False)
+        emit(console,
+             f"study {study.name} round {summary['round']}: incumbent "
+             f"{str(summary['incumbent'])[:7]} {metric}={'—' if best is None else f'{best:.6g}'}; "
+             + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        emit(console, f"job time {summary['job_hours']:.3f} h, cost "
+             f"${summary['cost_usd']:.2f}, wall {summary['wall_hours']:.3f} h; sandbox: "
+             f"{summary['sandbox']}")
         if busy.duty is not None:
-            console.print(f"slots {busy.slots}: duty {busy.duty:.0%}, mean run "
-                          f"{busy.mean_run_s:.1f} s, limit {busy.limit_per_hour:.0f}/h, "
-                          f"achieved {busy.per_hour:.0f}/h", highlight=False)
+            emit(console, f"slots {busy.slots}: duty {busy.duty:.0%}, mean run "
+                 f"{busy.mean_run_s:.1f} s, limit {busy.limit_per_hour:.0f}/h, "
+                 f"achieved {busy.per_hour:.0f}/h")
 
 
 @app.command()
@@ -623,7 +639,7 @@ def export_(
         how = "squashed into 1 commit" if squash else f"{len(done.commits)} commit(s)"
         console.print(f"branch {name} at {done.tip[:7]}: {steps}, {how}, on the study start "
                       f"{str(study.ledger.get('pinned'))[:7]}; its tree is the incumbent's"
-                      + (f" (replaced {done.replaced[:7]})" if done.replaced else ""), soft_wrap=True)
+                      + (f" (replaced {done.replaced[:7]})" if done.replaced else ""))
 
 
 def _whole_summaries() -> None:
@@ -643,7 +659,7 @@ def main() -> None:
     try:
         app()
     except UserError as exc:
-        err.print(Text.assemble(("error:", "bold red"), " ", str(exc)), soft_wrap=True)
+        err.print(Text.assemble(("error:", "bold red"), " ", str(exc)))
         sys.exit(2)
 
 

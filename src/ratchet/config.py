@@ -113,10 +113,6 @@ class Metric(Strict):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
     goal: Literal["minimize", "maximize"] = "minimize"
 
-    def better(self, a: float, b: float) -> bool:
-        """Is a strictly better than b?"""
-        return a < b if self.goal == "minimize" else a > b
-
     def gain(self, candidate: float, incumbent: float) -> float:
         """How much better candidate is than incumbent (positive = better)."""
         return incumbent - candidate if self.goal == "minimize" else candidate - incumbent

@@ -322,11 +322,6 @@ def metric_lines(text: str) -> list[tuple[str, Any]]:
     return [found for line in text.splitlines() if (found := _parse_line(line))]
 
 
-def parse_metrics(text: str) -> dict[str, Any]:
-    """`name: value` lines -> {name: float|bool}; the last occurrence wins."""
-    return dict(metric_lines(text))
-
-
 # ---------------------------------------------------------------------------------------
 # reading an evaluation: the trusted channel first, the log and $RATCHET_RESULT after it
 

@@ -15,6 +15,7 @@ it reattaches to running jobs, resubmits lost ones once, and never counts anythi
 from __future__ import annotations
 
 import contextlib
+import difflib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -154,6 +155,7 @@ class Study:
                                  "files first")
             committed = committed_config(self.repo, head)
             check_commands(self.repo, self.config, head)
+            check_editable(self.repo, self.config, head, self.log)
             if gitrepo.is_dirty(self.repo):
                 self.log("warning: uncommitted changes are ignored; the study starts from "
                          f"HEAD {head[:7]}")
@@ -359,3 +361,28 @@ class Study:
 
     def sandbox_status(self) -> str:
         return sandbox.describe(self.config.backend.sandbox)
+
+
+def check_editable(repo: Path, config: Config, head: str, log: Callable[[str], None]) -> None:
+    """`task.editable` must name files of the start commit: a misspelt glob would leave a
+    proposer nothing to change (an error when no glob matches a file; a warning for
+    each glob that matches none, since a glob may be meant for files a proposer adds)."""
+    from ratchet.config import CONFIG_FILE, matches_any
+
+    listing = gitrepo.git(repo, "ls-tree", "-r", "--name-only", "-z", head)
+    paths = [p for p in listing.split("\0") if p]
+    unmatched = [g for g in config.task.editable if not any(matches_any(p, [g]) for p in paths)]
+    if not unmatched:
+        return
+
+    def hint(glob: str) -> str:
+        close = difflib.get_close_matches(glob, paths, n=1, cutoff=0.6)
+        return f" (did you mean {close[0]!r}?)" if close else ""
+
+    if len(unmatched) == len(config.task.editable):
+        glob = unmatched[0]
+        raise StudyError(f"task.editable: {glob!r} matches no file in commit {head[:7]}"
+                         f"{hint(glob)}; fix the glob in {CONFIG_FILE} or commit the file")
+    for glob in unmatched:
+        log(f"warning: task.editable: {glob!r} matches no file in commit {head[:7]}"
+            f"{hint(glob)}; a proposer may only add files there")

@@ -2,8 +2,14 @@
 
 The points are the places where a crash is hardest to survive (between a decision and
 the record of it: RATCHET_FAULT crash hooks in study.py and the local backend) plus
-SIGKILLs from outside at seeded random moments. The end state must equal an
-uninterrupted run of the same deterministic task.
+SIGKILLs from outside at seeded moments. The end state must equal an uninterrupted run
+of the same deterministic task.
+
+A kill from outside lands a seeded number of ledger events into the run, not a number
+of seconds: on a fast, idle machine a timed kill let a run get so far that the study
+ended before the last kill (19 kills of 20). Counted in events, each run makes the same
+bounded progress on any machine, and the kill still lands wherever the driver happens
+to be between two records.
 """
 
 from __future__ import annotations
@@ -11,7 +17,10 @@ from __future__ import annotations
 import json
 import random
 import signal
+import sqlite3
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from common import deterministic_repo, ledger, start_run, wait_no_processes
@@ -26,18 +35,43 @@ ROUNDS = 40  # the study must outlive all 20 kills (rounds got faster)
 SETTINGS = 100  # more settings of X than the study tries: the tuner never repeats one
 
 
-def schedule(seed: int = 20240607) -> list[tuple[str, float]]:
-    """Every crash hook at least once, the rest a seeded mix of hooks and timed kills."""
+def schedule(seed: int = 20240607) -> list[tuple[str, int]]:
+    """Every crash hook at least once, the rest a seeded mix of hooks and outside kills
+    ("events", n: SIGKILL once the run has written n more ledger events)."""
     rng = random.Random(seed)
     nth = lambda: 1 if rng.random() < 0.7 else 2  # noqa: E731
     plan = [(label, nth()) for label in LABELS]
     while len(plan) < KILLS:
         if rng.random() < 0.45:
-            plan.append(("time", round(rng.uniform(0.4, 2.0), 2)))
+            plan.append(("events", rng.randint(1, 12)))
         else:
             plan.append((rng.choice(LABELS), nth()))
     rng.shuffle(plan)
     return plan
+
+
+def _events(repo: Path) -> int:
+    """Events recorded in the ledger so far (0 before there is one), read-only."""
+    path = repo / ".ratchet" / "ledger.db"
+    if not path.exists():
+        return 0
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            return db.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+        finally:
+            db.close()
+    except sqlite3.OperationalError:  # the table is being created: nothing yet
+        return 0
+
+
+def kill_after_events(repo: Path, proc: subprocess.Popen, n: int) -> None:
+    """SIGKILL `proc` from outside once it has recorded `n` more events."""
+    target = _events(repo) + n
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and _events(repo) < target and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
 
 
 def outcome(repo) -> dict:
@@ -70,10 +104,9 @@ def test_driver_killed_at_20_points_resumes_to_the_same_result(tmp_path):
     repo = deterministic_repo(tmp_path / "faulted", rounds=ROUNDS, settings=SETTINGS)
     killed = []
     for label, arg in schedule():
-        if label == "time":
+        if label == "events":
             proc = start_run(repo)
-            time.sleep(arg)
-            proc.send_signal(signal.SIGKILL)
+            kill_after_events(repo, proc, arg)
         else:
             proc = start_run(repo, RATCHET_FAULT=f"{label}:{arg}")
         _, err = proc.communicate(timeout=120)
@@ -133,10 +166,10 @@ def test_driver_killed_at_20_points_resumes_to_the_same_result(tmp_path):
 ROLLING_BUDGET = 24
 
 
-def rolling_schedule(seed: int = 7) -> list[tuple[str, float]]:
+def rolling_schedule(seed: int = 7) -> list[tuple[str, int]]:
     rng = random.Random(seed)
     plan = [(label, 1 if rng.random() < 0.7 else 2) for label in LABELS]
-    plan += [("time", round(rng.uniform(0.4, 2.0), 2)) for _ in range(3)]
+    plan += [("events", rng.randint(1, 12)) for _ in range(3)]
     rng.shuffle(plan)
     return plan
 
@@ -150,10 +183,9 @@ def test_rolling_driver_killed_at_every_boundary_keeps_its_guarantees(tmp_path):
     budget = {"RATCHET_TEST_CANDIDATES": str(ROLLING_BUDGET)}
     killed = []
     for label, arg in rolling_schedule():
-        if label == "time":
+        if label == "events":
             proc = start_run(repo, rolling=True, **budget)
-            time.sleep(arg)
-            proc.send_signal(signal.SIGKILL)
+            kill_after_events(repo, proc, arg)
         else:
             proc = start_run(repo, rolling=True, RATCHET_FAULT=f"{label}:{arg}", **budget)
         _, err = proc.communicate(timeout=120)

@@ -45,12 +45,6 @@ def is_floating(x: Any) -> bool:
     return np.issubdtype(x.dtype, np.floating)
 
 
-def device_of(x: Any) -> str:
-    if is_torch(x):
-        return str(x.device)
-    return "cpu"
-
-
 def materialisation_problem(x: Any) -> str | None:
     """Why `x` is not a plain, materialised array, or None when it is.
 
@@ -230,19 +224,6 @@ def perturb_(x: Any, scale: float, offset: float) -> None:
     else:
         x *= x.dtype.type(scale)
         x += x.dtype.type(offset)
-
-
-def touch_(x: Any, rng: np.random.Generator) -> None:
-    """Change one element of a floating array in place.
-
-    Used between timed calls so a candidate that caches results by input *content*
-    (a hash of the bytes) misses, while the buffer and the cost of the call stay the same.
-    """
-    n = int(x.numel()) if is_torch(x) else int(x.size)
-    if n == 0 or not is_floating(x):
-        return
-    index = tuple(int(k) for k in np.unravel_index(int(rng.integers(n)), tuple(x.shape)))
-    x[index] = float(rng.standard_normal())
 
 
 def synchronize(values: Any) -> None:
