@@ -339,10 +339,13 @@ def _bwrap_args(policy: Policy, cover: Mapping[Path, set[Path]]) -> list[str]:
         args.append("--unshare-pid")
     if not policy.network:
         args.append("--unshare-net")
+    # private /tmp and /dev/shm are the party's to write, like the real ones (sticky, all
+    # may write): coding agents need them (Codex mkdirs /tmp/codex-daemon-<uid>; Claude
+    # Code ends silently without a writable /tmp)
     if not policy.shared_shm and Path("/dev/shm").is_dir():
-        args += ["--tmpfs", "/dev/shm"]
+        args += ["--perms", "1777", "--tmpfs", "/dev/shm"]
     if policy.private_tmp:
-        args += ["--tmpfs", "/tmp"]
+        args += ["--perms", "1777", "--tmpfs", "/tmp"]
     hide_first, hide_last = _split_hidden(policy)
     # directories replaced by an empty tmpfs: paths put back below them need their
     # parents made (bubblewrap would make them 0700, closed to the party's uid)

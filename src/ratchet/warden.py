@@ -107,7 +107,9 @@ def apply_mount_plan(plan: dict) -> None:
             held.append((path, writable, os.open(path, os.O_PATH | os.O_CLOEXEC)))
     for path in plan.get("cover", []):
         if os.path.isdir(path):
-            _mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755")
+            # /tmp and /dev/shm stay writable by all (sticky) as the real ones are
+            mode = b"mode=1777" if path in ("/tmp", "/dev/shm") else b"mode=0755"
+            _mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, mode)
     for path, writable, fd in held:
         if not os.path.exists(path):  # a cover hid it: make the mount point again
             if os.path.isdir(f"/proc/self/fd/{fd}"):
