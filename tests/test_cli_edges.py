@@ -37,7 +37,7 @@ def test_status_of_a_started_study_with_no_candidates(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
 def test_the_ray_backend_with_no_cluster_is_one_line_naming_the_key(tmp_path):
     repo = score_repo(tmp_path / "r")
-    proc = ratchet(repo, "run", "--backend", "ray", timeout=120,
+    proc = ratchet(repo, "run", "--backend", "ray", timeout=300,
                    env={"RAY_ADDRESS": "", "RAY_TMPDIR": str(tmp_path / "no-ray")})
     _one_error_line(proc, "cannot connect", "[backend.ray] cluster")
 
@@ -119,3 +119,23 @@ def test_at_80_columns_no_word_is_cut_across_lines(tmp_path):
         for text in expected[command]:
             assert text in joined, (text, lines)
     assert any(len(line) > 70 for line in screens["run"]), "no line long enough to wrap"
+
+
+def test_rolling_prints_each_verdict_once_before_the_keep_it_makes(tmp_path):
+    """Rolling has no rounds of K: no `round 1/6` headers (6 was the candidate budget),
+    every verdict once, and a `keep cN` line after the line that lists cN."""
+    repo = score_repo(tmp_path / "r", search='[search]\nproposer = "tune"\nparallel = 2\n'
+                                              'mode = "rolling"\ncandidates = 6\n')
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    code, raw = run_on_tty([*RATCHET, "run"], env, repo, cols=120)
+    assert code == 0, raw
+    lines = screen(raw, 120)
+    assert not [line for line in lines if line.startswith("round ")], lines
+    with Study(repo) as study:
+        cands = study.ledger.candidates()
+    for cand in cands:
+        listed = [i for i, line in enumerate(lines) if line.startswith(f"  {cand.id} ")]
+        assert len(listed) == 1, (cand.id, lines)
+        keeps = [i for i, line in enumerate(lines) if line.startswith(f"keep {cand.id} ")]
+        assert all(i > listed[0] for i in keeps), (cand.id, lines)
+    assert any(line.startswith("keep ") for line in lines), lines

@@ -176,6 +176,10 @@ class RunView:
     never wraps, so redrawing it leaves nothing behind; above it, each judged round stays
     on screen once, with every verdict. Elsewhere (a log file, a pipe): only the judged
     rounds and the trouble lines, each printed once.
+
+    Rolling search has no rounds to wait for: each verdict is printed once it is made,
+    without a round header (its ledger "round" counts keeps, not a budget of rounds).
+    A study's log line (`keep c0003 ...`) is printed after the verdicts it follows.
     """
 
     def __init__(self) -> None:
@@ -185,12 +189,17 @@ class RunView:
         self.next_round: int | None = None  # the first round not yet printed
         self.rounds = 0  # the study's target
         self.trouble = ""
+        self.rolling = False
+        self.printed: set[str] = set()  # rolling: the verdicts on screen
 
     def attach(self, study: Study, rounds: int | None) -> None:
         self.study = study
         self.rounds = rounds or study.config.search.rounds
         self.metric = study.config.metric.name
         self.next_round = study.ledger.get("round") or 1
+        self.rolling = study.config.search.mode == "rolling"
+        if self.rolling:  # a resumed study: what was judged before is not news
+            self.printed = {c.id for c in study.ledger.candidates() if c.is_judged}
 
     def renderable(self, p: Progress) -> Group:
         parts: list = [Text(views.status_line(p.round, p.rounds, p.best, self.metric,
@@ -212,6 +221,7 @@ class RunView:
         """The study's log lines. While the live area is up they go through its console,
         which prints them above it; a write to the terminal behind its back would leave
         copies of the live area on screen."""
+        self.print_judged()  # the verdicts a line such as `keep c0003` speaks of come first
         emit(self.live.console if self.live is not None else err, message)
 
     def update(self, p: Progress) -> None:
@@ -228,6 +238,9 @@ class RunView:
         """Print every round that is fully judged and not printed yet."""
         if self.study is None or self.next_round is None:
             return
+        if self.rolling:
+            self._print_verdicts()
+            return
         ledger = self.study.ledger
         last = (ledger.get("round") or 1) if before is None else before - 1
         out = self.live.console if self.live is not None else console
@@ -239,6 +252,17 @@ class RunView:
             for line in views.round_lines(cands, self.next_round, rounds, self.metric):
                 emit(out, line)
             self.next_round += 1
+
+    def _print_verdicts(self) -> None:
+        """Rolling: every verdict not printed yet, in the order they were made."""
+        assert self.study is not None
+        out = self.live.console if self.live is not None else console
+        fresh = [c for c in self.study.ledger.candidates()
+                 if c.is_judged and c.id not in self.printed]
+        for cand in sorted(fresh, key=lambda c: (c.judged_at or 0, c.seq)):
+            for line in views.round_lines([cand], cand.round, cand.round, self.metric)[1:]:
+                emit(out, line)  # [1:]: a verdict line without its round header
+            self.printed.add(cand.id)
 
 
 @app.command()
@@ -655,11 +679,17 @@ _whole_summaries()  # keep this after the last command
 
 
 def main() -> None:
-    """The `ratchet` command: a user error, from any command, is one line and exit 2."""
+    """The `ratchet` command: a user error or a fault of this machine (OSError), from any
+    command, is one line and exit 2; anything else is a bug and keeps its traceback."""
     try:
         app()
     except UserError as exc:
         err.print(Text.assemble(("error:", "bold red"), " ", str(exc)))
+        sys.exit(2)
+    except OSError as exc:  # this machine's fault (disk full, permissions), not the study's
+        err.print(Text.assemble(("error:", "bold red"), " ", f"{exc} (fix it on this "
+                                "machine, then run the command again: what is recorded "
+                                "stays)"))
         sys.exit(2)
 
 

@@ -24,6 +24,7 @@ from ratchet.errors import UserError
 from ratchet.fingerprint import fingerprint_key
 from ratchet.history import Step, format_change, kept_steps
 from ratchet.ledger import Ledger
+from ratchet.vocab import Kind
 
 ZERO = "0" * 40  # update-ref's "must not exist yet"
 RATCHET_IDENT = {"GIT_COMMITTER_NAME": "ratchet", "GIT_COMMITTER_EMAIL": "ratchet@localhost"}
@@ -178,7 +179,7 @@ def squash_message(study: StudyView, steps: list[Step]) -> str:
         lines.append(f"   original commit: {step.cand.commit_sha}")
     counts: dict[str, int] = {}
     for cand in study.ledger.candidates():
-        if cand.kind == "candidate":
+        if cand.kind == Kind.CANDIDATE:
             counts[cand.status] = counts.get(cand.status, 0) + 1
     lines += ["", f"Candidates tried: {sum(counts.values())} ("
               + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + ")"]

@@ -35,7 +35,7 @@ from ratchet.proposers import Proposer
 from ratchet.proposers.knobs import KnobError, knob_values
 from ratchet.scheduler import Loop, Proposals, Rolling, Rounds, StopFlag
 from ratchet.views import write_results_tsv
-from ratchet.vocab import Status
+from ratchet.vocab import Kind, Status
 
 STATE_DIR = ".ratchet"
 __all__ = ["Progress", "StopFlag", "Study", "StudyError"]
@@ -253,7 +253,7 @@ class Study:
             self.prepare()
         incumbent, round_no = self.ledger.get("incumbent"), self.ledger.get("round")
         rows = self._loop().fixed_rows(incumbent)[:1]
-        rows = [r for r in rows if r["kind"] == "baseline"]
+        rows = [r for r in rows if r["kind"] == Kind.BASELINE]
         subject = gitrepo.git(self.repo, "log", "-1", "--format=%s", commit)
         # submitting the start commit itself before anything ran makes it the baseline
         proposals = [] if rows and commit == incumbent else [
@@ -276,7 +276,7 @@ class Study:
                 raise StudyError(f"no candidate {ref!r} in this study (see `ratchet status`)")
             cands.append(cand)
         # the baseline must be judged before anything is compared with it
-        baseline = [c for c in self.ledger.candidates() if c.kind == "baseline"
+        baseline = [c for c in self.ledger.candidates() if c.kind == Kind.BASELINE
                     and not c.is_judged and c.id not in ids]
         group = [c.id for c in baseline + cands]
         round_no = self.ledger.get("round")
