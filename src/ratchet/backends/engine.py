@@ -20,6 +20,7 @@ from typing import TypeVar
 
 from ratchet.backends import BackendError
 from ratchet.jobspec import JobResult
+from ratchet.seal import KeyStore
 
 log = logging.getLogger("ratchet.backends")
 T = TypeVar("T")
@@ -60,6 +61,7 @@ class RecordStore:
     def __init__(self, root: Path) -> None:
         self.root = root / "jobs"
         self.root.mkdir(parents=True, exist_ok=True)
+        self.keys = KeyStore(root.parent)  # each job's result key (see ratchet.seal)
         self.backend_log = root / "backend.log"
 
     def dir(self, job_id: str) -> Path:

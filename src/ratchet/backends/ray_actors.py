@@ -227,8 +227,9 @@ class RayActors(Backend):
         actor = self._actor(slot)
         # not awaited: an actor Ray cannot place yet (no free GPU) leaves the job
         # pending, which poll() reports and ratchet's queue timeout bounds
+        key = self.store.keys.create(spec.job_id)  # the result comes back sealed with it
         self._submits[spec.job_id] = actor.submit.remote(spec.job_id, spec.to_json(),
-                                                         snapshot, holdout)
+                                                         snapshot, holdout, key.hex())
         loads = self._loads()
         loads[slot] = loads.get(slot, 0) + 1
 
@@ -322,8 +323,9 @@ class RayActors(Backend):
 
     def _finish(self, record: JobRecord, answer: dict) -> JobState:
         logs = answer.get("logs") or ""
-        try:
-            worker = JobResult.from_json(answer["result"])
+        key = self.store.keys.get(record.job_id)
+        try:  # only what the job's worker sealed is its result
+            worker = JobResult.from_sealed(answer["result"], key, record.job_id) if key else None
         except (KeyError, ValueError, TypeError):
             worker = None
         if record.stop_reason:

@@ -181,6 +181,7 @@ class RayJobs(Backend):
             gitrepo.archive_to(Path(spec.repo or "."), spec.commit, work)
             (work / SPEC_DIR).mkdir(exist_ok=True)
             spec.write(work / SPEC_DIR / "spec.json")
+            self.store.keys.write_for_worker(spec.job_id, work / SPEC_DIR)
             entry = (f"{shlex.quote(self.cfg.python)} -m ratchet.backends.remote job "
                      f"--spec {SPEC_DIR}/spec.json --workdir .")
             if holdout_tar(spec, work / SPEC_DIR / HOLDOUT_TAR):  # the hold-out job only
@@ -235,7 +236,7 @@ class RayJobs(Backend):
         except Exception as exc:
             self.store.note(f"{job_id}: could not fetch logs ({exc}); will ask again")
             return JobState.RUNNING
-        worker = parse_result(logs)
+        worker = parse_result(logs, self.store.keys.get(job_id), job_id)
         if record.stop_reason:
             self.store.cache_result(job_id, stopped_result(record, worker), logs)
             return JobState.DONE

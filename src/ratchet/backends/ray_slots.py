@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import io
+import json
 import os
 import shutil
 import signal
@@ -64,7 +65,7 @@ class SlotRunner:
                 "cuda": self.env.get("CUDA_VISIBLE_DEVICES"), "jobs": len(self.jobs)}
 
     def submit(self, job_id: str, spec_json: str, snapshot: bytes,
-               holdout: bytes | None = None) -> str:
+               holdout: bytes | None = None, key_hex: str = "") -> str:
         """Queue a job (idempotent by job id); returns its state."""
         self.last_call = time.monotonic()
         with self.lock:
@@ -75,6 +76,10 @@ class SlotRunner:
             if holdout is not None:
                 (job_dir / "holdout.tar").write_bytes(holdout)
                 (job_dir / "holdout.tar").chmod(0o600)
+            if key_hex:  # the worker reads and deletes it before any candidate code runs
+                fd = os.open(job_dir / "job.key", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as fh:
+                    fh.write(key_hex)
             self.jobs[job_id] = {"state": PENDING, "times": {"received": time.time()},
                                  "spec": spec_json, "snapshot": snapshot}
             self.queue.append(job_id)
@@ -231,8 +236,8 @@ class SlotRunner:
             times["worker_exited"] = time.time()
             try:
                 text = (job_dir / "result.json").read_text()
-                JobResult.from_json(text)
-            except (OSError, ValueError, TypeError):
+                json.loads(text)["mac"]  # sealed by the worker; the driver checks the seal
+            except (OSError, ValueError, TypeError, KeyError):
                 text = JobResult(job_id=job_id, outcome="error", failed_stage="worker",
                                  reason=f"the worker exited with code {worker.returncode} "
                                         "and reported nothing").to_json()

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from ratchet.jobspec import RESULT_MARKER, JobResult, JobSpec, scrub_env
+from ratchet.seal import KEY_FILE, take_key_file
 
 PREP_MARKER = "RATCHET-PREP-RESULT: "
 HOLDOUT_TAR = "holdout.tar"  # shipped with the hold-out follow-up job only
@@ -128,8 +129,13 @@ def run_job(spec_path: Path, workdir: Path | None, archive: Path | None,
     job_dir = job_dir or Path(tempfile.mkdtemp(prefix="ratchet-job-"))
     job_dir.mkdir(parents=True, exist_ok=True)
     spec = JobSpec.from_json(spec_path.read_text())
+    key = take_key_file(spec_path.parent)  # out of the candidate's tree before it runs
     shipped = place_holdout(spec, holdout)
     (job_dir / "spec.json").write_text(spec.to_json())
+    if key is not None:  # for the worker, in the private job directory
+        fd = os.open(job_dir / KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(key.hex())
     scratch = None
     if workdir is None:
         if archive is None:
@@ -264,10 +270,13 @@ def parse_prep_output(text: str) -> dict | None:
     return None
 
 
-def parse_result(text: str) -> JobResult | None:
-    """The worker's result from an engine log: only an unprefixed marker line counts."""
+def parse_result(text: str, key: bytes | None, job_id: str) -> JobResult | None:
+    """The worker's result from an engine log: only an unprefixed marker line sealed with the
+    job's key counts (a line a candidate got into the log, or a guessed one, does not)."""
+    if key is None:
+        return None
     try:
-        return JobResult.from_output(text)
+        return JobResult.from_output(text, key, job_id)
     except (ValueError, TypeError, KeyError):
         return None
 

@@ -257,6 +257,7 @@ class ShellBackend(Backend):
                            check=True)
         if spec is not None:
             spec.write(local / "spec.json")
+            self.store.keys.write_for_worker(spec.job_id, local)
             # only the hold-out follow-up job ever carries the hold-out data
             holdout_tar(spec, local / HOLDOUT_TAR)
         values = self._values(name, command=command)
@@ -475,7 +476,7 @@ class ShellBackend(Backend):
         # finished, or left the queue: the job's log decides (its last line is the
         # worker's result); no second call when it is there
         logs = self._logs(name, engine_id)
-        worker = parse_result(logs)
+        worker = parse_result(logs, self.store.keys.get(job_id), job_id)
         if record.stop_reason:
             self.store.cache_result(job_id, stopped_result(record, worker), logs)
             return JobState.DONE
