@@ -292,7 +292,8 @@ def _readonly(policy: Policy) -> list[Path]:
 def _split_hidden(policy: Policy) -> tuple[list[str], list[str]]:
     """Hidden paths that contain writable ones are emptied before those are put back (the
     study's state directory around the job's own); the others last (data inside a tree)."""
-    first, last = [], []
+    first: list[str] = []
+    last: list[str] = []
     for hidden in map(Path, policy.hidden):
         inside = any(hidden == w or hidden in Path(w).parents for w in policy.writable)
         (first if inside else last).append(str(hidden))
@@ -365,17 +366,17 @@ def _bwrap_args(policy: Policy, cover: Mapping[Path, set[Path]]) -> list[str]:
         for path in sorted(keep):
             if path.exists():
                 args += bind("--ro-bind", path)
-    for path in hide_first:
-        if Path(path).is_dir():
-            args += ["--tmpfs", path]
-    for path in _readonly(policy):
-        args += bind("--ro-bind", path)
-    for path in policy.writable:
-        Path(path).mkdir(parents=True, exist_ok=True)
-        args += bind("--bind", path)
-    for path in hide_last:
-        if Path(path).is_dir():
-            args += ["--tmpfs", path]
+    for hidden in hide_first:
+        if Path(hidden).is_dir():
+            args += ["--tmpfs", hidden]
+    for seen in _readonly(policy):
+        args += bind("--ro-bind", seen)
+    for writable in policy.writable:
+        Path(writable).mkdir(parents=True, exist_ok=True)
+        args += bind("--bind", writable)
+    for hidden in hide_last:
+        if Path(hidden).is_dir():
+            args += ["--tmpfs", hidden]
     # the party's view of the filesystem is set: drop bubblewrap's own powers before argv
     return [*args, "--die-with-parent", "--"]
 

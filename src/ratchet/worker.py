@@ -446,6 +446,7 @@ class Job:
             return failure
         self.off_slot = True
         try:
+            assert self.spec.build  # build_ahead runs only for a task with a build
             return (self.check_phase(self.phase("build", self.spec.build))
                     or self.check_integrity(after="build"))
         finally:
@@ -497,6 +498,7 @@ class Job:
 
     def run_holdout(self) -> JobResult:
         """The trusted hold-out evaluation, on the candidate's finished work directory."""
+        assert self.spec.holdout  # asked for only when the task has a hold-out command
         metrics, failure = self.evaluate("holdout", self.spec.holdout)
         if failure:
             failure.reason = f"hold-out: {failure.reason}"
@@ -648,8 +650,8 @@ def serve_spares() -> int:
             sys.stdout.flush()
         elif command == "assign":  # assign PID JOBDIR<TAB>KEY: the key stays on our pipes
             pid_text, _, job_dir = rest.partition(" ")
-            write_end = pipes.pop(int(pid_text), None)
-            if write_end is not None:
+            write_end = pipes.pop(int(pid_text), -1)
+            if write_end >= 0:
                 with contextlib.suppress(OSError):  # a dead spare: the driver places again
                     os.write(write_end, f"{job_dir}\n".encode())
                 os.close(write_end)

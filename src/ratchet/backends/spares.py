@@ -96,6 +96,7 @@ class SpareServer:
         if n <= 0:
             return
         server = self._server()
+        assert server.stdin is not None  # started with stdin=PIPE
         try:
             server.stdin.write(b"spawn\n" * n)
             server.stdin.flush()
@@ -125,10 +126,12 @@ class SpareServer:
                 return None
 
     def assign(self, spare: Spare, job_dir: Path, key: bytes) -> bool:
+        if self._proc is None or self._proc.stdin is None:
+            return False
         try:
             self._proc.stdin.write(f"assign {spare.pid} {job_dir}\t{key.hex()}\n".encode())
             self._proc.stdin.flush()
-        except (OSError, AttributeError):
+        except OSError:
             return False
         return True
 
@@ -139,6 +142,7 @@ class SpareServer:
         if proc is None or not self._pending:
             return False
         got = False
+        assert proc.stdout is not None  # started with stdout=PIPE
         fd = proc.stdout.fileno()
         while self._pending:
             readable, _, _ = select.select([fd], [], [], max(timeout, 0) if not got else 0)
@@ -164,15 +168,15 @@ class SpareServer:
         self._pending = 0
         if proc is None:
             return
-        with contextlib.suppress(OSError):
-            proc.stdin.close()
+        with contextlib.suppress(OSError, AttributeError):  # AttributeError: no pipe
+            proc.stdin.close()  # type: ignore[union-attr]
         try:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        with contextlib.suppress(OSError):
-            proc.stdout.close()
+        with contextlib.suppress(OSError, AttributeError):
+            proc.stdout.close()  # type: ignore[union-attr]
 
     def _abandon(self) -> None:
         """A server that owes spares and does not answer: it is not waited for again."""
