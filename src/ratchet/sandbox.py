@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import shutil
 import socket
@@ -262,7 +261,7 @@ def grant(paths: Iterable[Path | str], policy: Policy) -> None:
 # -- the command line -------------------------------------------------------------------------
 
 def _warden_argv(policy: Policy, *, pidns: bool, control_fd: int | None,
-                 mount_plan: dict[str, Any] | None) -> list[str]:
+                 mount_plan: dict[str, list[str]] | None) -> list[str]:
     argv = [sys.executable, "-I", "-S", str(WARDEN)]
     if pidns:
         argv.append("--pidns")
@@ -273,8 +272,9 @@ def _warden_argv(policy: Policy, *, pidns: bool, control_fd: int | None,
         argv += ["--control-fd", str(control_fd)]
     for fd in policy.keep_fds:
         argv += ["--keep-fd", str(fd)]
-    if mount_plan:
-        argv += ["--mount-plan", json.dumps(mount_plan)]
+    for kind, paths in (mount_plan or {}).items():
+        for path in paths:
+            argv += [f"--{kind}", path]
     return [*argv, "--"]
 
 
@@ -315,9 +315,9 @@ def command(level: Level | str, argv: Sequence[str], policy: Policy, *,
             "cover": [str(a) for a in sorted(cover)] + hide_first
             + (["/tmp"] if policy.private_tmp else [])
             + (["/dev/shm"] if not policy.shared_shm and Path("/dev/shm").is_dir() else []),
-            "binds": [[str(p), False] for keep in cover.values() for p in sorted(keep)]
-            + [[str(p), False] for p in _readonly(policy)]
-            + [[str(p), True] for p in policy.writable],
+            "bind-ro": [str(p) for keep in cover.values() for p in sorted(keep)]
+            + [str(p) for p in _readonly(policy)],
+            "bind-rw": [str(p) for p in policy.writable],
             "hide": hide_last,
         }
         for path in policy.writable:

@@ -1,7 +1,7 @@
 """The warden: the trusted first process of every sandbox (stdlib only, run by file path).
 
     python -I -S warden.py [--uid U --gid G] [--pidns] [--control-fd N] [--keep-fd N]...
-                           [--mount-plan JSON] -- argv...
+                           [--cover D]... [--bind-ro P]... [--bind-rw P]... [--hide D]... -- argv...
 
 Every untrusted party (a proposer's agent CLI, a candidate's build/run/smoke phase, the
 evaluator's candidate child) starts as a child of a warden. The warden
@@ -13,8 +13,8 @@ evaluator's candidate child) starts as a child of a warden. The warden
   groups, no_new_privs): it cannot read the trusted processes' /proc entries, environments
   or descriptors, signal them, or write a file root owns;
 - closes every descriptor but stdio and `--keep-fd`;
-- with `--mount-plan` (a PID namespace made by `unshare`, which gives a private mount
-  namespace but no bubblewrap) mounts the plan's empty tmpfs dirs itself;
+- with `--cover/--bind-*/--hide` (a PID namespace made by `unshare`, which gives a private
+  mount namespace but no bubblewrap) builds the party's view of the filesystem itself;
 - on `--control-fd` answers `F` (freeze every process of the sandbox with SIGSTOP; the
   answer `f` comes once all of them are stopped) and `T` (SIGCONT; answer `t`);
 - when the party's first process exits, kills every process left in the sandbox and exits
@@ -28,22 +28,44 @@ bubblewrap's init (the namespace holds nothing else); otherwise the warden's des
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import json
+# Every untrusted party pays this start-up, so only cheap modules: `_signal` (not `signal`,
+# which builds enums), no json, no contextlib. The argv is resolved here (not by execvp,
+# which imports `warnings` after the uid drop, when a private stdlib may be unreadable).
+import _signal as signal
 import os
 import select
-import signal
 import sys
 import time
-import warnings  # noqa: F401 - os.execvp imports it, and the dropped uid may not read the stdlib
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND = 1, 2, 4, 32, 4096
 MS_REC, MS_PRIVATE = 16384, 1 << 18
 STOPPED = frozenset("TtZX")
-_libc = ctypes.CDLL(None, use_errno=True)
+_LIBC: list = []  # the loaded libc, once asked for
+
+
+def _libc():  # type: ignore[no-untyped-def]  # ctypes costs ~10 ms of start-up: loaded only where a syscall needs it
+    if not _LIBC:
+        import ctypes
+
+        _LIBC.append(ctypes.CDLL(None, use_errno=True))
+    return _LIBC[0]
+
+
+def _errno() -> str:
+    import ctypes
+
+    return os.strerror(ctypes.get_errno())
+
+
+def _no_new_privs() -> bool:
+    """Already set (bubblewrap sets it for everything it starts)?"""
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            return b"NoNewPrivs:\t1" in fh.read()
+    except OSError:
+        return False
 
 
 class Options:
@@ -53,7 +75,7 @@ class Options:
         self.pidns = False
         self.control_fd: int | None = None
         self.keep_fds: list[int] = []
-        self.mount_plan: dict = {}
+        self.mount_plan: dict[str, list[str]] = {}
         while args and args[0] != "--":
             flag = args.pop(0)
             if flag == "--pidns":
@@ -66,8 +88,8 @@ class Options:
                 self.control_fd = int(args.pop(0))
             elif flag == "--keep-fd":
                 self.keep_fds.append(int(args.pop(0)))
-            elif flag == "--mount-plan":
-                self.mount_plan = json.loads(args.pop(0))
+            elif flag in ("--cover", "--hide", "--bind-ro", "--bind-rw"):
+                self.mount_plan.setdefault(flag[2:], []).append(args.pop(0))
             else:
                 raise SystemExit(f"warden: unknown option {flag}")
         if not args or len(args) < 2:
@@ -87,22 +109,23 @@ def _die(message: str) -> None:
 
 def _mount(source: bytes, target: str, fstype: bytes | None, flags: int,
            data: bytes | None = None) -> None:
-    if _libc.mount(source, target.encode(), fstype, flags, data) != 0:
-        _die(f"cannot mount {target}: {os.strerror(ctypes.get_errno())}")
+    if _libc().mount(source, target.encode(), fstype, flags, data) != 0:
+        _die(f"cannot mount {target}: {_errno()}")
 
 
-def apply_mount_plan(plan: dict) -> None:
+def apply_mount_plan(plan: dict[str, list[str]]) -> None:
     """unshare gave a private mount namespace and no bubblewrap: build the party's view.
 
     `cover`: directories replaced by an empty tmpfs (private homes, /tmp, /dev/shm);
-    `binds`: [path, writable] put back afterwards, from descriptors opened before any cover
-    hid them; `hide`: directories emptied last (hold-out data, keys).
+    `bind-ro`/`bind-rw`: paths put back afterwards, from descriptors opened before any
+    cover hid them; `hide`: directories emptied last (hold-out data inside a tree).
     """
     if not plan:
         return
     _mount(b"none", "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here leaks out
     held = []
-    for path, writable in plan.get("binds", []):
+    binds = [(p, False) for p in plan.get("bind-ro", [])] + [(p, True) for p in plan.get("bind-rw", [])]
+    for path, writable in binds:
         if os.path.exists(path):
             held.append((path, writable, os.open(path, os.O_PATH | os.O_CLOEXEC)))
     for path in plan.get("cover", []):
@@ -140,7 +163,7 @@ def _child(opts: Options) -> None:
             os.setresuid(opts.uid, opts.uid, opts.uid)
             if os.geteuid() == 0 or os.getuid() == 0:
                 _die("could not drop root")
-        if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        if not _no_new_privs() and _libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             _die("could not set no_new_privs")
         keep = sorted({0, 1, 2, *opts.keep_fds})
         low = 0
@@ -151,11 +174,21 @@ def _child(opts: Options) -> None:
         os.closerange(low, 1 << 16)
         for fd in opts.keep_fds:
             os.set_inheritable(fd, True)
-        os.execvp(opts.argv[0], opts.argv)
+        os.execv(_resolve(opts.argv[0]), opts.argv)
     except OSError as exc:
         _die(f"cannot start {opts.argv[0]}: {exc}")
     except BaseException as exc:  # never fall back into the warden's own loop
         _die(f"cannot start {opts.argv[0]}: {type(exc).__name__}: {exc}")
+
+
+def _resolve(program: str) -> str:
+    if "/" in program:
+        return program
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(folder or ".", program)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    raise FileNotFoundError(f"{program} is not on PATH")
 
 
 def _state(pid: int) -> str | None:
@@ -198,8 +231,10 @@ class Sandbox:
     def signal_all(self, sig: int) -> list[int]:
         pids = self.members()
         for pid in pids:
-            with contextlib.suppress(OSError):  # gone already
+            try:  # noqa: SIM105 - contextlib costs every party start-up time
                 os.kill(pid, sig)
+            except OSError:  # gone already
+                pass
         return pids
 
     def freeze(self) -> None:
@@ -220,7 +255,7 @@ class Sandbox:
 
     def reap(self) -> None:
         while True:
-            try:
+            try:  # noqa: SIM105 - contextlib costs every party start-up time
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
@@ -248,7 +283,7 @@ def _all_tasks_stopped(pid: int) -> bool:
 def main() -> int:
     opts = Options(sys.argv[1:])
     if not opts.pidns:
-        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     apply_mount_plan(opts.mount_plan)
     sandbox = Sandbox(opts)
     # SIGCHLD and stop requests wake the loop through one pipe, so nothing is polled
@@ -277,10 +312,12 @@ def main() -> int:
         except InterruptedError:
             ready = []
         if wake_r in ready:
-            with contextlib.suppress(BlockingIOError):  # drained by an earlier wake-up
+            try:  # noqa: SIM105 - contextlib costs every party start-up time
                 os.read(wake_r, 512)
+            except BlockingIOError:  # drained by an earlier wake-up
+                pass
         if control is not None and control in ready:
-            try:
+            try:  # noqa: SIM105 - contextlib costs every party start-up time
                 command = os.read(control, 1)
             except OSError:
                 command = b""
