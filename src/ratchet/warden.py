@@ -45,7 +45,7 @@ STOPPED = frozenset("TtZX")
 _LIBC: list = []  # the loaded libc, once asked for
 
 
-def _libc():  # type: ignore[no-untyped-def]  # ctypes costs ~10 ms of start-up: loaded only where a syscall needs it
+def _libc():  # noqa: ANN202 - ctypes costs ~10 ms of start-up: loaded only where a syscall needs it
     if not _LIBC:
         import ctypes
 
