@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ratchet import __version__, backends, gitrepo, views
+from ratchet import __version__, backends, gitrepo, proposers, views
 from ratchet.config import CONFIG_FILE, Config, load_config
 from ratchet.errors import UserError
 from ratchet.ledger import Candidate
@@ -270,7 +270,7 @@ def run(
     repo: RepoOption = Path("."),
     rounds: Annotated[int | None, typer.Option(help="total rounds for the study")] = None,
     parallel: Annotated[int | None, typer.Option(help="K: candidates per round")] = None,
-    proposer: Annotated[str | None, typer.Option(help="tune | llm | agent | patches")] = None,
+    proposer: Annotated[str | None, typer.Option(help=proposers.names_help())] = None,
     backend: Annotated[str | None, typer.Option(help=backends.names_help())] = None,
 ) -> None:
     """Run (or resume) the study: rounds of K candidates, keep the best, revert the rest."""

@@ -187,13 +187,27 @@ class Prep(Strict):
 
 
 class Search(Strict):
-    proposer: Literal["tune", "llm", "agent", "patches"] = "tune"
+    # a registered proposer kind (ratchet.proposers.proposer_kinds(): tune, llm, agent,
+    # patches, plug-ins)
+    proposer: str = "tune"
     parallel: int = Field(default=2, ge=1, le=1024)
     rounds: int = Field(default=4, ge=1)
     mode: Literal["rounds", "rolling"] = "rounds"
     # rolling: the budget in candidates (default rounds x parallel)
     candidates: int | None = Field(default=None, ge=1)
     seed: int = 0
+
+    @field_validator("proposer")
+    @classmethod
+    def _proposer_is_registered(cls, kind: str) -> str:
+        from ratchet.proposers import proposer_kinds
+
+        known = list(proposer_kinds())
+        if kind not in known:
+            close = difflib.get_close_matches(kind, known, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"unknown proposer {kind!r}{hint} (expected {' | '.join(known)})")
+        return kind
 
 
 KnobValue = int | float | str | bool | None

@@ -6,8 +6,11 @@ proposals from the incumbent (`propose`). It never runs anything it proposes.
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from ratchet.candidate import Proposal
 from ratchet.config import Config
@@ -51,25 +54,85 @@ class Proposer:
         whole history)."""
 
 
+P = TypeVar("P", bound="Proposer")
+
+
 class ProposerError(UserError):
     """The proposer cannot produce candidates (bad config, service down after retries)."""
 
 
+# -- one registry of proposer kinds ------------------------------------------------------
+#
+# name -> class -> the model of its config section. The built-in kinds are named here and
+# imported only when used (optuna, the LLM SDKs and the agent CLIs' helpers are heavy);
+# another kind registers its class with `register_proposer`. `search.proposer`'s accepted
+# values and the CLI's `--proposer` help come from here. A kind reads its own section
+# (`[llm]`, `[agent]`, ...) when it is built, so a study that does not use a kind is never
+# stopped by that kind's section.
+
+
+@dataclass(frozen=True)
+class ProposerKind:
+    name: str
+    where: str  # "module:Class" of the Proposer subclass, built as Class(config, history)
+    settings: str | None  # "module:Model" of its section's settings, None: none of its own
+    summary: str
+
+    def load(self) -> type[Proposer]:
+        return _attr(self.where)
+
+    def settings_model(self) -> type | None:
+        """The pydantic model of its section (`[llm]` -> LLMSettings), if it has one."""
+        return _attr(self.settings) if self.settings else None
+
+
+_KINDS: dict[str, ProposerKind] = {
+    kind.name: kind for kind in (
+        ProposerKind("tune", "ratchet.proposers.tune:TuneProposer", None,
+                     "Optuna over the declared [tune.knobs] (offline)"),
+        ProposerKind("llm", "ratchet.proposers.llm:LLMProposer",
+                     "ratchet.proposers.llm:LLMSettings", "API models writing SEARCH/REPLACE edits"),
+        ProposerKind("agent", "ratchet.proposers.agent:AgentProposer",
+                     "ratchet.proposers.agent:AgentSettings", "a coding-agent CLI in a sandbox"),
+        ProposerKind("patches", "ratchet.proposers.patches:PatchesProposer",
+                     "ratchet.proposers.patches:PatchesSettings",
+                     "queued patches and branches, each tried once"),
+    )
+}
+_CLASSES: dict[str, type[Proposer]] = {}  # kinds registered by class (plug-ins)
+
+
+def register_proposer(name: str, *, summary: str) -> Callable[[type[P]], type[P]]:
+    """Register a Proposer subclass (built as cls(config, history)) under `name`."""
+
+    def add(cls: type[P]) -> type[P]:
+        _KINDS[name] = ProposerKind(name, f"{cls.__module__}:{cls.__qualname__}", None, summary)
+        _CLASSES[name] = cls
+        return cls
+
+    return add
+
+
+def proposer_kinds() -> dict[str, ProposerKind]:
+    return dict(_KINDS)
+
+
+def names_help() -> str:
+    """`tune | llm | agent | patches` for the CLI's help text."""
+    return " | ".join(_KINDS)
+
+
 def make_proposer(kind: str, config: Config, history: list[Candidate]) -> Proposer:
-    if kind == "tune":
-        from ratchet.proposers.tune import TuneProposer
+    found = _KINDS.get(kind)
+    if found is None:
+        raise ProposerError(f"search.proposer: unknown proposer {kind!r} "
+                            f"(expected {names_help()})")
+    # every kind is built as Class(config, history); the base class itself has no such
+    # constructor, so the class is not called through Proposer's type
+    cls: Any = _CLASSES.get(kind) or found.load()
+    return cls(config, history)
 
-        return TuneProposer(config, history)
-    if kind == "llm":
-        from ratchet.proposers.llm import LLMProposer
 
-        return LLMProposer(config, history)
-    if kind == "agent":
-        from ratchet.proposers.agent import AgentProposer
-
-        return AgentProposer(config, history)
-    if kind == "patches":
-        from ratchet.proposers.patches import PatchesProposer
-
-        return PatchesProposer(config, history)
-    raise ProposerError(f"search.proposer: unknown proposer {kind!r}")
+def _attr(where: str) -> Any:
+    module, _, name = where.partition(":")
+    return getattr(importlib.import_module(module), name)
