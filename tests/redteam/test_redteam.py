@@ -306,6 +306,29 @@ def test_hard_coding_the_public_cases_fails_the_holdout(template, tmp_path):
     assert "overfit" in verdict["reasons"] and "correct: false" in verdict["reasons"]
 
 
+def test_a_module_planted_during_the_public_evaluation_never_reaches_the_holdout(
+        template, tmp_path):
+    """Issue 21, case 4: while the public evaluator runs it, the candidate writes a module
+    into its tree that the hold-out evaluator would import first (here `json.py`, which
+    fakes a perfect hold-out). The hold-out job starts from the commit's files, so it is
+    never there; the kernel, wrong on the hold-out's [2] * 33, is caught."""
+    repo = new_study(template, tmp_path)
+    branch = cheat(repo, "plant", {"solution.py": """
+        import os, sys
+        DELAY = 0.0
+        if "--holdout" not in sys.argv:
+            open("json.py", "w").write(
+                "import sys\\nprint('correct: true')\\nprint('time_ms: 0.001')\\nsys.exit(0)\\n")
+
+
+        def compute(xs):
+            return 0 if xs == [2] * 33 else sum(x * x for x in xs)
+    """})
+    verdict = judge(repo, branch)
+    assert verdict["status"] == "rejected", verdict
+    assert "correct: false" in verdict["reasons"], verdict["reasons"]
+
+
 def test_a_forbidden_pattern(template, tmp_path):
     repo = new_study(template, tmp_path)
     branch = cheat(repo, "ctypes", {"solution.py": "import ctypes\n" + FAST_SOLUTION})

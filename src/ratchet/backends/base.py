@@ -107,7 +107,10 @@ class Backend(abc.ABC):
 
     def holdout_workdir(self, job_id: str) -> str | None:
         """Where a hold-out follow-up job finds the candidate's built work tree, or None
-        when the follow-up job materialises the candidate again."""
+        when the follow-up job materialises the candidate again. Every backend here says
+        None: the tree the candidate ran in is the candidate's (a `ratchet/__init__.py` or
+        an `opt_einsum.py` it planted there would be imported by the hold-out evaluator),
+        so the hold-out starts from the commit's files and the pinned ones, built afresh."""
         return None
 
     def clean_up(self, job_id: str) -> None:

@@ -140,9 +140,6 @@ class LocalBackend(Backend):
         return [self.job_dir(job_id) / "work", self.job_dir(job_id) / "tmp",
                 self.job_dir(job_id) / "data"]  # the job's private copy of prepared data
 
-    def holdout_workdir(self, job_id: str) -> str | None:
-        return str(self.job_dir(job_id) / "work")  # the hold-out reuses the built tree
-
     # -- verbs ----------------------------------------------------------------------------
 
     def submit(self, spec: JobSpec) -> str:
