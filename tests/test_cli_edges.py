@@ -139,3 +139,12 @@ def test_rolling_prints_each_verdict_once_before_the_keep_it_makes(tmp_path):
         keeps = [i for i, line in enumerate(lines) if line.startswith(f"keep {cand.id} ")]
         assert all(i > listed[0] for i in keeps), (cand.id, lines)
     assert any(line.startswith("keep ") for line in lines), lines
+
+
+@pytest.mark.parametrize("option", ["--rounds", "--parallel"])
+def test_zero_rounds_or_parallel_is_refused_not_the_default(tmp_path, option):
+    repo = score_repo(tmp_path / "r")
+    proc = ratchet(repo, "run", option, "0")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"Invalid value for '{option}'" in proc.stderr
+    assert not (repo / ".ratchet" / "jobs").exists()  # nothing ran

@@ -268,8 +268,8 @@ class RunView:
 @app.command()
 def run(
     repo: RepoOption = Path("."),
-    rounds: Annotated[int | None, typer.Option(help="total rounds for the study")] = None,
-    parallel: Annotated[int | None, typer.Option(help="K: candidates per round")] = None,
+    rounds: Annotated[int | None, typer.Option(min=1, help="total rounds for the study")] = None,
+    parallel: Annotated[int | None, typer.Option(min=1, help="K: candidates per round")] = None,
     proposer: Annotated[str | None, typer.Option(help=proposers.names_help())] = None,
     backend: Annotated[str | None, typer.Option(help=backends.names_help())] = None,
 ) -> None:
