@@ -164,9 +164,13 @@ def describe(preference: str = "auto") -> str:
         kind = choose(preference)
     except SandboxUnavailable as exc:
         return f"unavailable: {exc}"
-    who = ("untrusted parties run as an unprivileged uid of their own"
-           if os.geteuid() == 0 else
-           "untrusted parties run as this user (ratchet is not root, so no uid drop)")
+    if os.geteuid() != 0:
+        who = "untrusted parties run as this user (ratchet is not root, so no uid drop)"
+    elif kind == Level.NONE and private_ancestors(_runtime_paths(), untrusted_uid("probe")):
+        who = ("untrusted parties run AS ROOT: the interpreter sits under a private "
+               "directory and without a mount namespace no other uid could start it")
+    else:
+        who = "untrusted parties run as an unprivileged uid of their own"
     if kind == Level.BWRAP and _bwrap_modes()[1]:
         return ("bwrap (read-only filesystem except the job's directory; own PID "
                 f"namespace); {who}")
