@@ -77,3 +77,33 @@ def test_pins_read_content_and_mode_in_one_go(tmp_path):
     assert pins["run.sh"]["mode"] == 0o755 and pins["pkg/b.py"]["mode"] == 0o644
     assert PinnedFile(**pins["ratchet.toml"]).content() == (repo / "ratchet.toml").read_bytes()
     assert PinnedFile(**pins["absent.py"]).content() is None  # must stay absent
+
+
+def test_git_calls_run_no_hook_fsmonitor_or_signer_and_leak_no_secret(tmp_path, monkeypatch):
+    """A proposer that got code into `.git` (hooks, core.fsmonitor, a signing program, an
+    external diff) would run it as the driver, with its secrets, on ratchet's next git call.
+    None of them runs, and git itself sees none of the driver's secrets."""
+    repo, head = repo_with_modes(tmp_path)
+    spy = tmp_path / "ran.txt"
+    script = tmp_path / "evil.sh"
+    script.write_text(f'#!/bin/sh\necho "$0 OPENAI_API_KEY=$OPENAI_API_KEY" >> {spy}\nexit 0\n')
+    script.chmod(0o755)
+    hooks = repo / ".git" / "hooks"
+    for hook in ("post-commit", "pre-commit", "reference-transaction", "post-checkout",
+                 "post-index-change"):
+        (hooks / hook).write_text(script.read_text())
+        (hooks / hook).chmod(0o755)
+    git(repo, "config", "core.fsmonitor", str(script))
+    git(repo, "config", "commit.gpgSign", "true")
+    git(repo, "config", "gpg.program", str(script))
+    git(repo, "config", "diff.external", str(script))
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-driver-secret")
+    monkeypatch.setenv("GIT_DIR", str(tmp_path / "elsewhere"))  # someone else's setting
+    commit = gitrepo.commit_files(repo, head, {"pkg/b.py": b"B = 2\n"}, "candidate")
+    gitrepo.update_ref(repo, "refs/ratchet/demo/c0001", commit)
+    assert "B = 2" in gitrepo.diff_text(repo, head, commit)
+    assert [c.path for c in gitrepo.diff_changes(repo, head, commit)] == ["pkg/b.py"]
+    assert gitrepo.is_dirty(repo) is False
+    assert not spy.exists(), spy.read_text()
+    env = gitrepo.git_env()
+    assert "OPENAI_API_KEY" not in env and "GIT_DIR" not in env
