@@ -148,3 +148,32 @@ def test_zero_rounds_or_parallel_is_refused_not_the_default(tmp_path, option):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"Invalid value for '{option}'" in proc.stderr
     assert not (repo / ".ratchet" / "jobs").exists()  # nothing ran
+
+
+LONG_ERROR_EVALUATOR = '''
+import sys, solution
+if solution.X != 3.0:
+    sys.stderr.write(" ".join(f"averyveryverylongwordnumber{i:03d}" for i in range(80)) + "\\n")
+    sys.exit(1)
+print("correct: true")
+print(f"score: {solution.score():.6f}")
+'''
+
+
+def test_results_tsv_cuts_a_long_reason_between_words(tmp_path):
+    from helpers import SCORE_SOLUTION, config_text, make_repo, results_tsv
+
+    repo = make_repo(tmp_path / "r", {
+        "ratchet.toml": config_text(search='[search]\nproposer = "tune"\nparallel = 2\n'
+                                           'rounds = 1\n'),
+        "evaluate.py": LONG_ERROR_EVALUATOR, "solution.py": SCORE_SOLUTION})
+    ratchet(repo, "run", check=True)
+    with Study(repo) as study:
+        crashed = [c for c in study.ledger.candidates() if c.status == "crash"]
+    assert crashed and len(crashed[0].reasons) > 160
+    full = " ".join(crashed[0].reasons.split())
+    row = next(r for r in results_tsv(repo) if r["status"] == "crash")
+    shown = row["description"].split(" [", 1)[1].removesuffix("]")
+    assert shown.endswith("…"), shown
+    kept = shown.removesuffix("…")
+    assert full.startswith(kept) and full[len(kept)] == " ", (kept, full)  # a whole word

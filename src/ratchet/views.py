@@ -14,6 +14,19 @@ def _clean(text: str) -> str:
     return " ".join(text.replace("\t", " ").split())
 
 
+def shorten(text: str, width: int) -> str:
+    """`text` on one line in at most `width` characters: cut at a space (never inside a
+    word or a number) and marked with an ellipsis when it had to be cut."""
+    text = _clean(text)
+    if len(text) <= width:
+        return text
+    cut = text[:width - 1]
+    space = cut.rfind(" ")
+    if space > width // 2:  # a word boundary not too far back
+        cut = cut[:space]
+    return cut.rstrip(" ,;:") + "…"
+
+
 def results_rows(ledger: Ledger, metric: str) -> list[list[str]]:
     rows = [["commit", metric, "memory_gb", "status", "description"]]
     for cand in ledger.candidates():
@@ -24,7 +37,7 @@ def results_rows(ledger: Ledger, metric: str) -> list[list[str]]:
         memory = memory if isinstance(memory, int | float) else 0.0
         description = _clean(cand.description)
         if cand.status in ("crash", "rejected") and cand.reasons:
-            description = f"{description} [{_clean(cand.reasons)[:160]}]"
+            description = f"{description} [{shorten(cand.reasons, 160)}]"
         rows.append([cand.short or "-------", f"{value:.6f}", f"{memory:.1f}", cand.status,
                      description])
     return rows
@@ -76,7 +89,7 @@ def round_lines(cands: list, round_no: int, rounds: int, metric: str) -> list[st
         if cand.reasons and cand.status != "keep":
             reasons = _clean(cand.reasons)
             if len(reasons) > 100:
-                reasons = f"{reasons[:100]}… (ratchet show {cand.id})"
+                reasons = f"{shorten(reasons, 100)} (ratchet show {cand.id})"
             why = f"  ({reasons})"
         lines.append(f"  {cand.id:<{width}} {cand.status:<9} {value:<22} {what}{why}")
     return lines
