@@ -177,3 +177,23 @@ def test_results_tsv_cuts_a_long_reason_between_words(tmp_path):
     assert shown.endswith("…"), shown
     kept = shown.removesuffix("…")
     assert full.startswith(kept) and full[len(kept)] == " ", (kept, full)  # a whole word
+
+
+def test_show_of_a_proposal_that_never_applied_says_so_not_commit_none(tmp_path):
+    patch = ("--- a/solution.py\n+++ b/solution.py\n@@ -1,1 +1,1 @@\n"
+             "-this line is not in the file\n+X = 1.25\n")
+    repo = score_repo(tmp_path / "r", knobs="",
+                      search='[search]\nproposer = "patches"\nparallel = 1\nrounds = 2\n'
+                             '[patches]\ndir = "patches"\n')
+    (repo / "patches").mkdir()
+    (repo / "patches" / "bad.patch").write_text(patch)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "a patch that does not apply")
+    ratchet(repo, "run", check=True)
+    with Study(repo) as study:
+        unapplied = [c for c in study.ledger.candidates() if c.commit_sha is None]
+    assert unapplied, "the bad patch made a commit"
+    proc = ratchet(repo, "show", unapplied[0].id)
+    assert proc.returncode == 0, proc.stderr
+    assert "None" not in proc.stdout, proc.stdout
+    assert "no commit: the proposal was not applied" in proc.stdout

@@ -110,7 +110,9 @@ def show_lines(cand, metric: str, parent: str | None) -> list[str]:
     git parent for the baseline (which is the study's start, not its own parent).
     """
     lines = [f"{cand.id} {cand.kind} round {cand.round}: {cand.description}"]
-    if cand.kind in ("baseline", "incumbent"):
+    if cand.commit_sha is None:  # a proposal that never became a commit (its edit failed)
+        lines.append(f"no commit: the proposal was not applied  parent {parent or '—'}")
+    elif cand.kind in ("baseline", "incumbent"):
         start = " (the study's starting point)" if cand.kind == "baseline" else ""
         lines.append(f"commit {cand.commit_sha}{start}  git parent {parent or 'none'}")
     else:
