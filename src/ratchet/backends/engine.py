@@ -21,6 +21,7 @@ from typing import TypeVar
 from ratchet.backends import BackendError
 from ratchet.jobspec import JobResult
 from ratchet.seal import KeyStore
+from ratchet.vocab import JobState
 
 log = logging.getLogger("ratchet.backends")
 T = TypeVar("T")
@@ -111,20 +112,20 @@ class RecordStore:
             fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
 
 
-def overdue(record: JobRecord, state: str, queue_timeout: float, store: RecordStore,
+def overdue(record: JobRecord, state: JobState | str, queue_timeout: float, store: RecordStore,
             now: float) -> str | None:
     """Why ratchet must stop this job now (its own deadlines), or None.
 
     Engines retry nothing and let a job sit PENDING forever: a job queued past
     `queue_timeout`, or running past `task.timeout` plus a grace, is ratchet's to stop.
     """
-    if state == "pending":
+    if state == JobState.PENDING:
         waited = now - record.submitted_at
         if record.submitted_at and waited > queue_timeout:
             return (f"queue timeout: still pending after {waited:.0f}s "
                     f"(queue_timeout {queue_timeout:g}s); stopped by ratchet")
         return None
-    if state == "running":
+    if state == JobState.RUNNING:
         if record.running_at is None:
             record.running_at = now
             store.put(record)

@@ -279,10 +279,10 @@ class RayActors(Backend):
                     states[job_id] = self._lost(record, f"slot actor {slot} died")
                     continue
                 answer = answers.get(slot, {}).get(job_id) if slot in answers else \
-                    {"state": "pending"}
+                    {"state": JobState.PENDING}
                 if answer is None:
                     states[job_id] = self._unknown(job_id, record, slot)
-                elif answer["state"] == "done":
+                elif answer["state"] == JobState.DONE:
                     states[job_id] = self._finish(record, answer)
                     finished.setdefault(slot, []).append(job_id)
                 else:

@@ -30,9 +30,10 @@ import time
 from pathlib import Path
 
 from ratchet.jobspec import JobResult, JobSpec, Slot, worker_env
+from ratchet.vocab import JobState
 
-# job states as the actor reports them
-PENDING, RUNNING, DONE = "pending", "running", "done"
+# job states as the actor reports them (JobState's words: they cross to the driver as text)
+PENDING, RUNNING, DONE = JobState.PENDING, JobState.RUNNING, JobState.DONE
 SPARE_DELAY_S = 0.5
 
 

@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,22 @@ from ratchet.config import Backend as BackendSection
 from ratchet.config import ConfigError, Duration, SectionError, section
 from ratchet.jobspec import JobResult, JobSpec
 
-EngineState = str  # pending | running | succeeded | failed | cancelled
-STATES = ("pending", "running", "succeeded", "failed", "cancelled")
+
+class EngineState(StrEnum):
+    """What `[backend.shell] states` maps an engine's own words to."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def in_flight(self) -> bool:
+        return self in (EngineState.PENDING, EngineState.RUNNING)
+
+
+STATES = tuple(s.value for s in EngineState)
 
 
 class ShellConfig(BaseModel):
@@ -170,6 +185,7 @@ class ShellBackend(Backend):
                  backend: BackendSection | None = None) -> None:
         del backend  # everything the engine's CLI needs is in [backend.shell]
         self.cfg = settings
+        self._states = {k.upper(): v for k, v in settings.states.items()}  # engine word -> ours
         self.store = RecordStore(state_dir / "shell")
         self.stage_root = Path(self.cfg.stage_dir).expanduser()
         self.remote_root = self.cfg.remote_stage_dir or str(self.stage_root)
@@ -403,18 +419,21 @@ class ShellBackend(Backend):
         """One call for all jobs: engine id -> our state, for the jobs the engine lists."""
         ids = ",".join(engine_ids)
         _, out = self._run("status_all", {**self._values("", ""), "ids": ids})
-        states = {k.upper(): v for k, v in self.cfg.states.items()}
         found: dict[str, EngineState] = {}
         if self.cfg.status_all_regex:
             for match in re.finditer(self.cfg.status_all_regex, out, re.MULTILINE):
-                found[_group(match, "id")] = states.get(_group(match, "state").upper(),
-                                                        "running")
+                found[_group(match, "id")] = self._ours(_group(match, "state"))
             return found
         for engine_id in engine_ids:  # one listing, parsed per job (status_regex with {id})
             raw = self._parse_state(out, engine_id)
             if raw:
-                found[engine_id] = states.get(raw.upper(), "running")
+                found[engine_id] = self._ours(raw)
         return found
+
+    def _ours(self, word: str) -> EngineState:
+        """The engine's word for a state as ours, through `states` (unknown: running)."""
+        mapped = self._states.get(word.upper())
+        return EngineState(mapped) if mapped else EngineState.RUNNING
 
     def _engine_state(self, name: str, engine_id: str) -> EngineState | None:
         """One job's state from `status` alone (None: the engine does not list it)."""
@@ -422,8 +441,7 @@ class ShellBackend(Backend):
         raw = self._parse_state(out, engine_id) if ok else None
         if not raw:
             return None
-        states = {k.upper(): v for k, v in self.cfg.states.items()}
-        return states.get(raw.upper(), "running")  # unknown: still running
+        return self._ours(raw)
 
     def _fallback_state(self, name: str, engine_id: str) -> EngineState | None:
         """The second opinion (sacct) on a job the queue forgot, where the engine keeps
@@ -446,8 +464,7 @@ class ShellBackend(Backend):
         raw = self._parse_state(out, engine_id) if ok else None
         if not raw:
             return None
-        states = {k.upper(): v for k, v in self.cfg.states.items()}
-        return states.get(raw.split()[0].upper(), "running")
+        return self._ours(raw.split()[0])
 
     def _parse_state(self, out: str, engine_id: str) -> str | None:
         if self.cfg.status_json:
@@ -469,7 +486,7 @@ class ShellBackend(Backend):
                state: EngineState | None) -> JobState:
         """Our state for one job, given what the engine listed (None: not listed)."""
         name = self._name(job_id)
-        if state in ("pending", "running"):
+        if state is not None and state.in_flight:
             self._gone_since.pop(job_id, None)
             reason = overdue(record, state, self.cfg.queue_timeout, self.store, time.time())
             return self._stop(record, name, reason, "timeout") if reason else JobState(state)
@@ -486,7 +503,7 @@ class ShellBackend(Backend):
             return JobState.DONE
         if state is None:  # not listed, no result (yet): ask the fallback, then wait a bit
             fallback = self._fallback_state(name, engine_id)
-            if fallback in ("pending", "running"):
+            if fallback is not None and fallback.in_flight:
                 return JobState(fallback)
             first = self._gone_since.setdefault(job_id, time.monotonic())
             if fallback is None and time.monotonic() - first < self.cfg.gone_grace:
@@ -571,8 +588,8 @@ class ShellBackend(Backend):
                 state = self._engine_state(name, engine_id)
             except BackendError as exc:
                 self.store.note(f"prep job {name}: {exc}")
-                state = "running"
-            if state not in ("pending", "running"):
+                state = EngineState.RUNNING
+            if state is None or not state.in_flight:
                 out = parse_prep_output(self._logs(name, engine_id))
                 if out and "error" in out:
                     raise PrepError(out["error"])
