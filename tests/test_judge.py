@@ -166,13 +166,108 @@ def test_failed_baseline_leaves_nothing_to_compare():
     assert decision.winner is None
 
 
-def test_paired_co_run_reference_uses_differences():
-    cfg = config('[acceptance]\nrepeats = 3\n')
-    inc = judge.Incumbent(metric=10.0, samples=[10.0, 10.0, 10.0])
-    ref = entry("ref", ok(10.0, [10.0, 12.0, 8.0]), kind="incumbent", seq=0)
-    # the candidate tracks the machine's drift exactly: a clear 1.0 gain every time
-    cand = entry("a", ok(9.0, [9.0, 11.0, 7.0]), seq=1)
-    decision = judge.judge_group(cfg, [ref, cand], inc, no_holdout)
+def test_a_co_run_reference_pools_into_the_incumbent_and_never_replaces_it():
+    """A re-measure of the incumbent joins its estimate: the comparison is with the mean of
+    every evaluation of the incumbent, not with the latest (noisier) one."""
+    inc = judge.Incumbent(commit="sha-inc", metric=10.0, samples=[10.0, 10.0, 10.0])
+    ref = entry("ref", ok(14.0), kind="incumbent", seq=0)  # a cold re-measure
+    cand = entry("a", ok(12.0), seq=1)  # better than the re-measure, worse than the estimate
+    decision = judge.judge_group(config(), [ref, cand], inc, no_holdout)
     assert decision.verdicts["ref"].status == "reference"
-    assert decision.verdicts["a"].status == "keep"
-    assert decision.verdicts["a"].noise == 0.0
+    assert decision.verdicts["a"].status == "discard"
+    assert decision.incumbent.samples == [10.0, 10.0, 10.0, 14.0]
+    assert decision.incumbent.metric == pytest.approx(11.0)
+
+
+# -- confirmation on fresh pairs (issue 19) --------------------------------------------------
+
+
+class Pairs:
+    """A measurement of fresh pairs from fixed numbers (candidate, incumbent), counting what
+    was asked: the judge's own test then runs on them."""
+
+    def __init__(self, by_id: dict[str, list[tuple[float, float]]]) -> None:
+        self.by_id, self.asked = by_id, []
+
+    def __call__(self, e: judge.Entry, need: int):
+        self.asked.append((e.id, need))
+        return self.by_id[e.id][:need]
+
+
+def confirming(pairs: Pairs, groups=None) -> judge.Confirmation:
+    return judge.Confirmation(measure=pairs, groups=groups or {})
+
+
+NOISY = judge.Incumbent(commit="sha-inc", id="c0000", metric=10.0,
+                        samples=[10.3, 9.8, 10.1, 9.9, 10.0])
+
+
+def test_a_would_be_keep_is_confirmed_on_fresh_pairs_before_it_is_kept():
+    pairs = Pairs({"a": [(9.0, 10.1), (8.9, 9.9), (9.1, 10.0)]})
+    decision = judge.judge_group(config(), [entry("a", ok(9.0))], NOISY, no_holdout,
+                                 confirmation=confirming(pairs))
+    verdict = decision.verdicts["a"]
+    assert verdict.status == "keep" and verdict.code == judge.Reason.KEPT
+    assert verdict.confirmation.step == "keep" and verdict.confirmation.pairs == len(verdict.pairs)
+    assert "confirmed on" in verdict.reasons[-1]
+    # the new incumbent's estimate is its own run and its confirmation runs, pooled
+    assert decision.incumbent.samples == [9.0] + [c for c, _ in verdict.pairs]
+    assert decision.incumbent.metric == pytest.approx(sum(decision.incumbent.samples)
+                                                      / len(decision.incumbent.samples))
+
+
+def test_a_lucky_measurement_is_not_confirmed_and_losers_cost_no_pair():
+    pairs = Pairs({"a": [(10.2, 10.0), (9.9, 10.1)]})  # fresh pairs: no gain at all
+    entries = [entry("a", ok(9.0), seq=1), entry("b", ok(9.6), seq=2),
+               entry("c", ok(11.0), seq=3)]
+    decision = judge.judge_group(config(), entries, NOISY, no_holdout,
+                                 confirmation=confirming(pairs))
+    assert decision.winner is None
+    a, b, c = (decision.verdicts[k] for k in "abc")
+    assert a.status == "discard" and a.code == judge.Reason.NOT_CONFIRMED
+    assert "not confirmed" in a.reasons[-1]
+    assert b.status == "discard" and b.code == judge.Reason.BEATEN
+    assert c.status == "discard" and c.code == judge.Reason.NO_GAIN
+    assert {cid for cid, _ in pairs.asked} == {"a"}  # only the round's best was re-measured
+    # the incumbent's side of the pairs pooled into its estimate
+    assert decision.incumbent.samples == NOISY.samples + [10.0]
+
+
+def test_confirmation_stops_at_the_budget():
+    cfg = config('[acceptance]\nconfirm_pairs = 3\n')
+    noisy = [(9.9, 10.0), (9.95, 10.0), (9.8, 10.1), (9.0, 10.0)]  # small, noisy gains
+    pairs = Pairs({"a": noisy})
+    decision = judge.judge_group(cfg, [entry("a", ok(9.0))], NOISY, no_holdout,
+                                 confirmation=confirming(pairs))
+    assert decision.verdicts["a"].status == "discard"
+    assert max(n for _, n in pairs.asked) == 3
+    assert "not confirmed in 3 pairs" in decision.verdicts["a"].reasons[-1]
+
+
+def test_the_false_keep_rate_is_the_users():
+    """The same evidence is kept at a loose rate and not at a strict one."""
+    evidence = {"a": [(9.5, 10.0), (9.6, 10.0), (9.4, 10.0)]}
+    inc = judge.Incumbent(commit="sha-inc", metric=10.0, samples=[10.0, 10.4, 9.6, 10.0])
+    loose = judge.judge_group(config('[acceptance]\nfalse_keep_rate = "20%"\nconfirm_pairs = 3\n'),
+                              [entry("a", ok(9.5))], inc, no_holdout,
+                              confirmation=confirming(Pairs(evidence)))
+    strict = judge.judge_group(config('[acceptance]\nconfidence = 0.999\nconfirm_pairs = 3\n'),
+                               [entry("a", ok(9.5))], inc, no_holdout,
+                               confirmation=confirming(Pairs(evidence)))
+    assert loose.winner == "a" and strict.winner is None
+
+
+def test_noise_ignore_keeps_on_one_measurement():
+    cfg = config('[acceptance]\nnoise = "ignore"\n')
+    pairs = Pairs({})
+    decision = judge.judge_group(cfg, [entry("a", ok(9.0))], INC, no_holdout,
+                                 confirmation=confirming(pairs))
+    assert decision.winner == "a" and pairs.asked == []
+
+
+def test_a_run_stopped_early_is_only_ever_discarded():
+    stopped = ok(1.0, stopped_early=1)  # looks far better, but it was stopped
+    decision = judge.judge_group(config(), [entry("a", stopped)], NOISY, no_holdout,
+                                 confirmation=confirming(Pairs({})))
+    assert decision.verdicts["a"].status == "discard"
+    assert decision.verdicts["a"].code == judge.Reason.STOPPED_EARLY

@@ -43,7 +43,7 @@ def test_the_ledgers_lists_are_the_vocabularys():
 
 
 def test_only_the_candidate_kind_is_a_hypothesis():
-    assert [k for k in Kind if not k.is_reference] == [Kind.CANDIDATE]
+    assert [k for k in Kind if not k.is_reference] == [Kind.CANDIDATE, Kind.CONFIRM]
 
 
 def test_job_states_end_in_done_or_lost():

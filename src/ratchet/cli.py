@@ -328,14 +328,17 @@ def _print_summary(study: Study) -> None:
     counts: dict[str, int] = {}
     for cand in cands:
         counts[cand.status] = counts.get(cand.status, 0) + 1
-    metric = study.config.metric.name
-    baseline = next((c for c in cands if c.kind == Kind.BASELINE and c.metric is not None), None)
-    best = ledger.get("incumbent_metric")
     emit(console, f"study {study.name}: {len(cands)} candidates "
          + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    if baseline and best is not None:
-        emit(console, f"{metric}: baseline {baseline.metric:.6g} -> incumbent {best:.6g} "
-             f"(branch ratchet/{study.name} at {str(ledger.get('incumbent'))[:7]})")
+    # pooled estimates with their intervals (views.headline), never one re-measure
+    head = views.headline(ledger, study.config.metric.name, study.config.metric.goal,
+                          study.config.acceptance.noise == "ignore")
+    line = head.line()
+    if line:
+        emit(console, f"{line} (branch ratchet/{study.name} at "
+             f"{str(ledger.get('incumbent'))[:7]})")
+    if head.noise_ignored:
+        emit(console, "warning: acceptance.noise = \"ignore\": keeps rest on one measurement")
     ledger.close()
 
 
@@ -445,6 +448,10 @@ def status(
             "metric": metric,
             "goal": study.config.metric.goal,
             "incumbent_metric": ledger.get("incumbent_metric"),
+            # baseline -> incumbent as pooled estimates with 95% intervals (views.headline)
+            "headline": views.headline(ledger, metric, study.config.metric.goal,
+                                       study.config.acceptance.noise == "ignore").as_dict(),
+            "false_keep_rate": study.config.acceptance.rate,
             "counts": counts,
             "running": [c.id for c in cands if c.status == Status.SUBMITTED],
             "job_hours": round(run_s / 3600, 4),
@@ -482,6 +489,12 @@ def status(
              f"study {study.name} round {summary['round']}: incumbent "
              f"{str(summary['incumbent'])[:7]} {metric}={'—' if best is None else f'{best:.6g}'}; "
              + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        line = views.headline(ledger, metric, study.config.metric.goal).line()
+        if line:
+            emit(console, line)
+        if study.config.acceptance.noise == "ignore":
+            emit(console, "warning: acceptance.noise = \"ignore\": a keep rests on one "
+                 "measurement, not on a confirmation beyond the noise")
         emit(console, f"job time {summary['job_hours']:.3f} h, cost "
              f"${summary['cost_usd']:.2f}, wall {summary['wall_hours']:.3f} h; sandbox: "
              f"{summary['sandbox']}")

@@ -176,10 +176,52 @@ class Task(Strict):
         return command
 
 
+def parse_rate(value: Any) -> float:
+    """A probability: 0.01 or "1%"."""
+    if isinstance(value, bool):
+        raise ValueError("expected a rate such as \"1%\" or 0.01")
+    text = str(value).strip()
+    try:
+        rate = float(text.rstrip("%")) / (100.0 if text.endswith("%") else 1.0)
+    except ValueError:
+        raise ValueError(f"expected a rate such as \"1%\" or 0.01, got {value!r}") from None
+    if not 0.0 < rate < 0.5:
+        raise ValueError("must be between 0 and 50%")
+    return rate
+
+
+Rate = Annotated[float, BeforeValidator(parse_rate)]
+
+
 class Acceptance(Strict):
+    """When a change is kept (docs/statistics.md): beyond min_improvement and beyond the
+    measured noise, confirmed on fresh paired measurements at a false-keep rate."""
+
     min_improvement: ImprovementField = Improvement()
     repeats: int = Field(default=1, ge=1, le=100)
     co_run_incumbent: bool = False
+    # the chance that a change with no real effect is kept (or give `confidence`)
+    false_keep_rate: Rate = 0.01
+    confidence: float | None = Field(default=None, gt=0.5, lt=1.0)
+    # "measure": no keep without a noise estimate; "ignore": keep on one measurement
+    # beyond min_improvement (warned in `status` and the report)
+    noise: Literal["measure", "ignore"] = "measure"
+    # the baseline measured this many times at the start (an A/A noise floor); 1: none
+    noise_floor: int = Field(default=1, ge=1, le=100)
+    # most fresh pairs (candidate beside incumbent) a would-be keep is measured on
+    confirm_pairs: int = Field(default=8, ge=1, le=100)
+
+    @model_validator(mode="after")
+    def _one_rate(self) -> Acceptance:
+        if self.confidence is not None and "false_keep_rate" in self.model_fields_set:
+            raise ValueError("give acceptance.false_keep_rate or acceptance.confidence, "
+                             "not both")
+        return self
+
+    @property
+    def rate(self) -> float:
+        """The false-keep rate in force."""
+        return 1.0 - self.confidence if self.confidence is not None else self.false_keep_rate
 
 
 class Prep(Strict):

@@ -18,7 +18,7 @@ from ratchet import gitrepo
 from ratchet.config import CONFIG_FILE, Config, matches_any
 from ratchet.errors import UserError
 from ratchet.jobspec import PinnedFile
-from ratchet.ledger import Ledger
+from ratchet.ledger import INCUMBENT_KEYS, Incumbent, Ledger, Status
 
 
 class IntegrityError(UserError):
@@ -26,8 +26,8 @@ class IntegrityError(UserError):
 
 
 # study state in the ledger a candidate must never change
-TRUSTED_META = ("incumbent", "incumbent_id", "incumbent_metric", "incumbent_samples",
-                "incumbent_holdout", "pinned", "pins", "round", "data_digest")
+# (the incumbent record's keys come from the record itself: none can be left out)
+TRUSTED_META = (*INCUMBENT_KEYS.values(), "pinned", "pins", "round", "data_digest")
 
 
 def committed_config(repo: Path, head: str) -> str:
@@ -108,13 +108,15 @@ class Guard:
         if incumbent not in legit:
             planted.append(incumbent)
             last = keeps[-1] if keeps else None
-            self.ledger.set(
-                incumbent=last.commit_sha if last else self.ledger.get("pinned"),
-                incumbent_id=last.id if last else None,
-                incumbent_metric=last.metric if last else None,
-                incumbent_samples=(last.samples or []) if last else [],
-                incumbent_holdout=last.holdout if last else None,
-            )
+            commit = last.commit_sha if last else self.ledger.get("pinned")
+            # the restored record pools every judged evaluation of that commit
+            values = [c.metric for c in self.ledger.candidates()
+                      if c.commit_sha == commit and c.metric is not None
+                      and c.status in (Status.KEEP, Status.REFERENCE)]
+            self.ledger.set(**Ledger.incumbent_meta(Incumbent(
+                commit=commit, id=last.id if last else None,
+                metric=sum(values) / len(values) if values else None, samples=values,
+                holdout=last.holdout if last else None)))
         branch = gitrepo.try_rev_parse(self.repo, self.branch)
         if branch not in legit:
             planted.append(branch)

@@ -60,6 +60,7 @@ class Jobs:
         self._backend: Backend | None = None
         self._cleaner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratchet-clean")
         self._took: deque[float] = deque(maxlen=8)  # recent jobs' own run times (s)
+        self._incumbent_extra: tuple[str | None, str] = ("", "")  # (incumbent id, JSON)
 
     def _row(self, cand_id: str) -> Candidate:
         """A candidate this study recorded (a missing one is a bug, not a user error)."""
@@ -116,7 +117,7 @@ class Jobs:
             run_holdout=bool(task.holdout) and self.backend.holdout_in_job,
             repeats=self.config.acceptance.repeats,
             env_allow=list(task.env),
-            env_set=self.cache_env(),
+            env_set={**self.cache_env(), **self.incumbent_env(cand)},
             protected=pins,
             data_dir=self.ledger.get("data_dir"),
             data_digest=self.ledger.get("data_digest"),
@@ -131,6 +132,22 @@ class Jobs:
             readonly_paths=[str(self.repo / ".git")],
             sandbox=sandbox,
         )
+
+    def incumbent_env(self, cand: Candidate) -> dict[str, str]:
+        """$RATCHET_INCUMBENT_EXTRA for a proposed candidate: the incumbent's extra metrics
+        as JSON (e.g. its per-shape times), so an evaluator may stop a clearly worse
+        candidate early (docs/statistics.md). Only ever a candidate's own run: a
+        confirmation re-measure is always measured in full."""
+        if cand.kind != "candidate":
+            return {}
+        inc_id = self.ledger.get("incumbent_id")
+        if self._incumbent_extra[0] != inc_id:
+            row = self.ledger.candidate(inc_id) if inc_id else None
+            extra = {k: v for k, v in ((row.extra if row else None) or {}).items()
+                     if isinstance(v, int | float) and not isinstance(v, bool)}
+            self._incumbent_extra = (inc_id, json.dumps(extra, sort_keys=True) if extra else "")
+        text = self._incumbent_extra[1]
+        return {"RATCHET_INCUMBENT_EXTRA": text} if text else {}
 
     def cache_env(self) -> dict[str, str]:
         """Compile caches shared by the study's jobs, on by default. The worker binds them

@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ratchet.vocab import Kind, Status
+
+# the vocabulary lives in ratchet.vocab (stdlib only, importable from every side)
+__all__ = ["Kind", "Status"]
+
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -70,10 +77,28 @@ CREATE TABLE IF NOT EXISTS ideas (
 );
 """
 
-# statuses a candidate moves through; the last four (+ cancelled) are verdicts
-OPEN = ("proposed", "committed", "submitted", "interrupted", "finished")
-VERDICTS = ("keep", "discard", "crash", "rejected", "cancelled", "reference")
+# statuses a candidate moves through; the rest are verdicts
+OPEN = (Status.PROPOSED, Status.COMMITTED, Status.SUBMITTED, Status.INTERRUPTED,
+        Status.FINISHED)
+VERDICTS = (Status.KEEP, Status.DISCARD, Status.CRASH, Status.REJECTED, Status.CANCELLED,
+            Status.REFERENCE)
 JSON_COLUMNS = ("params", "samples", "extra", "phases", "result")
+
+# Schema migrations, in order: MIGRATIONS[i] takes a ledger from user_version i to i + 1.
+# A ledger written by an older ratchet is brought up to date when it is opened (the
+# columns it lacks are added, with their defaults); one written by a newer ratchet is
+# refused with one line instead of being misread.
+MIGRATIONS: tuple[str, ...] = (
+    # v1: a confirmation measurement names the candidate it confirms
+    "ALTER TABLE candidates ADD COLUMN confirms TEXT",
+    # v2: the verdict's reason code (judge.Reason) beside its text, matched by code
+    "ALTER TABLE candidates ADD COLUMN code TEXT",
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class LedgerError(Exception):
+    """The ledger cannot be used by this ratchet (one line naming the cause)."""
 
 
 @dataclass
@@ -111,6 +136,8 @@ class Candidate:
     finished_at: float | None = None
     judged_at: float | None = None
     result: dict[str, Any] | None = None
+    confirms: str | None = None  # a confirmation row: the id of the candidate it confirms
+    code: str | None = None  # the verdict's reason code (judge.Reason)
 
     @property
     def short(self) -> str:
@@ -119,6 +146,34 @@ class Candidate:
     @property
     def is_judged(self) -> bool:
         return self.status in VERDICTS
+
+
+@dataclass
+class Incumbent:
+    """The one incumbent record: the kept commit and every evaluation of it (its own,
+    co-runs, confirmations, the A/A floor), pooled: `metric` is their mean, never one
+    re-measure. Read and written whole (`Ledger.incumbent`, `Ledger.incumbent_meta`), and
+    the guard's trusted keys are derived from it, so no list of its fields can disagree.
+    """
+
+    commit: str | None = None
+    id: str | None = None
+    metric: float | None = None
+    samples: list[float] = field(default_factory=list)
+    holdout: float | None = None
+    sem: float | None = None
+
+    def pooled(self, value: float) -> Incumbent:
+        """This record with one more evaluation of its commit."""
+        samples = [*self.samples, value]
+        return Incumbent(commit=self.commit, id=self.id, metric=statistics.fmean(samples),
+                         samples=samples, holdout=self.holdout, sem=self.sem)
+
+
+# the meta key of each field of the incumbent record
+INCUMBENT_KEYS = {"commit": "incumbent", "id": "incumbent_id", "metric": "incumbent_metric",
+                  "samples": "incumbent_samples", "holdout": "incumbent_holdout",
+                  "sem": "incumbent_sem"}
 
 
 class Ledger:
@@ -130,6 +185,24 @@ class Ledger:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")  # durable before we act on it
         self.db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Bring an older ledger's schema to SCHEMA_VERSION (PRAGMA user_version).
+
+        A fresh ledger gets SCHEMA (the v0 tables) and then every migration, so old and
+        new ledgers always end up with the same columns.
+        """
+        with self.transaction():
+            version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise LedgerError(
+                    f"{self.path} was written by a newer ratchet (schema {version}, this one "
+                    f"reads up to {SCHEMA_VERSION}); upgrade ratchet to resume this study")
+            for step in MIGRATIONS[version:]:
+                self.db.execute(step)
+            if version != SCHEMA_VERSION:
+                self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
         self.db.close()
@@ -149,6 +222,16 @@ class Ledger:
                     (key, json.dumps(value)),
                 )
 
+    def incumbent(self) -> Incumbent:
+        record = Incumbent(**{f: self.get(k) for f, k in INCUMBENT_KEYS.items()})
+        record.samples = list(record.samples or [])
+        return record
+
+    @staticmethod
+    def incumbent_meta(record: Incumbent) -> dict[str, Any]:
+        """The meta keys that store `record` (pass to `set`)."""
+        return {k: getattr(record, f) for f, k in INCUMBENT_KEYS.items()}
+
     # -- candidates -----------------------------------------------------------------------
 
     def transaction(self):
@@ -159,7 +242,7 @@ class Ledger:
     ) -> Candidate:
         with self.transaction():
             row = self.db.execute("SELECT COALESCE(MAX(seq), -1) + 1 AS n FROM candidates")
-            seq = row.fetchone()["n"]
+            seq = max(0, row.fetchone()["n"])
             cand = Candidate(id=f"c{seq:04d}", seq=seq, round=round, kind=kind,
                              status=status, **fields)
             data = _to_row(cand)
@@ -169,6 +252,24 @@ class Ledger:
                             tuple(data.values()))
             self._event(cand.id, status, {"description": cand.description})
         return cand
+
+    def new_confirmation(self, cand: Candidate, commit: str | None, description: str,
+                         parent: str | None) -> Candidate:
+        """One side of a confirmation pair of `cand`: a row of its own (id r0001, r0002,
+        ...), outside the candidates' numbering, so ids, seeds and the tuner's asks stay
+        what they would be without it (its seq counts down from -1)."""
+        with self.transaction():
+            row = self.db.execute("SELECT COALESCE(MIN(seq), 0) - 1 AS n FROM candidates "
+                                  "WHERE seq < 0")
+            seq = row.fetchone()["n"]
+            made = Candidate(id=f"r{-seq:04d}", seq=seq, round=cand.round, kind=Kind.CONFIRM,
+                             status=Status.COMMITTED, parent=parent, commit_sha=commit,
+                             description=description, confirms=cand.id)
+            data = _to_row(made)
+            self.db.execute(f"INSERT INTO candidates ({', '.join(data)}) VALUES "
+                            f"({', '.join('?' for _ in data)})", tuple(data.values()))
+            self._event(made.id, Status.COMMITTED, {"description": description})
+        return made
 
     def update(self, cand_id: str, event: str | None = None, **fields: Any) -> None:
         data = _to_row_partial(fields)
@@ -184,8 +285,14 @@ class Ledger:
         row = self.db.execute("SELECT * FROM candidates WHERE id = ?", (cand_id,)).fetchone()
         return _from_row(row) if row else None
 
-    def candidates(self, round: int | None = None, status: str | None = None) -> list[Candidate]:
+    def candidates(self, round: int | None = None, status: str | None = None,
+                   confirmations: bool = False) -> list[Candidate]:
+        """Candidates in order; a confirmation's re-measures (kind confirm) only when asked
+        for: they belong to their candidate, and views list them with it."""
         query, args = "SELECT * FROM candidates WHERE 1=1", []
+        if not confirmations:
+            query += " AND kind != ?"
+            args.append(Kind.CONFIRM.value)
         if round is not None:
             query += " AND round = ?"
             args.append(round)
@@ -193,6 +300,23 @@ class Ledger:
             query += " AND status = ?"
             args.append(status)
         return [_from_row(r) for r in self.db.execute(query + " ORDER BY seq", args)]
+
+    def evaluations(self, exclude_confirming: set[str] | frozenset[str] = frozenset()
+                    ) -> dict[str, list[float]]:
+        """Every judged evaluation of every commit, by commit: its own run, the baseline's
+        A/A floor, co-run references, confirmation pairs. One pooled estimate per commit
+        is made of these (stats.estimate). A crash, a rejection or a run stopped early
+        measured nothing to trust; the pairs of candidates being judged now
+        (`exclude_confirming`) join through their confirmation."""
+        out: dict[str, list[float]] = {}
+        for cand in self.candidates(confirmations=True):
+            if (cand.metric is None or not cand.commit_sha
+                    or cand.confirms in exclude_confirming
+                    or cand.status not in (Status.KEEP, Status.DISCARD, Status.REFERENCE)
+                    or (cand.extra or {}).get("stopped_early")):
+                continue
+            out.setdefault(cand.commit_sha, []).append(cand.metric)
+        return out
 
     def verdicts(self) -> dict[str, tuple[str, float | None]]:
         """{id: (status, metric)} of every judged candidate: two columns, read without

@@ -12,8 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ratchet import gitrepo
-from ratchet.ledger import Candidate, Ledger
+from ratchet import gitrepo, stats
+from ratchet.ledger import Candidate, Kind, Ledger, Status
+from ratchet.views import study_noise
 
 PROGRESS_FILE = "progress.png"
 LABEL_CHARS = 28
@@ -28,10 +29,17 @@ def write_progress_png(repo: Path, ledger: Ledger, metric: str, goal: str) -> Pa
         from matplotlib.figure import Figure  # lazy: optional, and slow to import
     except ImportError:
         return None
-    cands = [c for c in ledger.candidates() if c.kind in ("baseline", "candidate")]
+    cands = [c for c in ledger.candidates() if c.kind in (Kind.BASELINE, Kind.CANDIDATE)]
     if not any(c.metric is not None for c in cands):
         return None
-    fig = progress_figure(Figure, cands, metric, goal)
+    groups = ledger.evaluations()
+    noise = study_noise(ledger, metric, groups)
+    # every kept commit's pooled estimate (its own run, re-measures, confirmations)
+    pooled = {c.id: stats.estimate(groups.get(c.commit_sha or "", []), noise)
+              for c in cands if c.status == Status.KEEP}
+    remeasures = [c for c in ledger.candidates(confirmations=True)
+                  if c.kind in (Kind.INCUMBENT, Kind.CONFIRM) and c.metric is not None]
+    fig = progress_figure(Figure, cands, metric, goal, pooled, remeasures)
     path = repo / PROGRESS_FILE
     gitrepo.exclude_locally(repo, [f"/{PROGRESS_FILE}"])  # ignored by git, as results.tsv is
     tmp = path.with_name(f".{PROGRESS_FILE}.{os.getpid()}.tmp")
@@ -40,12 +48,29 @@ def write_progress_png(repo: Path, ledger: Ledger, metric: str, goal: str) -> Pa
     return path
 
 
-def progress_figure(Figure: Any, cands: list[Candidate], metric: str, goal: str) -> Any:
-    """The figure: x = experiment number (0 = baseline), y = the metric."""
+def progress_figure(Figure: Any, cands: list[Candidate], metric: str, goal: str,
+                    pooled: dict[str, stats.Estimate | None] | None = None,
+                    remeasures: list[Candidate] = ()) -> Any:
+    """The figure: x = experiment number (0 = baseline), y = the metric. The running best
+    is each kept commit's pooled estimate with its 95% interval; re-measures (co-runs,
+    the noise floor, confirmation pairs) are drawn as such, at the experiment they
+    measured again."""
     fig = Figure(figsize=(12, 5.5), layout="constrained")
     ax = fig.add_subplot()
     number = {c.id: i for i, c in enumerate(cands)}
     kept_ids = {c.id for c in cands if c.status == "keep"}
+    pooled = pooled or {}
+    at_commit: dict[str, int] = {}
+    for c in cands:
+        if c.commit_sha:
+            at_commit.setdefault(c.commit_sha, number[c.id])
+    # a re-measure is drawn at the experiment that first measured its commit
+    again = [(at_commit[r.commit_sha], r.metric) for r in remeasures
+             if r.commit_sha in at_commit]
+    if again:
+        ax.scatter([x for x, _ in again], [y for _, y in again], s=26, marker="D",
+                   facecolors="none", edgecolors="#6d6d6d", linewidths=0.8, zorder=2,
+                   label=f"re-measured (co-run, noise floor, confirmation) ({len(again)})")
 
     others = [c for c in cands if c.status == "discard" and c.metric is not None]
     ax.scatter([number[c.id] for c in others], [c.metric for c in others], s=22,
@@ -68,10 +93,20 @@ def progress_figure(Figure: Any, cands: list[Candidate], metric: str, goal: str)
     ax.scatter([number[c.id] for c in kept], [c.metric for c in kept], s=70, color=KEEP_COLOR,
                edgecolors="black", linewidths=0.6, label=f"kept ({len(kept)})", zorder=4)
     if kept:
+        def value(c: Candidate) -> float:
+            est = pooled.get(c.id)
+            return est.mean if est is not None else c.metric
+
         xs = [number[c.id] for c in kept] + [len(cands) - 1]
-        ys = [c.metric for c in kept] + [kept[-1].metric]
+        ys = [value(c) for c in kept] + [value(kept[-1])]
         ax.step(xs, ys, where="post", color=KEEP_COLOR, linewidth=1.8, alpha=0.85,
-                label="running best", zorder=3)
+                label="running best (pooled estimate, 95% interval)", zorder=3)
+        bars = [(number[c.id], pooled[c.id]) for c in kept if pooled.get(c.id) is not None
+                and pooled[c.id].low is not None]
+        if bars:
+            ax.errorbar([x for x, _ in bars], [e.mean for _, e in bars],
+                        yerr=[[e.mean - e.low for _, e in bars], [e.high - e.mean for _, e in bars]],
+                        fmt="none", ecolor=KEEP_COLOR, elinewidth=1.2, capsize=4, zorder=4)
     for c in kept:
         label = "baseline" if c.kind == "baseline" else short_label(c.description)
         ax.annotate(label, (number[c.id], c.metric), xytext=(6, 8 if goal == "minimize" else -14),

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ratchet import gitrepo
+from ratchet import gitrepo, views
 from ratchet.fingerprint import fingerprint_key, software_key
 from ratchet.history import Share, kept_steps, success_shares
 from ratchet.ledger import Candidate, throughput
@@ -199,13 +199,22 @@ def running_best(cands: Sequence[Candidate]) -> list[tuple[int, float]]:
 
 def _header(study: Any, cands: list[Candidate], metric: str, goal: str) -> str:
     ledger = study.ledger
-    baseline = next((c for c in cands if c.kind == "baseline" and c.metric is not None), None)
-    best = ledger.get("incumbent_metric")
-    cards = [("candidates", str(len(cands))), (f"{metric} ({goal})", _num(best) or "—")]
-    if baseline is not None and best is not None and baseline.metric:
-        change = (best - baseline.metric) / abs(baseline.metric) * 100
-        cards.insert(1, (f"baseline {metric}", _num(baseline.metric)))
-        cards.append(("change vs baseline", f"{change:+.2f}%"))
+    # pooled estimates with 95% intervals (views.headline): the same numbers as the
+    # end-of-run line and `status --json`
+    head = views.headline(ledger, metric, goal, study.config.acceptance.noise == "ignore")
+    inc = head.incumbent
+    cards = [("candidates", str(len(cands))),
+             (f"{metric} ({goal})", _e(inc.text()) if inc else "—")]
+    if head.baseline is not None and inc is not None:
+        cards.insert(1, (f"baseline {metric}", _e(head.baseline.text())))
+        if head.change is not None:  # + is better, whatever the goal
+            cards.append(("change vs baseline", f"{head.change * 100:+.2f}% "
+                          f"({'better' if head.change >= 0 else 'worse'})"))
+    noise = head.noise
+    cards.append(("noise (1 evaluation)",
+                  "not measured" if not noise.known else f"σ {noise.sigma:.3g} ({_e(noise.source)})"))
+    cards.append(("false-keep rate", f"{study.config.acceptance.rate:.3g}"
+                  + (' <b class="warn">noise ignored</b>' if head.noise_ignored else "")))
     incumbent = ledger.get("incumbent")
     if incumbent:
         cards.append(("incumbent", f"{_e(ledger.get('incumbent_id') or '')} <code>{_e(str(incumbent)[:7])}</code>"))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import statistics
 import subprocess
 import time
 from collections.abc import Callable, Iterable
@@ -47,10 +48,13 @@ from ratchet.faults import fault_point
 from ratchet.integrity import Guard
 from ratchet.jobs import Jobs
 from ratchet.jobspec import JobResult
-from ratchet.ledger import Candidate, Ledger
+from ratchet.ledger import Candidate, Kind, Ledger, Status
 from ratchet.proposers import ProposalContext, Proposer, make_proposer
+from ratchet.views import reported_errors
 
-OPEN_STATES = ("committed", "submitted", "interrupted", "finished")
+# a candidate row that still has work to do (proposed ones are never left over: a
+# proposal is recorded committed or rejected in one transaction)
+OPEN_STATES = (Status.COMMITTED, Status.SUBMITTED, Status.INTERRUPTED, Status.FINISHED)
 
 
 class ScheduleError(UserError):
@@ -301,6 +305,10 @@ class Loop:
     written: tuple[dict, dict] = field(default_factory=lambda: ({}, {}))
     # log lines about a judged round, held until its block is on screen (`progress`)
     held: list[str] = field(default_factory=list)
+    target: int = 0  # the policy's rounds or candidates (the live view's denominator)
+    # candidates whose jobs run while a would-be keep is confirmed (rolling): any of them
+    # could tamper meanwhile, so a tampering check then names them all, not one
+    in_flight: list[str] = field(default_factory=list)
 
     def progress(self, round_no: int, target: int, running: list) -> None:
         """Report progress, then the lines held back: the view prints a judged round's
@@ -327,53 +335,77 @@ class Loop:
     def settle(self, ids: list[str], on_keep: dict | None = None) -> str | None:
         """Judge the finished candidates among `ids` together; promote the best improving
         one. Verdicts and the new incumbent are one transaction, then the branch moves."""
-        finished = [c for c in (self.ledger.candidate(i) for i in ids) if c.status == "finished"]
+        # confirmation rows are measured by the confirmation of their candidate, not judged
+        finished = [c for c in (self.ledger.candidate(i) for i in ids)
+                    if c.status == Status.FINISHED and c.kind != Kind.CONFIRM]
         if not finished:
             return None
         led = self.ledger
-        incumbent = judge.Incumbent(
-            commit=led.get("incumbent"), id=led.get("incumbent_id"),
-            metric=led.get("incumbent_metric"), samples=led.get("incumbent_samples") or [],
-            holdout=led.get("incumbent_holdout"), sem=led.get("incumbent_sem"))
+        incumbent = led.incumbent()
+        by_id = {c.id: c for c in finished}
+        pooled = measurements(led, exclude_confirming=set(by_id)).get(incumbent.commit or "")
+        if pooled:  # every judged evaluation of the incumbent's commit, from the rows
+            incumbent.samples, incumbent.metric = pooled, statistics.fmean(pooled)
+        confirming = Confirming(self, by_id, incumbent.commit)
         entries = [judge.Entry(id=c.id, kind=c.kind, seq=c.seq, commit=c.commit_sha,
                                result=JobResult.from_json(json.dumps(c.result)),
                                based_on_incumbent=True if c.kind != "candidate" else
                                partial(_descends, self.repo, c.commit_sha, incumbent.commit))
                    for c in finished]
-        by_id = {c.id: c for c in finished}
-        decision = judge.judge_group(self.config, entries, incumbent,
-                                     holdout=lambda e: self.jobs.holdout(by_id[e.id]))
-        meta: dict = {}
+        try:
+            decision = judge.judge_group(self.config, entries, incumbent,
+                                         holdout=lambda e: self.jobs.holdout(by_id[e.id]),
+                                         confirmation=confirming.confirmation())
+        except Interrupted:
+            return None  # nothing judged: a resume confirms on the same pairs
+        if self.config.acceptance.noise == "ignore" and decision.winner is not None:
+            self.held.append("warning: acceptance.noise = \"ignore\": this keep rests on one "
+                             "measurement, not on a confirmation beyond the noise")
         new = decision.incumbent
-        if (new.metric, new.samples, new.holdout, new.id, new.sem) != (
-                incumbent.metric, incumbent.samples, incumbent.holdout, incumbent.id,
-                incumbent.sem):
-            meta.update(incumbent_metric=new.metric, incumbent_samples=new.samples,
-                        incumbent_holdout=new.holdout, incumbent_id=new.id,
-                        incumbent_sem=new.sem)
+        meta: dict = {}
+        if new != incumbent:
+            meta.update(led.incumbent_meta(new))
         if decision.winner is not None:
             meta.update(incumbent=new.commit, **(on_keep or {}))
+        verdicts = dict(decision.verdicts)
+        for row_id, reason in confirming.used.items():  # the pairs measured, as references
+            verdicts[row_id] = judge.Verdict(Status.REFERENCE, [reason],
+                                             code=judge.Reason.REFERENCE)
         now = time.time()
         with led.transaction():
-            for cand_id, verdict in decision.verdicts.items():
+            for cand_id, verdict in verdicts.items():
+                if led.candidate(cand_id).status == Status.REJECTED:
+                    continue  # rejected meanwhile (tampering while it was confirmed)
+                confirmation = verdict.confirmation
                 led.update(cand_id, f"judged:{verdict.status}", status=verdict.status,
                            reasons="; ".join(r for r in verdict.reasons if r) or None,
                            gain=verdict.gain, margin=verdict.margin, noise=verdict.noise,
-                           judged_at=now)
+                           code=verdict.code, judged_at=now)
+                if confirmation is not None:
+                    led.event("confirmation", cand_id, step=confirmation.step,
+                              pairs=confirmation.pairs, t=confirmation.t,
+                              critical=confirmation.critical, reason=confirmation.reason)
             if meta:
                 led.set(**meta)
         fault_point("verdicts")
-        self.written = (meta, {i: (v.status, led.candidate(i).metric)
-                               for i, v in decision.verdicts.items()})
+        self.written = (meta, {i: (led.candidate(i).status, led.candidate(i).metric)
+                               for i in verdicts})
         for cand in finished:
             if cand.idea:
                 led.mark_idea(cand.idea, cand.id, decision.verdicts[cand.id].status)
             self.proposals.observe(led.candidate(cand.id))
         self.jobs.clean_up(finished)
+        for cand_id, verdict in decision.verdicts.items():
+            if verdict.code in (judge.Reason.NOT_CONFIRMED, judge.Reason.NO_NOISE):
+                # it looked better once; the fresh pairs say the gain is inside the noise
+                self.held.append(f"{cand_id} not kept: its gain is inside the measured noise "
+                                 f"({verdict.reasons[-1]})")
         if decision.winner is not None:
             self.guard.repair_branch()  # moves the branch to the new incumbent
             winner = led.candidate(decision.winner)
-            self.held.append(f"keep {winner.id} {winner.short}: {winner.description}")
+            test = decision.verdicts[winner.id].confirmation
+            why = f" ({test.reason})" if test is not None else ""
+            self.held.append(f"keep {winner.id} {winner.short}: {winner.description}{why}")
         self.write_views()
         return decision.winner
 
@@ -396,13 +428,94 @@ class Loop:
 
     def fixed_rows(self, incumbent: str) -> list[dict]:
         """The baseline (once per study), or a co-run reference of the incumbent."""
-        if not any(c.kind == "baseline" for c in self.ledger.candidates()):
-            return [dict(kind="baseline", parent=incumbent, commit_sha=incumbent,
-                         description="baseline", status="committed")]
+        if not any(c.kind == Kind.BASELINE for c in self.ledger.candidates()):
+            # the baseline, and the rest of the A/A noise floor (acceptance.noise_floor)
+            floor = self.config.acceptance.noise_floor
+            return [dict(kind=Kind.BASELINE, parent=incumbent, commit_sha=incumbent,
+                         description="baseline", status=Status.COMMITTED)] + [
+                dict(kind=Kind.INCUMBENT, parent=incumbent, commit_sha=incumbent,
+                     status=Status.COMMITTED,
+                     description=f"baseline re-measured (noise floor {i + 2}/{floor})")
+                for i in range(floor - 1)]
         if self.config.acceptance.co_run_incumbent and self.config.search.mode == "rounds":
             return [dict(kind="incumbent", parent=incumbent, commit_sha=incumbent,
                          status="committed", description="incumbent re-measured (reference)")]
         return []
+
+
+class Confirming:
+    """Fresh pairs for the confirmation of a would-be keep: the candidate and the incumbent
+    measured side by side (two jobs placed together, on the same backend and slot kind),
+    one pair at a time as the sequential test asks.
+
+    Write-ahead like every job: a pair's two rows (kind confirm, `confirms` = the
+    candidate) are in the ledger before their jobs exist, so a resumed study measures the
+    pairs it had and only those it still needs: the same test on the same numbers.
+    """
+
+    def __init__(self, loop: Loop, group: dict[str, Candidate], incumbent: str | None) -> None:
+        self.loop, self.group, self.incumbent = loop, group, incumbent
+        self.used: dict[str, str] = {}  # confirmation row id -> its reference reason
+
+    def confirmation(self) -> judge.Confirmation:
+        led, name = self.loop.ledger, self.loop.config.metric.name
+        # the noise pool: every judged evaluation of every commit; the pairs of the
+        # candidates judged now join it through the confirmation itself
+        groups = measurements(led, exclude_confirming=set(self.group))
+        return judge.Confirmation(measure=self.measure, groups=groups,
+                                  reported=reported_errors(led, name))
+
+    def rows(self, cand_id: str) -> list[Candidate]:
+        rows = [c for c in self.loop.ledger.candidates(confirmations=True)
+                if c.confirms == cand_id]
+        return sorted(rows, key=lambda c: -c.seq)  # in the order made
+
+    def measure(self, entry: judge.Entry, need: int) -> list[tuple[float, float]] | str:
+        loop, led = self.loop, self.loop.ledger
+        cand = self.group[entry.id]
+        rows = self.rows(cand.id)
+        while len(rows) < 2 * need:
+            pair = len(rows) // 2 + 1
+            with led.transaction():  # both sides of a pair, or neither
+                rows += [led.new_confirmation(cand, commit, f"confirm {cand.id}: pair {pair}, "
+                                              f"{side}", parent=self.incumbent)
+                         for side, commit in (("candidate", cand.commit_sha),
+                                              ("incumbent", self.incumbent))]
+            fault_point("confirm-recorded")
+        rows = rows[:2 * need]
+        ids = [r.id for r in rows]
+        waiting = [r for r in rows if r.status not in (Status.FINISHED, Status.REFERENCE)]
+        if waiting:
+            trusted = loop.guard.snapshot()  # the candidate's code runs again
+            loop.jobs.start(waiting, lambda: loop.stop.hard)
+            loop.jobs.wait(ids, lambda running: loop.report(
+                led.get("round"), loop.target or led.get("round"), running),
+                lambda: loop.stop.hard)
+            if loop.guard.check(trusted, [cand.id, *loop.in_flight]):
+                return "tampering while it was re-measured"
+            if loop.stop.hard:
+                raise Interrupted("interrupted while confirming " + cand.id)
+            fault_point("confirm-measured")
+        pairs = []
+        for i in range(0, len(ids), 2):
+            c, inc = led.candidate(ids[i]), led.candidate(ids[i + 1])
+            for row in (c, inc):
+                self.used[row.id] = row.description
+            failed = [r for r in (c, inc) if r.metric is None or judge.outcome_status(
+                JobResult.from_json(json.dumps(r.result))) is not None]
+            if failed:
+                return f"confirmation run {failed[0].id} failed ({failed[0].reasons or 'no metric'})"
+            pairs.append((c.metric, inc.metric))
+        return pairs
+
+
+class Interrupted(Exception):
+    """Ctrl-C twice during a confirmation: nothing is judged; a resume measures on."""
+
+
+def measurements(ledger: Ledger, exclude_confirming: set[str] = frozenset()
+                 ) -> dict[str, list[float]]:
+    return ledger.evaluations(exclude_confirming)
 
 
 def _descends(repo: Path, commit: str | None, ancestor: str | None) -> bool:
@@ -428,6 +541,7 @@ def started_all(running: list[tuple[str, str, float, str]]) -> bool:
 class Rounds:
     def __init__(self, loop: Loop, target: int) -> None:
         self.loop, self.target = loop, target
+        loop.target = target
 
     def run(self) -> None:
         try:
@@ -552,6 +666,7 @@ class Rolling:
 
     def __init__(self, loop: Loop, budget: int) -> None:
         self.loop, self.budget = loop, budget
+        loop.target = budget
         self.ready: list[tuple[str, Proposal]] = []  # (base commit, proposal) made ahead
         self.exhausted = False
         self.open_ids: list[str] = []  # recorded, not judged yet
@@ -567,6 +682,7 @@ class Rolling:
 
     def _run(self) -> None:
         loop, led = self.loop, self.loop.ledger
+        # (confirmation rows are measured again by their candidate's confirmation)
         resumed = [c for c in led.candidates() if c.status in OPEN_STATES]
         loop.ensure_refs(resumed)
         loop.snapshot = loop.guard.snapshot()
@@ -614,7 +730,9 @@ class Rolling:
         self.verify(loop.snapshot, open_ids)
         before = loop.snapshot
         finished = [i for i in open_ids if led.candidate(i).status == "finished"]
+        loop.in_flight = [i for i in open_ids if i not in finished]
         winner = loop.settle(finished, on_keep={"round": led.get("round") + 1})
+        loop.in_flight = []
         meta, verdicts = loop.written
         branch = {loop.guard.branch: meta["incumbent"]} if winner else {}
         # the others ran on while we judged: anything but our own writes is theirs
@@ -624,8 +742,7 @@ class Rolling:
         for cand in (led.candidate(i) for i in finished):
             # it beat the incumbent but started from an older one: its change goes again,
             # carried onto the current incumbent, before anything new
-            if cand.status == "discard" and "not based on the current incumbent" in (
-                    cand.reasons or ""):
+            if cand.status == Status.DISCARD and cand.code == judge.Reason.STALE:
                 self.ready.insert(0, (cand.parent, Proposal(
                     description=f"{cand.description} (again, on the new incumbent)"[:200],
                     commit=cand.commit_sha, params=cand.params)))

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ratchet import gitrepo, sandbox
+from ratchet import gitrepo, sandbox, views
 from ratchet.backends import Backend
 from ratchet.candidate import Proposal, study_branch
 from ratchet.config import Config, load_config
@@ -29,7 +29,7 @@ from ratchet.errors import UserError
 from ratchet.integrity import Guard, check_commands, committed_config, pin_protected
 from ratchet.jobs import Jobs
 from ratchet.jobspec import JobSpec
-from ratchet.ledger import Candidate, Ledger
+from ratchet.ledger import Candidate, Incumbent, Ledger, LedgerError
 from ratchet.lock import StudyLock
 from ratchet.proposers import Proposer
 from ratchet.proposers.knobs import KnobError, knob_values
@@ -91,7 +91,10 @@ class Study:
         self.name = self.config.task.name
         self.state_dir = self.repo / STATE_DIR
         self.state_dir.mkdir(exist_ok=True)
-        self.ledger = Ledger(self.state_dir / "ledger.db")
+        try:
+            self.ledger = Ledger(self.state_dir / "ledger.db")
+        except LedgerError as exc:
+            raise StudyError(str(exc)) from None
         self.backend_kind = backend or self.config.backend.kind
         self.proposer_kind = proposer or self.config.search.proposer
         self.parallel = parallel or self.config.search.parallel
@@ -100,6 +103,7 @@ class Study:
         self.log = log
         self.stop = StopFlag()
         self._last_progress: Progress | None = None
+        self._best: tuple[tuple, float | None] = ((), None)  # (status counts, best so far)
         self.lock = StudyLock(self.state_dir / "lock")
         self.jobs = Jobs(self.repo, self.state_dir, self.config, self.ledger, self.backend_kind,
                          log=log, on_trouble=self._show_trouble)
@@ -167,10 +171,9 @@ class Study:
             pins = pin_protected(self.repo, self.config, head)
             gitrepo.exclude_locally(self.repo, [f"/{STATE_DIR}/", "/results.tsv"])
             gitrepo.update_ref(self.repo, self.branch, head, reason="ratchet: study start")
-            self.ledger.set(study=self.name, pinned=head, pins=pins, incumbent=head,
-                            incumbent_id=None, incumbent_metric=None, incumbent_samples=[],
-                            incumbent_holdout=None, round=1, config=committed,
-                            created=time.time())
+            self.ledger.set(study=self.name, pinned=head, pins=pins, round=1,
+                            config=committed, created=time.time(),
+                            **Ledger.incumbent_meta(Incumbent(commit=head)))
             self.ledger.event("study-started", None, commit=head)
 
     def _check_ideas_file(self) -> None:
@@ -349,9 +352,12 @@ class Study:
 
     def _report(self, round_no: int, target: int, running: list) -> None:
         counts = self.ledger.status_counts()  # polled every few ms: one cheap query
+        key = tuple(sorted(counts.items()))
+        if self._best[0] != key:  # the pooled best changes only with a verdict
+            self._best = (key, views.best_so_far(self.ledger, self.config.metric.goal))
         self._last_progress = Progress(round=round_no, rounds=target, running=running,
-                                       best=self.ledger.get("incumbent_metric"),
-                                       counts=counts, message=self.jobs.trouble)
+                                       best=self._best[1], counts=counts,
+                                       message=self.jobs.trouble)
         self.progress(self._last_progress)
 
     def _show_trouble(self, message: str) -> None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-from ratchet.ledger import Ledger
+from ratchet import stats
+from ratchet.ledger import Ledger, Status
 
 TSV_STATUSES = ("keep", "discard", "crash", "rejected")
 
@@ -145,3 +149,99 @@ def total_cost(cands: list) -> float:
         cost = usage.get("cost_usd") if isinstance(usage, dict) else None
         total += float(cost) if isinstance(cost, int | float) else 0.0
     return total
+
+
+# ---------------------------------------------------------------------------------------
+# headlines: pooled estimates, never one re-measure
+
+
+@dataclass(frozen=True)
+class Headline:
+    """Baseline -> incumbent, each the pooled estimate of every evaluation of its commit
+    with a 95% interval from the study's noise. The end-of-run line, `status --json`, the
+    report's cards and progress.png all read this one object."""
+
+    metric: str
+    goal: str
+    baseline: stats.Estimate | None
+    incumbent: stats.Estimate | None
+    incumbent_id: str | None
+    incumbent_commit: str | None
+    noise: stats.Noise
+    noise_ignored: bool = False
+
+    @property
+    def change(self) -> float | None:
+        """Relative change of the incumbent vs the baseline, + = better whatever the goal."""
+        if self.baseline is None or self.incumbent is None or not self.baseline.mean:
+            return None
+        gain = self.incumbent.mean - self.baseline.mean
+        if self.goal == "minimize":
+            gain = -gain
+        return gain / abs(self.baseline.mean)
+
+    def line(self) -> str | None:
+        if self.baseline is None or self.incumbent is None:
+            return None
+        change = self.change
+        better = "" if change is None else (
+            f", {abs(change) * 100:.1f}% {'better' if change >= 0 else 'worse'}")
+        return (f"{self.metric}: baseline {self.baseline.text()} -> incumbent "
+                f"{self.incumbent.text()}{better}")
+
+    def as_dict(self) -> dict:
+        return {"baseline": self.baseline.as_dict() if self.baseline else None,
+                "incumbent": self.incumbent.as_dict() if self.incumbent else None,
+                "change": self.change,
+                "noise": {"sigma": self.noise.sigma,
+                          "df": None if math.isinf(self.noise.df) else self.noise.df,
+                          "source": self.noise.source},
+                "noise_ignored": self.noise_ignored}
+
+
+def reported_errors(ledger: Ledger, metric: str) -> list[tuple[float, float]]:
+    """(sem, value) of every judged evaluation that reported its own error (the
+    evaluator's `<metric>_sem`, or the spread of the job's repeats)."""
+    from ratchet.jobspec import JobResult
+    from ratchet.judge import reported_noise
+
+    out = []
+    for cand in ledger.candidates(confirmations=True):
+        if cand.result and cand.metric is not None and cand.status in (
+                Status.KEEP, Status.DISCARD, Status.REFERENCE):
+            sem = reported_noise(JobResult.from_json(json.dumps(cand.result)), metric)
+            if sem is not None:
+                out.append((sem, cand.metric))
+    return out
+
+
+def study_noise(ledger: Ledger, metric: str,
+                groups: dict[str, list[float]] | None = None) -> stats.Noise:
+    """The study's noise, as the judge pools it (judge.Confirmation.noise)."""
+    from ratchet.judge import Confirmation  # the judge's own pooling, not a copy
+
+    groups = ledger.evaluations() if groups is None else groups
+    return Confirmation(measure=lambda *_: [], groups=groups,
+                        reported=reported_errors(ledger, metric)).noise()
+
+
+def headline(ledger: Ledger, metric: str, goal: str, noise_ignored: bool = False) -> Headline:
+    groups = ledger.evaluations()
+    noise = study_noise(ledger, metric, groups)
+    pinned, commit = ledger.get("pinned"), ledger.get("incumbent")
+    base = stats.estimate(groups.get(pinned or "", []), noise)
+    inc = stats.estimate(groups.get(commit or "", []), noise)
+    return Headline(metric, goal, base, inc, ledger.get("incumbent_id"), commit, noise,
+                    noise_ignored)
+
+
+def best_so_far(ledger: Ledger, goal: str) -> float | None:
+    """The best pooled estimate of any commit that was the incumbent (the start and every
+    keep): it never moves the wrong way when the incumbent is re-measured."""
+    groups = ledger.evaluations()
+    commits = [ledger.get("pinned")] + [c.commit_sha for c in ledger.candidates(
+        status=Status.KEEP)]
+    means = [sum(v) / len(v) for v in (groups.get(c or "") for c in commits) if v]
+    if not means:
+        return None
+    return min(means) if goal == "minimize" else max(means)

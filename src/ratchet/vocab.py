@@ -68,13 +68,16 @@ class Kind(StrEnum):
 
     BASELINE = "baseline"  # the study's start, measured first
     CANDIDATE = "candidate"  # a proposed change: a hypothesis under test
-    INCUMBENT = "incumbent"  # the incumbent re-measured beside a round (co_run_incumbent)
+    INCUMBENT = "incumbent"  # the incumbent re-measured (co_run_incumbent, A/A noise floor)
+    # one side of a confirmation pair of a would-be keep (its row names the candidate it
+    # confirms): the candidate's commit or the incumbent's, measured again side by side
+    CONFIRM = "confirm"
 
     @property
     def is_reference(self) -> bool:
         """A measurement of code already accepted (the start or the incumbent), not a
         change: its failure is a broken setup, never a candidate's fault."""
-        return self is not Kind.CANDIDATE
+        return self in (Kind.BASELINE, Kind.INCUMBENT)
 
 
 class JobState(StrEnum):
