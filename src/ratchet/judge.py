@@ -160,6 +160,8 @@ def compare(
     problems = check_constraints(config, result)
     if problems:
         return Verdict(Status.REJECTED, problems, code=Reason.CONSTRAINT)
+    if result.metric is None:
+        return Verdict(Status.CRASH, [f"no {metric.name} measured"], code=Reason.FAILED)
     gain = metric.gain(result.metric, incumbent_metric)
     required = config.acceptance.min_improvement.margin(incumbent_metric)
     noise = noise_margin(result.samples, incumbent_samples, paired,
@@ -328,7 +330,8 @@ def judge_group(config: Config, entries: list[Entry], incumbent: Incumbent,
                                      code=Reason.BASELINE if baseline else Reason.REFERENCE)
         # every measurement of the incumbent pools into its estimate: a re-measure
         # never replaces it
-        current = current.pooled(entry.result.metric)
+        if entry.result.metric is not None:
+            current = current.pooled(entry.result.metric)
         current.sem = sem_of(entry.result.extra, name) if baseline else current.sem
         if config.task.holdout and current.holdout is None:
             held = holdout(entry)
@@ -341,7 +344,7 @@ def judge_group(config: Config, entries: list[Entry], incumbent: Incumbent,
     paired = any(e.kind == Kind.INCUMBENT for e in entries)
     measure = config.acceptance.noise == "measure" and confirmation is not None
     noise_now = stats.NO_NOISE
-    if measure:
+    if measure and confirmation is not None:
         # what this group's evaluations report about their own error joins the pool
         own = [(reported_noise(e.result, name), e.result.metric) for e in entries
                if outcome_status(e.result) is None and e.result.metric is not None]
@@ -384,7 +387,7 @@ def judge_group(config: Config, entries: list[Entry], incumbent: Incumbent,
             verdict.status, verdict.code = Status.DISCARD, Reason.STALE
             verdict.reasons.append("not based on the current incumbent")
             continue
-        if measure:
+        if measure and confirmation is not None:
             test, pairs = confirm(config, entry, current, confirmation)
             verdict.confirmation, verdict.pairs = test, pairs
             for _, value in pairs:  # the incumbent's side pools into its estimate
@@ -413,7 +416,8 @@ def judge_group(config: Config, entries: list[Entry], incumbent: Incumbent,
             continue
         winner = entry
     if winner is not None:
-        samples = [winner.result.metric] + [c for c, _ in verdicts[winner.id].pairs]
+        first = [winner.result.metric] if winner.result.metric is not None else []
+        samples = first + [c for c, _ in verdicts[winner.id].pairs]
         current = Incumbent(commit=winner.commit, id=winner.id,
                             metric=statistics.fmean(samples), samples=samples,
                             holdout=winner.result.holdout,
@@ -425,9 +429,10 @@ def judge_group(config: Config, entries: list[Entry], incumbent: Incumbent,
 def screen_noise(noise: stats.Noise, incumbent_n: int, level: float) -> float | None:
     """The standard error of one evaluation against the incumbent's pooled mean of
     `incumbent_n` evaluations; recorded with the verdict."""
-    if not noise.known:
+    sigma = noise.sigma_at(level) if noise.known else None
+    if sigma is None:
         return None
-    return noise.sigma_at(level) * math.sqrt(1.0 + 1.0 / max(1, incumbent_n))
+    return sigma * math.sqrt(1.0 + 1.0 / max(1, incumbent_n))
 
 
 def screen(config: Config, result: JobResult, incumbent_metric: float,
@@ -440,6 +445,8 @@ def screen(config: Config, result: JobResult, incumbent_metric: float,
     problems = check_constraints(config, result)
     if problems:
         return Verdict(Status.REJECTED, problems, code=Reason.CONSTRAINT)
+    if result.metric is None:
+        return Verdict(Status.CRASH, [f"no {metric.name} measured"], code=Reason.FAILED)
     gain = metric.gain(result.metric, incumbent_metric)
     required = config.acceptance.min_improvement.margin(incumbent_metric)
     verdict = Verdict(Status.DISCARD, gain=gain, margin=required, noise=noise)

@@ -12,6 +12,7 @@ import sqlite3
 import statistics
 import time
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -289,7 +290,7 @@ class Ledger:
                    confirmations: bool = False) -> list[Candidate]:
         """Candidates in order; a confirmation's re-measures (kind confirm) only when asked
         for: they belong to their candidate, and views list them with it."""
-        query, args = "SELECT * FROM candidates WHERE 1=1", []
+        query, args = "SELECT * FROM candidates WHERE 1=1", list[object]()
         if not confirmations:
             query += " AND kind != ?"
             args.append(Kind.CONFIRM.value)
@@ -301,7 +302,7 @@ class Ledger:
             args.append(status)
         return [_from_row(r) for r in self.db.execute(query + " ORDER BY seq", args)]
 
-    def evaluations(self, exclude_confirming: set[str] | frozenset[str] = frozenset()
+    def evaluations(self, exclude_confirming: AbstractSet[str] = frozenset()
                     ) -> dict[str, list[float]]:
         """Every judged evaluation of every commit, by commit: its own run, the baseline's
         A/A floor, co-run references, confirmation pairs. One pooled estimate per commit
@@ -452,7 +453,8 @@ def throughput(cands: list[Candidate], slots: int) -> Throughput:
            and c.finished_at is not None]
     if not ran or slots < 1:
         return Throughput(slots, 0, 0.0, 0.0, None, None, None, None)
-    wall = max(c.finished_at for c in ran) - min(c.submitted_at for c in ran)
+    wall = (max(c.finished_at for c in ran if c.finished_at is not None)
+            - min(c.submitted_at for c in ran if c.submitted_at is not None))
     busy = sum(slot_seconds(c) for c in ran)
     mean = busy / len(ran)
     return Throughput(

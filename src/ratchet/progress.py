@@ -9,6 +9,7 @@ it missing, no chart is written and the caller says how to get one.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ def write_progress_png(repo: Path, ledger: Ledger, metric: str, goal: str) -> Pa
 
 def progress_figure(Figure: Any, cands: list[Candidate], metric: str, goal: str,
                     pooled: dict[str, stats.Estimate | None] | None = None,
-                    remeasures: list[Candidate] = ()) -> Any:
+                    remeasures: Sequence[Candidate] = ()) -> Any:
     """The figure: x = experiment number (0 = baseline), y = the metric. The running best
     is each kept commit's pooled estimate with its 95% interval; re-measures (co-runs,
     the noise floor, confirmation pairs) are drawn as such, at the experiment they
@@ -93,7 +94,7 @@ def progress_figure(Figure: Any, cands: list[Candidate], metric: str, goal: str,
     ax.scatter([number[c.id] for c in kept], [c.metric for c in kept], s=70, color=KEEP_COLOR,
                edgecolors="black", linewidths=0.6, label=f"kept ({len(kept)})", zorder=4)
     if kept:
-        def value(c: Candidate) -> float:
+        def value(c: Candidate) -> float | None:
             est = pooled.get(c.id)
             return est.mean if est is not None else c.metric
 
@@ -101,11 +102,12 @@ def progress_figure(Figure: Any, cands: list[Candidate], metric: str, goal: str,
         ys = [value(c) for c in kept] + [value(kept[-1])]
         ax.step(xs, ys, where="post", color=KEEP_COLOR, linewidth=1.8, alpha=0.85,
                 label="running best (pooled estimate, 95% interval)", zorder=3)
-        bars = [(number[c.id], pooled[c.id]) for c in kept if pooled.get(c.id) is not None
-                and pooled[c.id].low is not None]
+        bars = [(number[c.id], e.mean, e.low, e.high) for c in kept
+                if (e := pooled.get(c.id)) is not None and e.low is not None
+                and e.high is not None]
         if bars:
-            ax.errorbar([x for x, _ in bars], [e.mean for _, e in bars],
-                        yerr=[[e.mean - e.low for _, e in bars], [e.high - e.mean for _, e in bars]],
+            ax.errorbar([b[0] for b in bars], [b[1] for b in bars],
+                        yerr=[[b[1] - b[2] for b in bars], [b[3] - b[1] for b in bars]],
                         fmt="none", ecolor=KEEP_COLOR, elinewidth=1.2, capsize=4, zorder=4)
     for c in kept:
         label = "baseline" if c.kind == "baseline" else short_label(c.description)

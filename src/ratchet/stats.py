@@ -218,9 +218,10 @@ def estimate(values: Sequence[float], noise: Noise, confidence: float = 0.95) ->
     if not values:
         return None
     mean = statistics.fmean(values)
-    if not noise.known:
+    sigma = noise.sigma_at(mean) if noise.known else None
+    if sigma is None:
         return Estimate(mean, len(values), None, None, None, confidence)
-    sem = noise.sigma_at(mean) / math.sqrt(len(values))
+    sem = sigma / math.sqrt(len(values))
     half = t_ppf(0.5 + confidence / 2.0, noise.df) * sem
     return Estimate(mean, len(values), sem, mean - half, mean + half, confidence)
 
@@ -279,7 +280,7 @@ def sequential(diffs: Sequence[float], noise: Noise, false_keep_rate: float,
         return Test(Step.DISCARD, n, mean=mean,
                     reason=f"not confirmed: fresh pairs show no gain (mean {mean:.4g} "
                            f"over {n} pair{'s' * (n > 1)})")
-    if not noise.known:
+    if not noise.known or noise.sigma is None:
         if n >= max_pairs:
             return Test(Step.DISCARD, n, mean=mean, noise_known=False,
                         reason="no noise estimate: nothing is kept without one")
