@@ -89,6 +89,7 @@ class SimStudy:
         self.truth: dict[str, float] = {"c0": 1000.0}
         self.groups: dict[str, list[float]] = {}
         self.reported: list[tuple[float, float]] = []  # (sem, value)
+        self.pairs: list[list[tuple[float, float]]] = []  # every confirmation's pairs
         self.tally = Tally()
         self.n = 0
         self.clock = 0  # evaluations so far: drift moves with it
@@ -134,7 +135,8 @@ class SimStudy:
             return list(got)
 
         confirmation = judge.Confirmation(measure=measure, groups=dict(self.groups),
-                                          reported=list(self.reported))
+                                          reported=list(self.reported),
+                                          pairs=[list(p) for p in self.pairs])
         decision = judge.judge_group(self.cfg, entries, self.incumbent,
                                      holdout=lambda e: e.result, confirmation=confirmation)
         # Loop.settle's bookkeeping: every judged evaluation joins its commit's pool
@@ -147,6 +149,7 @@ class SimStudy:
                                       / math.sqrt(len(entry.result.samples)),
                                       entry.result.metric))
         for cand_id, got in pairs.items():
+            self.pairs.append(list(got))
             commit = next(e.commit for e in entries if e.id == cand_id)
             self.groups.setdefault(commit, []).extend(c for c, _ in got)
             self.groups.setdefault(inc_commit, []).extend(i for _, i in got)

@@ -247,6 +247,8 @@ class Confirmation:
     # evaluators reported about their own error: (sem, the value it was reported with)
     groups: dict[str, list[float]] = field(default_factory=dict)
     reported: list[tuple[float, float]] = field(default_factory=list)
+    # the (candidate, incumbent) pairs of every earlier confirmation of the study
+    pairs: list[list[tuple[float, float]]] = field(default_factory=list)
 
     def noise(self, extra: dict[str, list[float]] | None = None) -> stats.Noise:
         """The study's noise with `extra` evaluations (by commit) replacing the pool's:
@@ -288,12 +290,35 @@ def confirm(config: Config, entry: Entry, incumbent: Incumbent,
                  incumbent.commit or "incumbent": [*incumbent.samples,
                                                    *(i for _, i in pairs)]}
         noise = confirmation.noise(extra)
-        if noise.relative:  # the gain as a log ratio, min_improvement as one too
+
+        def gain(c: float, i: float, relative: bool = noise.relative) -> float:
+            # the gain as a log ratio when the noise is relative
+            return metric.gain(math.log(c), math.log(i)) if relative else metric.gain(c, i)
+
+        if noise.relative:  # min_improvement as a log ratio too
             shift = math.log1p(required / abs(incumbent.metric)) if incumbent.metric else 0.0
-            diffs = [metric.gain(math.log(c), math.log(i)) - shift for c, i in pairs]
         else:
-            diffs = [metric.gain(c, i) - required for c, i in pairs]
-        test = stats.sequential(diffs, noise, acceptance.rate, acceptance.confirm_pairs)
+            shift = required
+        diffs = [gain(c, i) - shift for c, i in pairs]
+        # The spread of a pair's difference, pooled over every confirmation of the study:
+        # drift shared by the two sides of a pair (a neighbour's load, a GPU warming up)
+        # cancels there, where it inflates the spread of a commit's evaluations over
+        # time. Whichever of the two estimates rests on more evidence is used (a rule on
+        # counts alone, so both keep the rate); a reported error still floors it.
+        paired = stats.pooled_noise(
+            [[gain(c, i) for c, i in group] for group in confirmation.pairs
+             if all(c > 0 and i > 0 for c, i in group) or not noise.relative]
+            + [diffs], relative=False)
+        per_pair = paired.known and paired.df > noise.df
+        if per_pair:
+            floor = stats.pooled_noise([], [sem / abs(v) if noise.relative else sem
+                                            for sem, v in confirmation.reported])
+            sigma = paired.sigma or 0.0
+            if floor.sigma is not None:
+                sigma = max(sigma, math.sqrt(2.0) * floor.sigma)
+            noise = stats.Noise(sigma, paired.df, "paired differences", noise.relative)
+        test = stats.sequential(diffs, noise, acceptance.rate, acceptance.confirm_pairs,
+                                per_pair=per_pair)
         if test.step != stats.Step.MORE:
             return test, list(pairs)
         need = len(pairs) + 1

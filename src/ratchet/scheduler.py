@@ -462,8 +462,21 @@ class Confirming:
         # the noise pool: every judged evaluation of every commit; the pairs of the
         # candidates judged now join it through the confirmation itself
         groups = measurements(led, exclude_confirming=set(self.group))
+        # the pairs of every earlier confirmation: (candidate, incumbent) in the order made
+        earlier: dict[str, list[Candidate]] = {}
+        for row in led.candidates(confirmations=True):
+            if row.confirms and row.confirms not in self.group \
+                    and row.status == Status.REFERENCE:
+                earlier.setdefault(row.confirms, []).append(row)
+        pairs = []
+        for rows in earlier.values():
+            rows.sort(key=lambda r: -r.seq)
+            got = [(c.metric, i.metric) for c, i in zip(rows[::2], rows[1::2], strict=False)
+                   if c.metric is not None and i.metric is not None]
+            if got:
+                pairs.append(got)
         return judge.Confirmation(measure=self.measure, groups=groups,
-                                  reported=reported_errors(led, name))
+                                  reported=reported_errors(led, name), pairs=pairs)
 
     def rows(self, cand_id: str) -> list[Candidate]:
         rows = [c for c in self.loop.ledger.candidates(confirmations=True)

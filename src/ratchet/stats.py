@@ -261,12 +261,12 @@ def per_look_rate(false_keep_rate: float, max_pairs: int, look: int) -> float:
 
 
 def sequential(diffs: Sequence[float], noise: Noise, false_keep_rate: float,
-               max_pairs: int) -> Test:
+               max_pairs: int, per_pair: bool = False) -> Test:
     """Keep, discard or measure another pair, from the paired gains measured so far.
 
     `diffs[j]` is the candidate's gain over the incumbent in confirmation pair j (both
     measured side by side, fresh), less min_improvement: in log units when the noise is
-    relative. `noise` is the study's noise,
+    relative. With `per_pair`, `noise` is the spread of one pair's difference. `noise` is the study's noise,
     pooled from every repeated measurement (this test's pairs included). The test is a
     one-sided t-test of mean(diffs) > 0 at every look, each at its share of
     false_keep_rate (`per_look_rate`); it discards as soon as the fresh pairs show no
@@ -288,7 +288,10 @@ def sequential(diffs: Sequence[float], noise: Noise, false_keep_rate: float,
     rate = per_look_rate(false_keep_rate, max_pairs, min(n, max_pairs))
     critical = t_ppf(1.0 - rate, noise.df)
     # a difference of two evaluations has twice the variance of one
-    se = noise.sigma * math.sqrt(2.0 / n)
+    # `per_pair`: noise.sigma is the spread of one pair's difference itself (pooled from
+    # paired differences, where drift shared by both sides cancels); otherwise the spread
+    # of one evaluation, and a difference of two has twice its variance
+    se = noise.sigma * math.sqrt((1.0 if per_pair else 2.0) / n)
     t = math.inf if se == 0 else mean / se
     if t >= critical:
         return Test(Step.KEEP, n, mean=mean, t=t, critical=critical,
