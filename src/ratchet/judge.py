@@ -34,6 +34,10 @@ NOISE_Z = 2.0
 # on what is worth re-measuring (it spends none of the false-keep rate, which the
 # confirmation alone holds), so that a loser worse by a sigma or more rarely costs a pair.
 SCREEN_Z = 0.5
+# The confirmation measures a pair's difference against the spread of paired differences
+# (drift cancels in a pair) once the study's confirmations give it this many degrees of
+# freedom; before, against twice the spread of one evaluation.
+PAIRED_DF = 10
 _CONSTRAINT = re.compile(r"^\s*([A-Za-z_][\w.\-]*)\s*(<=|>=|<|>|==|!=)\s*(-?[\d.eE+\-]+)\s*$")
 _OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt,
         "==": operator.eq, "!=": operator.ne}
@@ -303,13 +307,13 @@ def confirm(config: Config, entry: Entry, incumbent: Incumbent,
         # The spread of a pair's difference, pooled over every confirmation of the study:
         # drift shared by the two sides of a pair (a neighbour's load, a GPU warming up)
         # cancels there, where it inflates the spread of a commit's evaluations over
-        # time. Whichever of the two estimates rests on more evidence is used (a rule on
-        # counts alone, so both keep the rate); a reported error still floors it.
+        # time. It is used once it rests on PAIRED_DF degrees of freedom (a rule on
+        # counts alone, so either estimate keeps the rate); a reported error floors it.
         paired = stats.pooled_noise(
             [[gain(c, i) for c, i in group] for group in confirmation.pairs
              if all(c > 0 and i > 0 for c, i in group) or not noise.relative]
             + [diffs], relative=False)
-        per_pair = paired.known and paired.df > noise.df
+        per_pair = paired.known and (paired.df >= PAIRED_DF or paired.df > noise.df)
         if per_pair:
             floor = stats.pooled_noise([], [sem / abs(v) if noise.relative else sem
                                             for sem, v in confirmation.reported])
