@@ -144,8 +144,11 @@ def test_driver_killed_at_20_points_resumes_to_the_same_result(tmp_path):
         # no finished result lost, no job run twice: one job dir per candidate, one worker
         # run in it, and the ledger holds exactly what that worker reported
         jobs = repo / ".ratchet" / "jobs"
-        assert sorted(p.name for p in jobs.iterdir()) == sorted(c.job_id for c in cands)
-        for cand in cands:
+        # a would-be keep's confirmation pairs (rows r0001, ...) are jobs of their own
+        rows = db.candidates(confirmations=True)
+        assert all(c.attempt == 0 for c in rows), [(c.id, c.attempt) for c in rows]
+        assert sorted(p.name for p in jobs.iterdir()) == sorted(c.job_id for c in rows)
+        for cand in rows:
             log = (jobs / cand.job_id / "worker.log").read_text()
             assert log.count(RESULT_MARKER) == 1, (cand.id, log)
             assert job_result(repo, cand.job_id)["metric"] == cand.metric
@@ -214,6 +217,9 @@ def test_rolling_driver_killed_at_every_boundary_keeps_its_guarantees(tmp_path):
         # a proposal repeating an earlier candidate's files is rejected unrun: no job
         assert all(c.job_id or c.status == "rejected" for c in cands)
         recorded, cands = cands, [c for c in cands if c.job_id]
+        # a would-be keep's confirmation pairs (rows r0001, ...) are jobs of their own
+        cands += [r for r in db.candidates(confirmations=True) if r.confirms]
+        assert all(c.attempt == 0 for c in cands), [(c.id, c.attempt) for c in cands]
         assert sorted(p.name for p in jobs.iterdir()) == sorted(c.job_id for c in cands)
         for cand in cands:
             log = (jobs / cand.job_id / "worker.log").read_text()
