@@ -62,13 +62,6 @@ class Jobs:
         self._took: deque[float] = deque(maxlen=8)  # recent jobs' own run times (s)
         self._incumbent_extra: tuple[str | None, str] = ("", "")  # (incumbent id, JSON)
 
-    def _row(self, cand_id: str) -> Candidate:
-        """A candidate this study recorded (a missing one is a bug, not a user error)."""
-        cand = self.ledger.candidate(cand_id)
-        if cand is None:
-            raise LookupError(f"{cand_id}: not in the ledger")
-        return cand
-
     @property
     def backend(self) -> Backend:
         if self._backend is None:
@@ -189,11 +182,11 @@ class Jobs:
         for a round, not one per job), then the jobs are placed.
         """
         fresh = []
-        for cand in (self._row(c.id) for c in cands):
+        for cand in (self.ledger.row(c.id) for c in cands):
             if cand.status == Status.INTERRUPTED:
                 # one write: a driver killed before the submit must not count it twice
                 self.ledger.update(cand.id, attempt=cand.attempt + 1, status=Status.COMMITTED)
-                fresh.append(self._row(cand.id))
+                fresh.append(self.ledger.row(cand.id))
             elif cand.status == Status.SUBMITTED:
                 self.reattach(cand)
             elif cand.status == Status.COMMITTED:
@@ -246,7 +239,7 @@ class Jobs:
     def poll(self, ids: list[str]) -> list[tuple[str, str, float, str]]:
         """One look at the submitted jobs among `ids`: record what finished, rerun what was
         lost, and return what still runs as (id, description, seconds, state)."""
-        placed = [(c, c.job_id) for c in (self._row(i) for i in ids)
+        placed = [(c, c.job_id) for c in (self.ledger.row(i) for i in ids)
                   if c.status == Status.SUBMITTED and c.job_id]
         if not placed:
             return []
@@ -292,7 +285,7 @@ class Jobs:
             if stop_hard() and not cancelled:
                 cancelled = True
                 for cand_id, *_ in running:
-                    self.interrupt(self._row(cand_id))
+                    self.interrupt(self.ledger.row(cand_id))
                 continue
             time.sleep(self.pause(running))
 
@@ -336,7 +329,7 @@ class Jobs:
                                result=json.loads(lost.to_json()))
             return
         self.ledger.update(cand.id, "lost-resubmitted", attempt=cand.attempt + 1)
-        self.submit(self._row(cand.id))
+        self.submit(self.ledger.row(cand.id))
 
     def record_result(self, cand: Candidate, result: JobResult | None) -> None:
         if result is None:
@@ -409,7 +402,7 @@ class Jobs:
         if policy == "all":
             return
         for cand in cands:
-            cand = self._row(cand.id)
+            cand = self.ledger.row(cand.id)
             if not cand.job_id or (policy == "kept" and cand.status == Status.KEEP):
                 continue
             # off the loop: deleting a checkpoint must not delay the next round

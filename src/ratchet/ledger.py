@@ -286,6 +286,14 @@ class Ledger:
         row = self.db.execute("SELECT * FROM candidates WHERE id = ?", (cand_id,)).fetchone()
         return _from_row(row) if row else None
 
+
+    def row(self, cand_id: str) -> Candidate:
+        """A candidate the caller knows was recorded (a missing one is a bug, not a user
+        error): `candidate` without the None."""
+        cand = self.candidate(cand_id)
+        if cand is None:
+            raise LookupError(f"{cand_id}: not in the ledger")
+        return cand
     def candidates(self, round: int | None = None, status: str | None = None,
                    confirmations: bool = False) -> list[Candidate]:
         """Candidates in order; a confirmation's re-measures (kind confirm) only when asked

@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -54,7 +55,8 @@ from ratchet.views import reported_errors
 
 # a candidate row that still has work to do (proposed ones are never left over: a
 # proposal is recorded committed or rejected in one transaction)
-OPEN_STATES = (Status.COMMITTED, Status.SUBMITTED, Status.INTERRUPTED, Status.FINISHED)
+OPEN_STATES: tuple[str, ...] = (Status.COMMITTED, Status.SUBMITTED, Status.INTERRUPTED,
+                                Status.FINISHED)
 
 
 class ScheduleError(UserError):
@@ -141,6 +143,8 @@ class Proposals:
         """Start proposing for `key` now (or keep `future` as that request)."""
         if key not in self._ahead:
             if future is None:
+                if ctx is None:
+                    raise ValueError("ask_ahead needs a context or a future")
                 proposer = self.proposer
                 future = self._pool.submit(self._propose_and_build, proposer, k, ctx, base)
             self._ahead[key] = (base, future)
@@ -189,7 +193,7 @@ class Proposals:
         params = proposal.params or {}
         if proposal.error or not params or not set(params) <= set(knobs):
             return None
-        files: dict[str, bytes] = {}
+        files: dict[str, bytes | None] = {}
         try:
             for key, value in params.items():
                 file, _, name = key.rpartition(":")
@@ -336,7 +340,7 @@ class Loop:
         """Judge the finished candidates among `ids` together; promote the best improving
         one. Verdicts and the new incumbent are one transaction, then the branch moves."""
         # confirmation rows are measured by the confirmation of their candidate, not judged
-        finished = [c for c in (self.ledger.candidate(i) for i in ids)
+        finished = [c for c in (self.ledger.row(i) for i in ids)
                     if c.status == Status.FINISHED and c.kind != Kind.CONFIRM]
         if not finished:
             return None
@@ -374,7 +378,7 @@ class Loop:
         now = time.time()
         with led.transaction():
             for cand_id, verdict in verdicts.items():
-                if led.candidate(cand_id).status == Status.REJECTED:
+                if led.row(cand_id).status == Status.REJECTED:
                     continue  # rejected meanwhile (tampering while it was confirmed)
                 confirmation = verdict.confirmation
                 led.update(cand_id, f"judged:{verdict.status}", status=verdict.status,
@@ -388,12 +392,12 @@ class Loop:
             if meta:
                 led.set(**meta)
         fault_point("verdicts")
-        self.written = (meta, {i: (led.candidate(i).status, led.candidate(i).metric)
+        self.written = (meta, {i: (led.row(i).status, led.row(i).metric)
                                for i in verdicts})
         for cand in finished:
             if cand.idea:
                 led.mark_idea(cand.idea, cand.id, decision.verdicts[cand.id].status)
-            self.proposals.observe(led.candidate(cand.id))
+            self.proposals.observe(led.row(cand.id))
         self.jobs.clean_up(finished)
         for cand_id, verdict in decision.verdicts.items():
             if verdict.code in (judge.Reason.NOT_CONFIRMED, judge.Reason.NO_NOISE):
@@ -402,7 +406,7 @@ class Loop:
                                  f"({verdict.reasons[-1]})")
         if decision.winner is not None:
             self.guard.repair_branch()  # moves the branch to the new incumbent
-            winner = led.candidate(decision.winner)
+            winner = led.row(decision.winner)
             test = decision.verdicts[winner.id].confirmation
             why = f" ({test.reason})" if test is not None else ""
             self.held.append(f"keep {winner.id} {winner.short}: {winner.description}{why}")
@@ -410,7 +414,7 @@ class Loop:
         return decision.winner
 
     def check_baseline(self, ids: list[str]) -> None:
-        for cand in (self.ledger.candidate(i) for i in ids):
+        for cand in (self.ledger.row(i) for i in ids):
             if cand.kind == "baseline" and cand.status in ("crash", "rejected"):
                 raise ScheduleError(
                     f"the baseline (unmodified {cand.short}) failed, so nothing can be "
@@ -509,16 +513,17 @@ class Confirming:
             if loop.stop.hard:
                 raise Interrupted("interrupted while confirming " + cand.id)
             fault_point("confirm-measured")
-        pairs = []
+        pairs: list[tuple[float, float]] = []
         for i in range(0, len(ids), 2):
-            c, inc = led.candidate(ids[i]), led.candidate(ids[i + 1])
+            c, inc = led.row(ids[i]), led.row(ids[i + 1])
             for row in (c, inc):
                 self.used[row.id] = row.description
             failed = [r for r in (c, inc) if r.metric is None or judge.outcome_status(
                 JobResult.from_json(json.dumps(r.result))) is not None]
             if failed:
                 return f"confirmation run {failed[0].id} failed ({failed[0].reasons or 'no metric'})"
-            pairs.append((c.metric, inc.metric))
+            if c.metric is not None and inc.metric is not None:  # else in `failed` above
+                pairs.append((c.metric, inc.metric))
         return pairs
 
 
@@ -526,7 +531,7 @@ class Interrupted(Exception):
     """Ctrl-C twice during a confirmation: nothing is judged; a resume measures on."""
 
 
-def measurements(ledger: Ledger, exclude_confirming: set[str] = frozenset()
+def measurements(ledger: Ledger, exclude_confirming: AbstractSet[str] = frozenset()
                  ) -> dict[str, list[float]]:
     return ledger.evaluations(exclude_confirming)
 
@@ -584,7 +589,7 @@ class Rounds:
                 break
             loop.check_baseline([c.id for c in cands])
             fault_point("judged")
-            if all(led.candidate(c.id).status not in OPEN_STATES for c in cands):
+            if all(led.row(c.id).status not in OPEN_STATES for c in cands):
                 led.set(round=round_no + 1)
 
     def view(self, round_no: int) -> tuple[str, ProposalContext]:
@@ -713,13 +718,13 @@ class Rolling:
             if self.judgeable(self.open_ids):
                 self.judge(self.open_ids)
             self.open_ids = [i for i in self.open_ids
-                             if led.candidate(i).status in OPEN_STATES]
+                             if led.row(i).status in OPEN_STATES]
             if loop.stop.hard:
                 if not cancelled:
                     cancelled = True
                     for cand_id, *_ in running:
-                        loop.jobs.interrupt(led.candidate(cand_id))
-                if not any(led.candidate(i).status == "submitted" for i in self.open_ids):
+                        loop.jobs.interrupt(led.row(cand_id))
+                if not any(led.row(i).status == "submitted" for i in self.open_ids):
                     break
             elif not self.open_ids and (loop.stop.soft or self.exhausted
                                         or self.made() >= self.budget):
@@ -734,7 +739,7 @@ class Rolling:
 
     def judgeable(self, open_ids: list[str]) -> bool:
         """Something finished, and the baseline is measured: nothing is compared before."""
-        cands = [self.loop.ledger.candidate(i) for i in open_ids]
+        cands = [self.loop.ledger.row(i) for i in open_ids]
         return any(c.status == "finished" for c in cands) and not any(
             c.kind == "baseline" and c.status != "finished" for c in cands)
 
@@ -742,7 +747,7 @@ class Rolling:
         loop, led = self.loop, self.loop.ledger
         self.verify(loop.snapshot, open_ids)
         before = loop.snapshot
-        finished = [i for i in open_ids if led.candidate(i).status == "finished"]
+        finished = [i for i in open_ids if led.row(i).status == "finished"]
         loop.in_flight = [i for i in open_ids if i not in finished]
         winner = loop.settle(finished, on_keep={"round": led.get("round") + 1})
         loop.in_flight = []
@@ -752,10 +757,11 @@ class Rolling:
         self.verify(before, open_ids, meta=meta, refs=branch, verdicts=verdicts)
         loop.check_baseline(finished)
         fault_point("judged")
-        for cand in (led.candidate(i) for i in finished):
+        for cand in (led.row(i) for i in finished):
             # it beat the incumbent but started from an older one: its change goes again,
             # carried onto the current incumbent, before anything new
-            if cand.status == Status.DISCARD and cand.code == judge.Reason.STALE:
+            if (cand.status == Status.DISCARD and cand.code == judge.Reason.STALE
+                    and cand.parent is not None):
                 self.ready.insert(0, (cand.parent, Proposal(
                     description=f"{cand.description} (again, on the new incumbent)"[:200],
                     commit=cand.commit_sha, params=cand.params)))
@@ -769,7 +775,7 @@ class Rolling:
         if not loop.guard.check(expected, ids):
             loop.snapshot = expected
             return
-        rejected = [c for c in (loop.ledger.candidate(i) for i in ids)
+        rejected = [c for c in (loop.ledger.row(i) for i in ids)
                     if c.status == "rejected"]
         for cand in rejected:
             if cand.job_id:

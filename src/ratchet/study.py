@@ -267,7 +267,7 @@ class Study:
                 with _as_study_errors():
                     self.jobs.submit(cand)
         self._write_views()
-        return [self._row(c.id) for c in made]
+        return [self.ledger.row(c.id) for c in made]
 
     def wait_ids(self, ids: list[str]) -> list[Candidate]:
         """`ratchet wait ID...`: wait, judge as a group (baseline first), promote the best."""
@@ -289,12 +289,12 @@ class Study:
                            lambda: self.stop.hard)
             if self.guard.check(trusted, group):
                 self._write_views()
-            if any(self._row(i).status == Status.FINISHED for i in group):
+            if any(self.ledger.row(i).status == Status.FINISHED for i in group):
                 loop = self._loop()
                 loop.settle(group)
                 self.ledger.set(round=round_no + 1)
                 loop.release()
-        return [self._row(c.id) for c in cands]
+        return [self.ledger.row(c.id) for c in cands]
 
     def cancel(self, ref: str) -> Candidate:
         cand = self.ledger.find(ref)
@@ -306,14 +306,7 @@ class Study:
         self.ledger.update(cand.id, "cancelled", status=Status.CANCELLED,
                            reasons="cancelled by the user", judged_at=time.time())
         self._write_views()
-        return self._row(cand.id)
-
-    def _row(self, cand_id: str) -> Candidate:
-        """A candidate this study recorded (a missing one is a bug, not a user error)."""
-        cand = self.ledger.candidate(cand_id)
-        if cand is None:
-            raise LookupError(f"{cand_id}: not in the ledger")
-        return cand
+        return self.ledger.row(cand.id)
 
     # -- prep -------------------------------------------------------------------------------
 
