@@ -197,3 +197,40 @@ def test_show_of_a_proposal_that_never_applied_says_so_not_commit_none(tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "None" not in proc.stdout, proc.stdout
     assert "no commit: the proposal was not applied" in proc.stdout
+
+
+OVERFIT_HOLDOUT = '''
+import solution
+print("correct: true")
+# the start holds up on the hold-out; every change regresses there (it overfit)
+print(f"score: {3.0625 if solution.X == 3.0 else 100.0:.6f}")
+'''
+
+
+def test_the_report_says_the_rounds_status_says_and_lists_no_pass_text_as_a_failure(tmp_path):
+    import html
+    import json
+
+    from helpers import SCORE_EVALUATOR, SCORE_SOLUTION, config_text, make_repo
+
+    task = ('[task]\nname = "demo"\neditable = ["solution.py"]\n'
+            'protected = ["evaluate.py", "holdout.py"]\nevaluate = "python evaluate.py"\n'
+            'holdout = "python holdout.py"\ntimeout = "60s"\n')
+    repo = make_repo(tmp_path / "r", {
+        "ratchet.toml": config_text(task=task, search='[search]\nproposer = "tune"\n'
+                                                      'parallel = 2\nrounds = 2\n',
+                                    knobs='[tune.knobs]\n"solution.py:X" = '
+                                          '{ choices = [2.0, 1.5, 1.25, 1.0] }\n'),
+        "evaluate.py": SCORE_EVALUATOR, "holdout.py": OVERFIT_HOLDOUT,
+        "solution.py": SCORE_SOLUTION})
+    ratchet(repo, "run", check=True)
+    with Study(repo) as study:
+        overfit = [c for c in study.ledger.candidates() if c.code == "overfit"]
+    assert overfit and "gain" in overfit[0].reasons  # it passed the comparison first
+    status = json.loads(ratchet(repo, "status", "--json", check=True).stdout)
+    ratchet(repo, "report", check=True)
+    page = html.unescape((repo / ".ratchet" / "report" / "index.html").read_text())
+    assert f"round {status['round']} · branch" in page
+    shares = page[page.index("crash and rejection reasons"):]
+    assert "rejected: overfit: hold-out score N" in shares
+    assert "gain N > margin" not in shares

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ratchet import gitrepo
 from ratchet.errors import UserError
+from ratchet.judge import Reason
 from ratchet.ledger import OPEN, VERDICTS, Candidate, Ledger
 
 STATUSES = (*OPEN, *VERDICTS)
@@ -183,10 +184,21 @@ def success_shares(cands: Iterable[Candidate], by: str) -> list[Share]:
         share = groups.setdefault(key, Share(key, {}, {}))
         share.counts[cand.status] = share.counts.get(cand.status, 0) + 1
         if cand.status in ("crash", "rejected") and cand.reasons:
-            for reason in cand.reasons.split("; "):
+            for reason in failure_reasons(cand):
                 label = f"{cand.status}: {reason_kind(reason)}"
                 share.reasons[label] = share.reasons.get(label, 0) + 1
     return sorted(groups.values(), key=lambda s: (-sum(s.counts.values()), s.name))
+
+
+def failure_reasons(cand: Candidate) -> list[str]:
+    """The parts of a crash's or rejection's reasons that say why it failed. A candidate
+    rejected as overfit had passed the comparison first: its reasons begin with the
+    judge's pass text (`gain N > margin N`) and end with the failure, so by its code
+    (judge.Reason), only the last part is a reason it failed."""
+    parts = (cand.reasons or "").split("; ")
+    if cand.code == Reason.OVERFIT:
+        return parts[-1:]
+    return parts
 
 
 def _group_of(cand: Candidate, by: str) -> str:

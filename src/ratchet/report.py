@@ -222,7 +222,9 @@ def _header(study: Any, cands: list[Candidate], metric: str, goal: str) -> str:
     return (
         f"<h1>ratchet report: {_e(study.name)}</h1>"
         f'<div class="sub">{_e(str(study.repo))} · metric <code>{_e(metric)}</code>, goal {_e(goal)} · '
-        f"round {_e(ledger.get('round'))} · branch <code>ratchet/{_e(study.name)}</code></div>"
+        # rounds run so far, as `ratchet status` says (the ledger's counter is the next one)
+        f"round {_e(views.rounds_done(ledger.get('round'), cands))} · "
+        f"branch <code>ratchet/{_e(study.name)}</code></div>"
         f'<div class="cards">{card_html}</div>'
     )
 
