@@ -254,12 +254,12 @@ class RunView:
             self.next_round += 1
 
     def _print_verdicts(self) -> None:
-        """Rolling: every verdict not printed yet, in the order they were made."""
+        """Rolling: every verdict not printed yet (those judged together: by id)."""
         assert self.study is not None
         out = self.live.console if self.live is not None else console
         fresh = [c for c in self.study.ledger.candidates()
                  if c.is_judged and c.id not in self.printed]
-        for cand in sorted(fresh, key=lambda c: (c.judged_at or 0, c.seq)):
+        for cand in fresh:  # the ledger's order: by id
             for line in views.round_lines([cand], cand.round, cand.round, self.metric)[1:]:
                 emit(out, line)  # [1:]: a verdict line without its round header
             self.printed.add(cand.id)
