@@ -20,19 +20,14 @@ Why each preset looks the way it does:
   stop to ask or to look for updates.
 
 All three write under their home directory as they run (Claude Code ~/.claude and
-~/.claude.json, Codex $CODEX_HOME, aider its history and caches), and Codex refuses to
-build its helper binaries under the temporary directory. `private_home` gives each agent
-a fresh writable home and temporary directory of its own inside its sandbox.
+~/.claude.json, Codex $CODEX_HOME, aider its history and caches), Codex writes /tmp and
+refuses to build its helper binaries under the temporary directory: an agent needs a
+writable home, temporary directory and /tmp of its own inside its sandbox.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import shutil
-from collections.abc import Mapping
-from pathlib import Path
 
 PRESETS: dict[str, list[str]] = {
     "claude": ["claude", "-p", "--permission-mode", "acceptEdits", "--allowedTools=Bash",
@@ -78,39 +73,3 @@ def failure_reason(output: str) -> str:
         return errors[-1][-REASON_CHARS:]
     return " | ".join((body or lines)[-3:])[-REASON_CHARS:]
 
-
-# Variables naming a CLI's configuration directory, which the CLI also writes to as it runs.
-# When the user names one in `[agent] env`, the agent gets a copy (top-level files only:
-# config and credentials, not the sessions and logs beside them), never the directory.
-CONFIG_DIRS = {"CODEX_HOME": ".codex", "CLAUDE_CONFIG_DIR": ".claude"}
-CONFIG_FILE_BYTES = 1 << 20
-
-
-def private_home(root: Path, env: Mapping[str, str]) -> dict[str, str]:
-    """HOME, TMPDIR and named config directories for one agent, all under `root`.
-
-    `root` is the agent's own writable directory (its scratch copy's root). The home is
-    fresh, so the user's own dotfiles and logins stay out of the agent's reach; what it
-    needs comes through the variables the user names. TMPDIR is a sibling of the home,
-    not its parent: Codex will not create its helper binaries under the temp dir.
-    """
-    home, tmp = root / "home", root / "tmp"
-    for d in (home, tmp):
-        d.mkdir(mode=0o700, exist_ok=True)
-    out = {"HOME": str(home), "TMPDIR": str(tmp)}
-    for name, dotdir in CONFIG_DIRS.items():
-        source = env.get(name)
-        if source:
-            out[name] = str(_copy_config(Path(source), home / dotdir))
-    return out
-
-
-def _copy_config(source: Path, target: Path) -> Path:
-    target.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(source):
-            # regular files only, never through a link: the agent gets contents, not paths
-            if entry.is_file(follow_symlinks=False) and \
-                    entry.stat(follow_symlinks=False).st_size <= CONFIG_FILE_BYTES:
-                shutil.copyfile(entry.path, target / entry.name, follow_symlinks=False)
-    return target
