@@ -2,15 +2,22 @@
 
 The worker gives each trusted evaluate / hold-out phase the write end of a pipe and names
 its file descriptor in `RATCHET_METRICS_FD`; no other phase gets one. An evaluator reports
-with `report({...})`: one JSON object per call, written to that pipe. The worker takes its
+with `report({...})`: one JSON object per call, written to that pipe, numbered
+(`ratchet:seq`) and saying whether it was also printed (`ratchet:echo`). The worker takes its
 metrics from the pipe, and treats any stdout or `$RATCHET_RESULT` value that disagrees
 with it as tampering, so a candidate that prints `time_ms: 0.001` after the evaluator's
-own lines, or registers an `atexit` handler that does, is caught.
+own lines, or registers an `atexit` handler that does, is caught. So is a line someone
+else wrote into the pipe: the worker rejects a channel that overflowed or was cut off,
+whose lines are not numbered 1..n, or whose metrics were echoed but are missing from the
+printed output (a candidate that floods the log to push the echo out of it).
 
 The descriptor is taken once, at import: the variable leaves `os.environ` (children
 started afterwards never learn it), the descriptor stops being inherited across exec, and
 the process becomes non-dumpable so that a child running as the same (non-root) user
-cannot reopen it through `/proc/<pid>/fd/N`. Import this module before starting any
+cannot reopen it through `/proc/<pid>/fd/N`. Non-dumpable does not bind root: a
+candidate child running as root without a PID namespace can still write into the pipe,
+which is why the worker checks what it carries, and why `ratchet.isolate` runs the child
+in its own PID namespace as an unprivileged user where the machine allows it. Import this module before starting any
 candidate process. Code running inside the evaluator's own process (an imported
 candidate module) is out of its reach: that needs a second process (see the kernels
 harness).
@@ -32,9 +39,18 @@ from collections.abc import Mapping
 ENV_VAR = "RATCHET_METRICS_FD"
 PR_SET_DUMPABLE = 4
 
+# Control keys on each line (metric names cannot hold ':', so these never clash with one):
+# the line's number among this evaluator's reports (1, 2, ...) and whether its metrics were
+# also printed. The worker rejects a channel whose lines do not number 1..n, that was cut
+# off or overflowed, or whose printed echo is missing from the phase's log (a flooded log
+# drops its middle): each means a line reached the pipe that this module did not write.
+SEQ_KEY = "ratchet:seq"
+ECHO_KEY = "ratchet:echo"
+
 _lock = threading.Lock()
 _taken = False
 _fd: int | None = None
+_seq = 0
 
 Value = float | int | bool | str
 
@@ -105,8 +121,10 @@ def report(metrics: Mapping[str, Value], *, echo: bool = True) -> None:
         clean[name] = _plain(value)
     fd = _take()
     if fd is not None:
-        line = (json.dumps(clean, allow_nan=True) + "\n").encode()
+        global _seq
         with _lock:
+            _seq += 1
+            line = (json.dumps({**clean, SEQ_KEY: _seq, ECHO_KEY: echo}, allow_nan=True) + "\n").encode()
             view = memoryview(line)
             while view:
                 written = os.write(fd, view)

@@ -45,7 +45,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing import shared_memory
 from pathlib import Path
@@ -55,6 +55,7 @@ from . import channel  # noqa: F401 - takes the metric channel (and goes non-dum
 from .jobspec import is_secret
 
 CHILD_SCRIPT = Path(__file__).with_name("isolate_child.py")
+CLEAN_MODULE = Path(__file__).with_name("isolate_clean.py")  # what a clean twin holds
 _HEADER = struct.Struct(">I")
 MAX_REPLY = 1 << 20  # replies are small JSON; anything bigger is the child misbehaving
 LOG_LIMIT = 1 << 20
@@ -179,11 +180,15 @@ class CandidateProcess:
             os.close(fd)
         self.log_path = Path(log)
         self.log_limit = log_limit
+        self._python = python
+        self._env = env
         self._ids = itertools.count(1)
         self._buffers: dict[int, SharedArray] = {}
         self._pending: list[SharedArray] = []
         self._ready = False
         self._closed = False
+        self._frozen = 0  # freeze() depth: > 0 while the harness keeps the whole child stopped
+        self._twin: CandidateProcess | None = None
         self.round_trips = 0
         parent_sock, child_sock = socket.socketpair()
         self._sock = parent_sock
@@ -231,11 +236,41 @@ class CandidateProcess:
             self.proc.wait(timeout=10)
 
     def freeze(self, wait_s: float = 0.005) -> None:
-        """Stop the child's whole process group (SIGSTOP) and wait until its threads are stopped.
+        """Stop the whole child (SIGSTOP) and wait until its threads are stopped; nests.
 
-        The harness freezes the child between a reply and reading the outputs back, so a
-        thread left running after the answer cannot finish the work while it reads.
+        The harness keeps the child frozen whenever it is not answering one of the
+        harness's requests while timed: while the outputs are read back (a thread left
+        running after the answer cannot finish the work meanwhile), while its inputs are
+        filled (nothing can start on them before the clock does), and while the trusted
+        baseline runs. A request made while frozen runs the child for that request only
+        (see `request`).
         """
+        self._frozen += 1
+        if self._frozen == 1:
+            self._stop(wait_s)
+
+    def thaw(self) -> None:
+        """Undo one `freeze`; the child runs again when the last one is undone (SIGCONT)."""
+        if self._frozen == 0:
+            return
+        self._frozen -= 1
+        if self._frozen == 0:
+            self._cont()
+
+    @property
+    def frozen(self) -> bool:
+        return self._frozen > 0
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """`with cand.paused():` the whole child stays stopped inside the block."""
+        self.freeze()
+        try:
+            yield
+        finally:
+            self.thaw()
+
+    def _stop(self, wait_s: float = 0.005) -> None:
         if self.proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -250,10 +285,21 @@ class CandidateProcess:
             if all(state in ("T", "t") for state in states):
                 return
 
-    def thaw(self) -> None:
-        """Let a frozen child run again (SIGCONT)."""
+    def _cont(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGCONT)
+
+    @contextlib.contextmanager
+    def _running(self) -> Iterator[None]:
+        """Let a frozen child run for one untimed exchange (registering buffers, releasing)."""
+        if not self._frozen:
+            yield
+            return
+        self._cont()
+        try:
+            yield
+        finally:
+            self._stop()
 
     def log_tail(self, limit: int = 2000) -> str:
         """The end of the child's log (for error messages)."""
@@ -268,6 +314,12 @@ class CandidateProcess:
         if self._closed:
             return
         self._closed = True
+        if self._frozen:
+            self._frozen = 0
+            self._cont()
+        if self._twin is not None:
+            self._twin.close()
+            self._twin = None
         if self.proc.poll() is None:
             try:
                 self._send({"op": "exit"})
@@ -337,12 +389,43 @@ class CandidateProcess:
     def _ensure_ready(self) -> None:
         if self._ready:
             return
-        hello = self._exchange(None, self.start_timeout)
+        with self._running():
+            hello = self._exchange(None, self.start_timeout)
         if not hello.get("ok"):
             self.kill()
             raise CandidateError(str(hello.get("error", "candidate failed to start")))
         self.pid = int(hello["pid"])
         self._ready = True
+
+    def twin(self) -> CandidateProcess:
+        """A clean child started like this one (interpreter, environment, sandbox) that
+        holds no candidate code (`isolate_clean.py`); started on first use, closed with us."""
+        if self._twin is None:
+            self._twin = CandidateProcess(
+                CLEAN_MODULE, timeout=self.timeout, start_timeout=self.start_timeout, log_limit=1 << 16,
+                python=self._python, env=self._env,
+            )
+        return self._twin
+
+    def empty_request_s(self, *, cuda: bool = False) -> float:
+        """Seconds one empty request takes on the parent's clock, measured on the clean twin.
+
+        The candidate answers nothing that corrects its own timing: a child that slowed
+        down its empty requests would otherwise have that time subtracted from its real
+        ones. The twin is in the same state as the candidate (frozen when it is, so the
+        wake-up inside the clock is counted alike; with a CUDA buffer when the candidate
+        has one, so its replies carry the same device synchronize).
+        """
+        twin = self.twin().start()
+        if cuda and not getattr(twin, "_has_cuda", False):
+            twin.empty((1,), "float32", like="cuda")
+            twin._has_cuda = True  # type: ignore[attr-defined]
+        if self.frozen and not twin.frozen:
+            twin.freeze()
+        elif not self.frozen and twin.frozen:
+            twin.thaw()
+        _, elapsed = twin.request({"op": "call", "fn": "noop", "calls": []})
+        return elapsed
 
     def start(self) -> CandidateProcess:
         """Wait until the candidate module is imported (raises CandidateError if it failed)."""
@@ -356,9 +439,21 @@ class CandidateProcess:
         """
         self._ensure_ready()
         self._flush()
-        t0 = clock()
-        reply = self._exchange(message, timeout or self.timeout)
-        elapsed = clock() - t0
+        if not self._frozen:
+            t0 = clock()
+            reply = self._exchange(message, timeout or self.timeout)
+            elapsed = clock() - t0
+        else:
+            # A frozen child wakes inside the clock: whatever it (or a thread or helper of
+            # it) does from the moment it can run again counts against this request, so
+            # nothing can be computed from the inputs before the clock starts.
+            t0 = clock()
+            self._cont()
+            try:
+                reply = self._exchange(message, timeout or self.timeout)
+                elapsed = clock() - t0
+            finally:
+                self._stop()
         self.round_trips += 1
         return reply, elapsed
 
@@ -374,7 +469,8 @@ class CandidateProcess:
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        reply = self._exchange({"op": "register", "buffers": {str(b.id): b.desc for b in pending}}, self.timeout)
+        with self._running():
+            reply = self._exchange({"op": "register", "buffers": {str(b.id): b.desc for b in pending}}, self.timeout)
         if not reply.get("ok"):
             raise CandidateError(f"candidate could not map shared buffers: {reply.get('error')}")
         for buf in pending:
@@ -462,7 +558,8 @@ class CandidateProcess:
             return
         self._pending = [b for b in self._pending if b.id not in ids]
         if self._ready and self.proc.poll() is None:
-            self._exchange({"op": "release", "ids": ids}, self.timeout)
+            with self._running():
+                self._exchange({"op": "release", "ids": ids}, self.timeout)
         for ident in ids:
             self._free(self._buffers.pop(ident))
 

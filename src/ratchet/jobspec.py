@@ -7,6 +7,7 @@ Plain dataclasses and JSON, stdlib only, so the worker starts fast on any machin
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import hashlib
 import json
@@ -360,10 +361,27 @@ def _scalar(value: Any) -> bool:
     return isinstance(value, bool | int | float | str)
 
 
+# --- the metric channel's own checks (kernel issue 21; ratchet.channel writes the lines) ---
+CHANNEL_LIMIT = 1 << 20  # bytes the worker keeps of a phase's channel; an evaluator reports a few lines
+SEQ_KEY = "ratchet:seq"  # as ratchet.channel.SEQ_KEY (not imported: importing it takes the channel)
+ECHO_KEY = "ratchet:echo"
+DROPPED_MARK = "bytes of output dropped]"  # procs.CappedLog's marker for a log's dropped middle
+
+
 def read_channel(data: bytes) -> tuple[list[tuple[str, Any]], list[str]]:
-    """The channel's JSON lines -> ((name, value) in order, problems)."""
+    """The channel's JSON lines -> ((name, value) in order, problems).
+
+    Problems: an unreadable line; a channel that reached the limit (overflowed) or does
+    not end with a whole line (cut off); lines that carry `ratchet:seq` but do not number
+    1..n, or a line without it beside ones with it: a line the evaluator did not write.
+    """
     found: list[tuple[str, Any]] = []
     problems: list[str] = []
+    if len(data) >= CHANNEL_LIMIT:
+        problems.append("the trusted metric channel overflowed (a line the evaluator did not write)")
+    elif data.strip() and not data.endswith(b"\n"):
+        problems.append("the trusted metric channel ends in a cut-off line")
+    seqs: list[Any] = []
     for raw in data.splitlines():
         if not raw.strip():
             continue
@@ -374,8 +392,35 @@ def read_channel(data: bytes) -> tuple[list[tuple[str, Any]], list[str]]:
         if not isinstance(obj, dict):
             problems.append("an unreadable line reached the trusted metric channel")
             continue
-        found.extend((str(k), v) for k, v in obj.items() if _scalar(v))
+        seqs.append(obj.get(SEQ_KEY))
+        found.extend((str(k), v) for k, v in obj.items() if _scalar(v) and ":" not in str(k))
+    if any(s is not None for s in seqs) and seqs != list(range(1, len(seqs) + 1)):
+        problems.append("the trusted metric channel holds a line the evaluator did not write "
+                        f"(lines numbered {seqs[:8]})")
     return found, problems
+
+
+def _echo_problems(data: bytes, printed: list[tuple[str, Any]], log_text: str) -> list[str]:
+    """Metrics a channel line says were printed that the log does not show."""
+    shown: dict[str, list[Any]] = {}
+    for name, value in printed:
+        shown.setdefault(name, []).append(value)
+    missing = []
+    for raw in data.splitlines():
+        with contextlib.suppress(ValueError):
+            obj = json.loads(raw)
+            if not isinstance(obj, dict) or obj.get(ECHO_KEY) is not True:
+                continue
+            for name, value in obj.items():
+                if ":" in str(name) or not isinstance(_as_logged(value), bool | int | float):
+                    continue  # control keys; text values do not print as metric lines
+                if not any(same_value(value, v) for v in shown.get(str(name), [])):
+                    missing.append(str(name))
+    if not missing:
+        return []
+    why = " (the log dropped part of its output: flooded)" if DROPPED_MARK in log_text else ""
+    return [f"the evaluator's printed echo of {', '.join(dict.fromkeys(missing))} is missing "
+            f"from its output{why}"]
 
 
 def collect_metrics(
@@ -401,6 +446,7 @@ def collect_metrics(
     reading = MetricsReading(metrics={}, source=CHANNEL if from_channel or problems else STDOUT,
                              tampering=list(problems))
     if reading.source == CHANNEL:
+        reading.tampering += _echo_problems(channel, printed, log_text)
         for name, value in from_channel:
             if name not in reading.metrics:
                 reading.metrics[name] = value

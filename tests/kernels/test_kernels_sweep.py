@@ -133,6 +133,31 @@ def test_a_model_built_per_shape(tmp_path):
     assert report.correct, report.table()
 
 
+def test_a_reference_built_per_shape(tmp_path):
+    """One sweep, a reference model built for each shape's sizes (its weights depend on
+    cols): right per shape, and a reference built for the wrong shape fails the kernel."""
+    (tmp_path / "model.py").write_text(textwrap.dedent('''
+        import numpy as np
+        def scale(x):
+            return x * np.linspace(0.5, 1.5, x.shape[1]).astype(np.float32)
+    '''))
+    built = []
+
+    def reference_for(shape, dtype, top=1.5):
+        built.append((shape["cols"], dtype))
+        w = np.linspace(0.5, top, shape["cols"])
+        return lambda x: x * w
+
+    with CandidateProcess(tmp_path / "model.py") as proc:
+        fn = proc.function("scale")
+        report = sweep(fn, PerShape(lambda s, d: fn), PerShape(reference_for), kc.make_inputs, kc.PUBLIC, bench_options=QUICK)
+        assert report.correct, report.table()
+        assert sorted(built) == sorted((s["cols"], "float32") for s in kc.PUBLIC)
+        wrong = sweep(fn, PerShape(lambda s, d: fn), PerShape(lambda s, d: reference_for(s, d, top=1.6)),
+                      kc.make_inputs, kc.PUBLIC[:1], bench_options=QUICK)
+    assert not wrong.correct and "outside tolerance" in wrong.reason, wrong.table()
+
+
 def test_emit_reports_through_the_channel_and_prints_metric_lines(capsys):
     metrics = {"correct": True, "time_ms": 1.5, "speedup": 2.0, "note": "x", "graph_speedup": None}
     printed = emit(metrics, extra={"shapes": 3})

@@ -70,7 +70,8 @@ def test_channel_module_end_to_end():
     assert proc.returncode == 0, proc.stderr
     data = os.read(read, 65536)
     os.close(read)
-    assert json.loads(data) == {"time_ms": 0.30000000000000004, "correct": True, "kind": "memory"}
+    assert json.loads(data) == {"time_ms": 0.30000000000000004, "correct": True, "kind": "memory",
+                                "ratchet:seq": 1, "ratchet:echo": True}
     r = collect_metrics(channel=data, log_text=proc.stdout, result_file=None,
                         critical={"time_ms"})
     assert not r.tampering and r.metrics["time_ms"] == 0.1 + 0.2

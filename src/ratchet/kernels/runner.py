@@ -211,9 +211,12 @@ class RemoteRunner(Runner):
         self.fn = fn
         self.process = fn.process
         self.label = label or fn.name or fn.target
+        self._cuda = False
+        self.process.twin()  # the clean child that calibrates round trips starts now, in the background
 
     def empty(self, shape: Sequence[int], dtype: str, like: Any) -> Any:
         kind, device = _kind(like)
+        self._cuda = self._cuda or kind == "cuda"
         return self.process.empty(shape, dtype, like=kind, device=device)
 
     @staticmethod
@@ -227,10 +230,11 @@ class RemoteRunner(Runner):
             raise CallFailed(f"{self.label}: {exc}") from exc
 
     def empty_request(self) -> float:
+        """An empty request's round trip, on a clean child: never one the candidate answers."""
         try:
-            return self.fn.run([])
+            return self.process.empty_request_s(cuda=self._cuda)
         except isolate.CandidateError as exc:
-            raise CallFailed(f"{self.label}: {exc}") from exc
+            raise CallFailed(f"{self.label}: the clean child that calibrates round trips failed: {exc}") from exc
 
     def capture(self, slots: Sequence[Slot], mode: str) -> Any:
         try:

@@ -253,7 +253,7 @@ def _build(impl: Any, shape: Shape, dtype: str) -> Any:
 def sweep(
     candidate: Any,
     baseline: Any,
-    reference: Callable[..., Any],
+    reference: Callable[..., Any] | PerShape,
     make_inputs: MakeInputs,
     shapes: Iterable[Shape],
     *,
@@ -272,7 +272,8 @@ def sweep(
     """Check, then time (interleaved with the baseline), then place on the roofline, per shape.
 
     `candidate`: a RemoteFunction (`CandidateProcess(...).function(name)`), or a PerShape
-    whose factory returns one. `baseline` and `reference` are trusted and run here.
+    whose factory returns one. `baseline` and `reference` are trusted and run here; either
+    may be a PerShape too (a reference model built for each shape's sizes).
     A shape whose check fails is not timed. A time beyond the physical floor (needs
     `peaks` and `flops`/`bytes`) marks the shape incorrect: impossible. A speedup above
     `max_plausible_speedup` over a tuned baseline is kept but warned about.
@@ -302,7 +303,7 @@ def sweep(
 def _one_shape(
     candidate: Any,
     baseline: Any,
-    reference: Callable[..., Any],
+    reference: Callable[..., Any] | PerShape,
     make_inputs: MakeInputs,
     shape: Shape,
     dtype: str,
@@ -323,6 +324,7 @@ def _one_shape(
     except Exception as exc:  # a candidate that cannot be built for this shape fails it
         return ShapeResult(shape=dict(shape), dtype=dtype, holdout=is_holdout, correct=False, reasons=[f"building the candidate failed: {type(exc).__name__}: {exc}"])
     base = _build(baseline, shape, dtype)
+    reference = _build(reference, shape, dtype)  # a shape-dependent reference model: PerShape too
     case = check_case(cand, reference, make_inputs, shape, dtype, seed=seed, holdout=is_holdout, case_index=index, **check_opts)
     result = ShapeResult(shape=dict(shape), dtype=dtype, holdout=is_holdout, correct=case.ok, reasons=list(case.reasons), check=case.to_dict())
     if not case.ok:

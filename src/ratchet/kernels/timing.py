@@ -16,13 +16,16 @@ published kernel timings went wrong or were gamed:
 - **indistinguishable**: checks, warm-ups and timed batches are the same request;
   nothing tells the candidate which calls are timed or verified;
 - **amortised**: N is chosen so a request lasts well beyond the request round trip; the
-  median round trip of an empty request (measured after every batch) is subtracted and
-  reported as host overhead; on CUDA the child synchronizes the device before answering,
+  median round trip of an empty request (measured after every batch, on a clean child
+  started like the candidate's but holding no candidate code: nothing the candidate
+  answers corrects its own time) is subtracted and reported as host overhead; on CUDA the child synchronizes the device before answering,
   or (`cuda_graph=True`) captures the N calls in one CUDA graph whose replay is timed;
 - warm-up batches first (JIT, autotune); repeat until the standard error of the mean is
   under `target_sem` or `max_time_s`; report the median, the IQR and the SEM; a result
   that missed the SEM target says so (`converged`), it is never passed off as exact;
 - A/B comparisons alternate ABBA on the same fresh inputs, so drift hits both sides;
+- **a frozen candidate**: the whole candidate is stopped while its inputs are filled and
+  wakes inside the clock, so nothing is computed before the clock starts;
 - **a quiet evaluator**: while one side runs, the other side's candidate process is
   stopped, and before every timed request the harness waits until its own thread pools
   (OpenMP, BLAS) have stopped busy-waiting (`quiesce.settle`), so neither side shares
@@ -234,10 +237,17 @@ class _Side:
         # between back-to-back calls. (Left asleep, a 2-thread torch pool added ~0.2 ms
         # to every batch: a slower baseline, a candidate that looks faster.)
         if self.runner.remote:
-            for slot, values in zip(self.slots, fresh_sets, strict=True):
-                fill(slot, values)
-            sync_all(self.slots)
-            self.settled_s += quiesce.settle()
+            # The whole candidate is frozen while its inputs are filled, and wakes only
+            # inside the clock (CandidateProcess.request): a thread watching its buffers
+            # cannot compute the answer before the clock starts.
+            with self.runner.frozen():
+                for slot, values in zip(self.slots, fresh_sets, strict=True):
+                    fill(slot, values)
+                sync_all(self.slots)
+                self.settled_s += quiesce.settle()
+                if self.graph is not None:
+                    return self.runner.replay(self.graph)
+                return self.runner.run(self.slots, self.mode)
         else:
             self.settled_s += quiesce.settle()
             for slot, values in zip(self.slots, fresh_sets, strict=True):
@@ -250,8 +260,14 @@ class _Side:
         return self.runner.run(self.slots, self.mode)
 
     def overhead(self) -> float:
+        """The round trip of an empty request (a clean child's, for a candidate), median so far.
+
+        Measured with the candidate frozen, as its own requests start frozen, so the
+        wake-up inside the clock is in both.
+        """
         self.settled_s += quiesce.settle()
-        self.overheads.append(self.runner.empty_request())
+        with self.runner.frozen():
+            self.overheads.append(self.runner.empty_request())
         return float(np.median(self.overheads))
 
     def check(self, fresh_sets: Sequence[tuple[Any, ...]], reference_of: Callable[[int], list[Any]]) -> None:
