@@ -22,6 +22,12 @@ the reference and the report:
 `--holdout` (or RATCHET_HOLDOUT set, as ratchet's worker does for the hold-out phase)
 checks and times the hold-out shapes instead, which the proposer never sees.
 Kept fast on purpose: a study runs it for every candidate.
+
+Run as `python -P evaluate.py` (ratchet.toml): `-P` keeps this directory, which the
+candidate's tree shares, off `sys.path`, so a module the candidate writes here (a
+`ratchet/` package, an `opt_einsum.py` torch would import) is never imported by this
+trusted process. And every import comes before the candidate starts: whatever is loaded
+later could come from a file the candidate wrote meanwhile.
 """
 
 import math
@@ -29,16 +35,12 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
+
+import ratchet.kernels as rk
 from ratchet.isolate import CandidateProcess
 
 HERE = Path(__file__).resolve().parent
-# Started before the heavy imports below, so the child's interpreter start-up and the
-# candidate's import overlap this process's own.
-CANDIDATE = CandidateProcess(HERE / "kernel.py", timeout=60)
-
-import numpy as np  # noqa: E402
-
-import ratchet.kernels as rk  # noqa: E402
 
 SHAPES = [{"rows": 256, "cols": 64}, {"rows": 1024, "cols": 257}, {"rows": 2048, "cols": 512}, {"rows": 512, "cols": 4096}]
 HOLDOUT_SHAPES = [{"rows": 777, "cols": 333}, {"rows": 3000, "cols": 100}]
@@ -72,7 +74,7 @@ def main() -> int:
     shapes = holdout or SHAPES
     seed = int.from_bytes(os.urandom(4), "little")  # unpredictable inputs, printed to reproduce
     print(f"seed {seed}, {'hold-out' if holdout else 'public'} shapes", file=sys.stderr)
-    with CANDIDATE as cand:
+    with CandidateProcess(HERE / "kernel.py", timeout=60) as cand:
         softmax = cand.function("softmax")
         report = rk.check(softmax, reference, make_inputs, shapes, trials=TRIALS, seed=seed)
         print(report.summary(), file=sys.stderr)
