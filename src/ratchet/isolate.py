@@ -37,6 +37,7 @@ import itertools
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -51,8 +52,11 @@ from multiprocessing import shared_memory
 from pathlib import Path
 from typing import Any
 
-from . import channel  # noqa: F401 - takes the metric channel (and goes non-dumpable) before any child starts
-from .jobspec import is_secret
+from . import (
+    channel,  # noqa: F401 - takes the metric channel (and goes non-dumpable) before any child starts
+    sandbox,
+)
+from .jobspec import COMPILE_CACHE_VARS, is_secret
 
 CHILD_SCRIPT = Path(__file__).with_name("isolate_child.py")
 CLEAN_MODULE = Path(__file__).with_name("isolate_clean.py")  # what a clean twin holds
@@ -69,6 +73,72 @@ clock = time.perf_counter
 # Environment names a candidate child never sees (besides secrets).
 _DROPPED = ("RATCHET_METRICS_FD", "RATCHET_RESULT")
 _DROPPED_PREFIXES = ("RATCHET_HOLDOUT",)
+
+
+# How the child is confined: `auto` (the best sandbox level this machine has), `bwrap`,
+# `pidns`, `none` (the warden alone: whole-tree freeze and kill, fds closed, uid dropped
+# when root) or `off` (a plain subprocess in its own process group, as before the sandbox).
+SANDBOX_ENV = "RATCHET_CHILD_SANDBOX"
+
+
+def child_policy(cwd: Path, env: Mapping[str, str], scratch: Path, keep_fds: Sequence[int]) -> sandbox.Policy:
+    """What a candidate child may see and write, in every phase.
+
+    - writable: its own scratch directory only (TMPDIR, HOME when ours is private, compile
+      caches): nothing the evaluator imports or reads later;
+    - read-only: its directory (the work tree), the interpreter;
+    - hidden: the hold-out data (`RATCHET_HOLDOUT`, set for the hold-out evaluator only)
+      and the jobs directory around the work tree (this job's results and logs, the other
+      jobs' result files);
+    - its own PID namespace where the machine gives one (it cannot see, signal or open
+      the evaluator, its descriptors or its environment), an unprivileged uid when we are
+      root, and the caller's /dev/shm (the buffers the harness shares live there).
+    """
+    hidden: list[str] = []
+    holdout = env.get("RATCHET_HOLDOUT", "")
+    if holdout and Path(holdout).is_dir():
+        hidden.append(str(Path(holdout).resolve()))
+    job_dir = _job_dir(env)
+    if job_dir is not None:
+        jobs = job_dir.parent if job_dir.name == env.get("RATCHET_JOB_ID") else job_dir
+        hidden.append(str(jobs))
+    return sandbox.Policy(
+        writable=[scratch], readonly=[cwd], hidden=hidden, drop_privileges=True,
+        seed=f"{env.get('RATCHET_JOB_ID', 'ratchet')}:candidate-child", keep_fds=tuple(keep_fds), shared_shm=True,
+    )
+
+
+def _job_dir(env: Mapping[str, str]) -> Path | None:
+    """The job's directory: the worker names the evaluator's result file `<job>/eval/<phase>.json`."""
+    result = env.get("RATCHET_RESULT", "")
+    if not result:
+        return None
+    job_dir = Path(result).resolve().parent.parent
+    return job_dir if job_dir.is_dir() and job_dir != Path("/") else None
+
+
+def _check_readable(module: Path, uid: int) -> None:
+    """The child runs as `uid`: its module must be readable to others (its directories
+    searchable). Private ancestors such as /root are covered by the sandbox; the module's
+    own directory and file are not."""
+    problems = [p for p in (module.parent, module) if not p.stat().st_mode & (0o001 if p.is_dir() else 0o004)]
+    if problems:
+        raise CandidateError(
+            f"the candidate child runs as the unprivileged uid {uid} and cannot read {problems[0]}: "
+            f"make it readable to others (chmod o+rX), or set {SANDBOX_ENV}=off to run it as yourself, unconfined"
+        )
+
+
+def _scratch_env(env: dict[str, str], scratch: Path, uid: int | None) -> dict[str, str]:
+    """The child's temporary files and compile caches go to its scratch directory."""
+    env = dict(env)
+    env["TMPDIR"] = str(scratch)
+    for name, sub in COMPILE_CACHE_VARS.items():
+        if name in env:
+            env[name] = str(scratch / sub)
+    if uid is not None and not sandbox.reachable(Path(env.get("HOME", "/")), uid):
+        env["HOME"] = str(scratch)
+    return env
 
 
 class CandidateError(RuntimeError):
@@ -168,6 +238,7 @@ class CandidateProcess:
         log_limit: int = LOG_LIMIT,
         python: str | None = None,
         env: Mapping[str, str] | None = None,
+        confine: str | None = None,
     ) -> None:
         self.module = Path(module).resolve()
         if not self.module.is_file():
@@ -190,25 +261,47 @@ class CandidateProcess:
         self._frozen = 0  # freeze() depth: > 0 while the harness keeps the whole child stopped
         self._twin: CandidateProcess | None = None
         self.round_trips = 0
+        self._confine = confine or os.environ.get(SANDBOX_ENV, "auto")
+        self._jail: sandbox.Jail | None = None
+        self._uid: int | None = None  # the child's uid when it is not ours (shared buffers are chowned to it)
+        self._scratch: Path | None = None
+        self.level: sandbox.Level | None = None  # None: a plain subprocess
         parent_sock, child_sock = socket.socketpair()
         self._sock = parent_sock
         try:
-            self.proc = subprocess.Popen(
-                [python or sys.executable, "-I", "-B", "-u", str(CHILD_SCRIPT), str(child_sock.fileno()), str(self.module), str(os.getpid())],
-                cwd=self.cwd,
-                env=child_env(env),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                pass_fds=(child_sock.fileno(),),
-                start_new_session=True,  # own process group: a timeout kills all of it
-            )
+            self._start(child_sock)
         finally:
             child_sock.close()
         self._drain = threading.Thread(target=self._drain_output, name="candidate-log", daemon=True)
         self._drain.start()
 
     # -- process --------------------------------------------------------------------------
+
+    def _start(self, child_sock: socket.socket) -> None:
+        fd = child_sock.fileno()
+        env = child_env(self._env)
+        popen: dict[str, Any] = {"cwd": self.cwd, "stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
+        if self._confine == "off":
+            argv = [self._python or sys.executable, "-I", "-B", "-u", str(CHILD_SCRIPT), str(fd), str(self.module), str(os.getpid())]
+            # own process group: a timeout kills all of it (a setsid'd helper escapes it)
+            self.proc = subprocess.Popen(argv, env=env, pass_fds=(fd,), start_new_session=True, **popen)
+            return
+        try:
+            self.level = sandbox.choose(self._confine)
+        except (RuntimeError, ValueError) as exc:
+            raise CandidateError(f"{SANDBOX_ENV}={self._confine}: {exc}") from None
+        job_dir = _job_dir(os.environ if self._env is None else self._env)
+        tmp_root = job_dir / "tmp" if job_dir is not None and (job_dir / "tmp").is_dir() else None
+        self._scratch = Path(tempfile.mkdtemp(prefix="ratchet-child-", dir=tmp_root))
+        policy = child_policy(self.cwd, os.environ if self._env is None else self._env, self._scratch, (fd,))
+        self._uid = policy.party_uid()
+        if self._uid is not None:
+            _check_readable(self.module, self._uid)
+        sandbox.grant([self._scratch], policy)
+        # parent pid 0: the child's parent is the sandbox's warden, which ends it with us
+        argv = [self._python or sys.executable, "-I", "-B", "-u", str(CHILD_SCRIPT), str(fd), str(self.module), "0"]
+        self._jail = sandbox.Jail(argv, policy, level=self.level, env=_scratch_env(env, self._scratch, self._uid), **popen)
+        self.proc = self._jail.proc
 
     def _drain_output(self) -> None:
         """Copy the child's output to its log, up to `log_limit` bytes; discard the rest."""
@@ -230,8 +323,15 @@ class CandidateProcess:
         Also after the child itself has exited: whatever it started in its group (a
         background process left running) goes with it.
         """
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self._jail is not None and self.level != sandbox.Level.NONE:
+            # the sandbox's own PID namespace: ending its first process ends every process in it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        if self._jail is not None:
+            self._jail.kill(grace_s=5.0)  # the warden kills what is left (all of it, with no namespace)
+        else:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
 
@@ -273,6 +373,9 @@ class CandidateProcess:
     def _stop(self, wait_s: float = 0.005) -> None:
         if self.proc.poll() is not None:
             return
+        if self._jail is not None:
+            self._jail.freeze()  # every process of the sandbox, setsid'd helpers included
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGSTOP)
         deadline = time.monotonic() + wait_s
@@ -286,6 +389,9 @@ class CandidateProcess:
                 return
 
     def _cont(self) -> None:
+        if self._jail is not None:
+            self._jail.thaw()
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGCONT)
 
@@ -332,6 +438,8 @@ class CandidateProcess:
         for buf in list(self._buffers.values()):
             self._free(buf)
         self._buffers.clear()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
     def __enter__(self) -> CandidateProcess:
         return self
@@ -403,7 +511,7 @@ class CandidateProcess:
         if self._twin is None:
             self._twin = CandidateProcess(
                 CLEAN_MODULE, timeout=self.timeout, start_timeout=self.start_timeout, log_limit=1 << 16,
-                python=self._python, env=self._env,
+                python=self._python, env=self._env, confine=self._confine,
             )
         return self._twin
 
@@ -493,6 +601,8 @@ class CandidateProcess:
                 torch = _torch()
                 itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
             shm = shared_memory.SharedMemory(create=True, size=max(1, count * itemsize))
+            if self._uid is not None:  # the child runs as an unprivileged uid: the segment is its to map
+                os.fchown(shm._fd, self._uid, -1)
             desc = {"kind": like, "shm": shm.name, "shape": list(shape), "dtype": dtype, "offset": 0}
             if like == "numpy":
                 array: Any = np.ndarray(shape, dtype=np.dtype(dtype), buffer=shm.buf)

@@ -353,7 +353,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) > 3:
+    if len(argv) > 3 and int(argv[3]):  # 0: under a sandbox's warden, which ends us with the evaluator
         _die_with_parent(int(argv[3]))
     sock = socket.socket(fileno=int(argv[1]))
     child = Child(argv[2])
