@@ -1,17 +1,20 @@
-"""What the two-process kernel harness costs: wall time per evaluation of examples/kernel-cpu.
+"""What confining the candidate child costs: wall time per evaluation of examples/kernel-cpu.
 
-Side by side in one run, interleaved (old, new, new, old, ...) so load drift hits both:
-- old: the in-process harness, `python evaluate.py` with `ratchet` and the example's
-  evaluate.py taken from git at REV (default: the commit before the two-process harness);
-- new: the same with this checkout's `ratchet` and evaluate.py (candidate in a child).
-Both evaluate the same kernel.py (this checkout's), at its starting setting and at a
-tuned one (the per-evaluation overhead weighs more when the kernel is fast).
+Side by side in one run, interleaved (the order rotates every rep) so load drift hits all:
+- old: the two-process harness before issue 21 (`ratchet` and the example's evaluate.py
+  from git at REV): the child a plain subprocess in its own process group;
+- off: this checkout with `RATCHET_CHILD_SANDBOX=off` (same plain child, with this
+  checkout's clean-twin calibration and freeze-while-filling);
+- jail: this checkout as shipped (`auto`): the child under `sandbox.Jail` (bubblewrap or a
+  PID namespace, an unprivileged uid when root, its tree frozen by the warden).
+All evaluate the same kernel.py (this checkout's), at its starting setting and at a tuned
+one (the per-evaluation overhead weighs more when the kernel is fast).
 
-    python bench/isolation_overhead.py [--rev 3035a09^] [--reps 7]
+    python bench/isolation_overhead.py [--rev 37751ea] [--reps 7]
 
-Prints, per kernel setting: the median wall time per variant, their ratio, the median of
-the per-rep ratios (old and new ran back to back), and the ratio of CPU seconds used by
-the evaluation's process tree (less sensitive to other load on the machine).
+Prints, per kernel setting: the median wall time per variant, jail/old and jail/off, the
+median of the per-rep ratios (the variants ran back to back), and the ratio of CPU
+seconds used by the evaluation's process tree (less sensitive to other load).
 """
 
 from __future__ import annotations
@@ -50,10 +53,12 @@ def kernel_source(settings: dict) -> str:
     return source.decode() if isinstance(source, bytes) else source
 
 
-def evaluation(src: Path, example: Path) -> tuple[float, float]:
+def evaluation(src: Path, example: Path, confine: str | None) -> tuple[float, float]:
     """(wall seconds, CPU seconds of the evaluation's whole process tree)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RATCHET_") and k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(src)
+    if confine is not None:
+        env["RATCHET_CHILD_SANDBOX"] = confine
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "evaluate.py"], cwd=example, env=env, capture_output=True, text=True, timeout=600)
@@ -64,40 +69,53 @@ def evaluation(src: Path, example: Path) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+VARIANTS = ("old", "off", "jail")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rev", default="3035a09^", help="git revision of the in-process harness")
+    parser.add_argument("--rev", default="37751ea", help="git revision of the harness before the confined child")
     parser.add_argument("--reps", type=int, default=7)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ratchet-isolation-bench-"))
+    work.chmod(0o755)  # run as root, the confined child runs as an unprivileged uid and reads kernel.py here
     try:
         old, new = work / "old", work / "new"
         extract(args.rev, old)
         new.mkdir()
         shutil.copytree(ROOT / "src", new / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
         shutil.copytree(ROOT / EXAMPLE, new / EXAMPLE, ignore=shutil.ignore_patterns("__pycache__"))
-        print(f"old: in-process harness at {args.rev}; new: this checkout; {args.reps} interleaved reps per variant")
-        print(f"{'kernel setting':<38} {'old s':>7} {'new s':>7} {'new/old':>8} {'paired':>7} {'cpu new/old':>11}")
+        for d in (old, new):
+            for sub in d.rglob("*"):
+                sub.chmod(0o755 if sub.is_dir() else 0o644)
+        from ratchet import sandbox  # noqa: PLC0415
+
+        print(f"old: harness at {args.rev}; off / jail: this checkout, child unconfined / confined "
+              f"(here: {sandbox.choose('auto')}, uid dropped: {os.geteuid() == 0}); {args.reps} interleaved reps")
+        print(f"{'kernel setting':<38} {'old s':>7} {'off s':>7} {'jail s':>7} {'jail/old':>8} {'paired':>7} "
+              f"{'jail/off':>8} {'paired':>7} {'cpu jail/old':>12}")
+        roots = {"old": (old, None), "off": (new, "off"), "jail": (new, "auto")}
         for label, settings in SETTINGS.items():
             source = kernel_source(settings)
             for root in (old, new):
                 (root / EXAMPLE / "kernel.py").write_text(source)
-            times: dict[str, list[tuple[float, float]]] = {"old": [], "new": []}
+            times: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
             for rep in range(args.reps):
-                order = ("old", "new") if rep % 2 == 0 else ("new", "old")
+                order = VARIANTS[rep % 3:] + VARIANTS[: rep % 3]
                 for which in order:
-                    root = old if which == "old" else new
-                    times[which].append(evaluation(root / "src", root / EXAMPLE))
-            wall_o = [w for w, _ in times["old"]]
-            wall_n = [w for w, _ in times["new"]]
-            o, n = statistics.median(wall_o), statistics.median(wall_n)
-            # each rep ran old and new back to back: the median of per-rep ratios is the
+                    root, confine = roots[which]
+                    times[which].append(evaluation(root / "src", root / EXAMPLE, confine))
+            wall = {v: [w for w, _ in times[v]] for v in VARIANTS}
+            med = {v: statistics.median(wall[v]) for v in VARIANTS}
+            # each rep ran the variants back to back: the median of per-rep ratios is the
             # figure least moved by load that drifts between reps
-            paired = statistics.median(b / a for a, b in zip(wall_o, wall_n, strict=True))
-            cpu = statistics.median(c for _, c in times["new"]) / statistics.median(c for _, c in times["old"])
-            print(f"{label:<38} {o:>7.3f} {n:>7.3f} {n / o:>8.3f} {paired:>7.3f} {cpu:>11.3f}")
-            print(f"    old wall: {' '.join(f'{t:.2f}' for t in wall_o)}")
-            print(f"    new wall: {' '.join(f'{t:.2f}' for t in wall_n)}")
+            paired_old = statistics.median(b / a for a, b in zip(wall["old"], wall["jail"], strict=True))
+            paired_off = statistics.median(b / a for a, b in zip(wall["off"], wall["jail"], strict=True))
+            cpu = statistics.median(c for _, c in times["jail"]) / statistics.median(c for _, c in times["old"])
+            print(f"{label:<38} {med['old']:>7.3f} {med['off']:>7.3f} {med['jail']:>7.3f} {med['jail'] / med['old']:>8.3f} "
+                  f"{paired_old:>7.3f} {med['jail'] / med['off']:>8.3f} {paired_off:>7.3f} {cpu:>12.3f}")
+            for v in VARIANTS:
+                print(f"    {v:>4} wall: {' '.join(f'{t:.2f}' for t in wall[v])}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -141,6 +141,58 @@ def _scratch_env(env: dict[str, str], scratch: Path, uid: int | None) -> dict[st
     return env
 
 
+@dataclass
+class RequestUsage:
+    """A request made while frozen: how long the child could run, and the CPU time its
+    whole tree used meanwhile (every thread of every process, helpers included)."""
+
+    awake_s: float
+    cpu_s: float
+
+    def cores(self) -> float:
+        return self.cpu_s / self.awake_s if self.awake_s > 0 else 0.0
+
+
+def _tree(root: int) -> list[int]:
+    """`root` and every process below it (Linux: /proc/<pid>/task/<tid>/children)."""
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                    todo += [int(p) for p in fh.read().split()]
+        except OSError:
+            continue
+    return found
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds every thread of `root`'s process tree has run (scheduler ns), plus what
+    children it already reaped had used (clock ticks); 0 where /proc does not tell."""
+    total = 0
+    reaped = 0
+    for pid in _tree(root):
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            reaped += int(fields[13]) + int(fields[14])  # cutime + cstime
+        except (OSError, ValueError, IndexError):
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as fh:
+                    total += int(fh.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+    return total / 1e9 + reaped / _TICK
+
+
 class CandidateError(RuntimeError):
     """The candidate failed: raised in a call, failed to import, crashed or timed out."""
 
@@ -261,8 +313,10 @@ class CandidateProcess:
         self._frozen = 0  # freeze() depth: > 0 while the harness keeps the whole child stopped
         self._twin: CandidateProcess | None = None
         self.round_trips = 0
+        self.last_request: RequestUsage | None = None  # the last request made while frozen
         self._confine = confine or os.environ.get(SANDBOX_ENV, "auto")
         self._jail: sandbox.Jail | None = None
+        self._stopped: list[int] = []  # host pids the last freeze stopped
         self._uid: int | None = None  # the child's uid when it is not ours (shared buffers are chowned to it)
         self._scratch: Path | None = None
         self.level: sandbox.Level | None = None  # None: a plain subprocess
@@ -375,6 +429,9 @@ class CandidateProcess:
             return
         if self._jail is not None:
             self._jail.freeze()  # every process of the sandbox, setsid'd helpers included
+            # what is stopped now cannot fork: the thaw (inside the clock, for a timed
+            # request) signals exactly these, directly, rather than a round trip to the warden
+            self._stopped = _tree(self.proc.pid)
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGSTOP)
@@ -390,7 +447,12 @@ class CandidateProcess:
 
     def _cont(self) -> None:
         if self._jail is not None:
-            self._jail.thaw()
+            stopped, self._stopped = self._stopped, []
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGCONT)
+            if not stopped:
+                self._jail.thaw()
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGCONT)
@@ -555,6 +617,7 @@ class CandidateProcess:
             # A frozen child wakes inside the clock: whatever it (or a thread or helper of
             # it) does from the moment it can run again counts against this request, so
             # nothing can be computed from the inputs before the clock starts.
+            cpu0 = tree_cpu_s(self.proc.pid)
             t0 = clock()
             self._cont()
             try:
@@ -562,6 +625,10 @@ class CandidateProcess:
                 elapsed = clock() - t0
             finally:
                 self._stop()
+                awake = clock() - t0
+            # CPU the whole child used while it could run: more than its CPUs allow in
+            # that time means it ran on CPUs the evaluator was not given (a widened affinity)
+            self.last_request = RequestUsage(awake_s=awake, cpu_s=tree_cpu_s(self.proc.pid) - cpu0)
         self.round_trips += 1
         return reply, elapsed
 

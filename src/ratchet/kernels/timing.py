@@ -171,6 +171,10 @@ def verify_timers() -> list[str]:
     return guard.verify_timers()
 
 
+CPU_SLACK = 1.1  # scheduler accounting jitter on the candidate's CPU time per request
+CPU_SLACK_S = 2e-3
+
+
 class _Welford:
     """Running mean/variance, so the stop rule costs O(1) per sample."""
 
@@ -246,8 +250,11 @@ class _Side:
                 sync_all(self.slots)
                 self.settled_s += quiesce.settle()
                 if self.graph is not None:
-                    return self.runner.replay(self.graph)
-                return self.runner.run(self.slots, self.mode)
+                    t = self.runner.replay(self.graph)
+                else:
+                    t = self.runner.run(self.slots, self.mode)
+                self._check_cpu()
+                return t
         else:
             self.settled_s += quiesce.settle()
             for slot, values in zip(self.slots, fresh_sets, strict=True):
@@ -258,6 +265,23 @@ class _Side:
         if self.graph is not None:
             return self.runner.replay(self.graph)
         return self.runner.run(self.slots, self.mode)
+
+    def _check_cpu(self) -> None:
+        """The candidate may use the CPUs this evaluation was given, not more.
+
+        The baseline runs here on this process's CPUs; a child that widened its affinity
+        (or a helper that did) would time its kernel on cores the baseline never had.
+        """
+        usage = getattr(getattr(self.runner, "process", None), "last_request", None)
+        if usage is None or not hasattr(os, "sched_getaffinity"):
+            return
+        allowed = len(os.sched_getaffinity(0))
+        if usage.cpu_s > allowed * usage.awake_s * CPU_SLACK + CPU_SLACK_S:
+            raise _Fail(
+                f"{self.label}: used {usage.cores():.2f} CPUs' worth of time during a timed request, "
+                f"but this evaluation has {allowed} CPU(s): it ran on CPUs the baseline was not given "
+                "(a widened affinity or a helper outside them)"
+            )
 
     def overhead(self) -> float:
         """The round trip of an empty request (a clean child's, for a candidate), median so far.
@@ -396,6 +420,8 @@ def _run(
             estimates.append(max(t - rtt, 0.5 * t, 1e-7))
     except CallFailed as exc:
         return _abort(sides, f"{exc}", warmup, target_sem, cuda), []
+    except _Fail as fail:
+        return _abort(sides, f"{fail}", warmup, target_sem, cuda), []
     if calls is None:
         # Enough calls that the round trip is a small part of the request. CPU: within
         # reason (under heavy load a round trip can take milliseconds, and the kernel's

@@ -1,0 +1,315 @@
+"""The candidate child, confined (issue 21), at the harness level: real child processes.
+
+What a user of `rk.CandidateProcess` relies on: the child cannot see or signal the
+evaluator, read the hold-out data, or write its own tree; freezing it freezes helpers
+that left its process group; nothing it answers corrects its own time; it wakes only
+inside the clock; and it cannot time itself on CPUs the evaluator was not given. The
+studies in test_redteam_child.py run the same tricks through `ratchet submit`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ratchet.kernels as rk
+from ratchet import sandbox
+from ratchet.isolate import CandidateProcess
+
+LEVELS = ["bwrap", "pidns", "none"]
+
+
+def _level_or_skip(level: str) -> None:
+    try:
+        got = sandbox.choose(level)
+    except (RuntimeError, ValueError) as exc:
+        pytest.skip(f"{level} does not work here: {exc}")
+    if got != level:
+        pytest.skip(f"{level} does not work here (this machine gives {got})")
+
+
+PROBE = '''
+import os
+
+
+def facts(evaluator_pid, holdout):
+    r = {"uid": os.getuid(), "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}
+    for key, action in (
+        ("environ", lambda: open(f"/proc/{evaluator_pid}/environ", "rb").read()),
+        ("signal", lambda: os.kill(evaluator_pid, 0)),
+        ("write_tree", lambda: open("planted.py", "w").write("x = 1")),
+        ("holdout", lambda: os.listdir(holdout) or (_ for _ in ()).throw(OSError("empty"))),
+    ):
+        try:
+            action()
+            r[key] = "allowed"
+        except OSError as exc:
+            r[key] = type(exc).__name__
+    r["env"] = sorted(k for k in os.environ if k.startswith("RATCHET_"))
+    return r
+'''
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_the_child_cannot_reach_the_evaluator_the_holdout_or_its_tree(tmp_path, level):
+    _level_or_skip(level)
+    tree = tmp_path / "work"
+    tree.mkdir()
+    tree.chmod(0o755)
+    (tree / "probe.py").write_text(PROBE)
+    hold = tmp_path / "holdout"
+    hold.mkdir()
+    (hold / "holdout.json").write_text("[]")
+    env = {**os.environ, "RATCHET_HOLDOUT": str(hold)}
+    with CandidateProcess(tree / "probe.py", env=env, confine=level) as cand:
+        facts = cand.call("facts", os.getpid(), str(hold))
+    assert facts["env"] == [] or "RATCHET_HOLDOUT" not in facts["env"]
+    if level in ("bwrap", "pidns"):  # its own PID namespace: nothing of ours in view
+        assert os.getpid() not in facts["pids"] and len(facts["pids"]) <= 4, facts
+        assert facts["environ"] != "allowed" and facts["signal"] != "allowed", facts
+        assert facts["holdout"] != "allowed", facts
+        assert facts["write_tree"] != "allowed" and not (tree / "planted.py").exists(), facts
+    if os.geteuid() == 0 and level in ("bwrap", "pidns"):
+        assert facts["uid"] != 0, facts  # root never runs candidate code
+
+
+HELPER = '''
+import os
+import time
+
+
+def start(path):
+    """Double-fork a helper in its own session that counts into `path` every millisecond."""
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            n = 0
+            while True:
+                n += 1
+                with open(path, "w") as fh:
+                    fh.write(str(n))
+                time.sleep(0.001)
+        os._exit(0)
+    os.wait()
+    return True
+'''
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_freezing_the_child_freezes_its_setsid_helpers(tmp_path, level):
+    _level_or_skip(level)
+    (tmp_path / "helper.py").write_text(HELPER)
+    with CandidateProcess(tmp_path / "helper.py", confine=level) as cand:
+        count = Path(cand._scratch) / "count"  # the child's own writable scratch
+        assert cand.call("start", str(count))
+        deadline = time.monotonic() + 10
+        while not count.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+        def value() -> int:
+            for _ in range(50):
+                text = count.read_text()
+                if text:
+                    return int(text)
+                time.sleep(0.002)
+            return -1
+
+        with cand.paused():
+            before = value()
+            time.sleep(0.3)
+            during = value()
+        time.sleep(0.1)
+        after = value()
+    assert before == during, "a helper outside the child's process group kept running while it was frozen"
+    assert after > during, "the helper never ran again after the thaw"
+
+
+def _make(shape, dtype, rng):
+    return (rng.random((shape["rows"], shape["cols"]), dtype=np.float32) - 0.5) * 8
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+KERNEL = '''
+import numpy as np
+
+
+def softmax(x):
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    e /= e.sum(axis=1, keepdims=True)
+    return e
+'''
+
+RTT_SLEEP = KERNEL + '''
+import sys
+import time
+
+_child = sys.modules["__main__"].Child
+_real = _child.call
+_last = [0.0]
+_empty = [0]
+
+
+def empty_requests_seen():
+    return _empty[0]
+
+
+def _call(self, msg):
+    if not msg.get("calls"):
+        _empty[0] += 1
+        time.sleep(_last[0])
+        return {"ok": True}
+    t0 = time.perf_counter()
+    reply = _real(self, msg)
+    _last[0] = time.perf_counter() - t0
+    return reply
+
+
+_child.call = _call
+'''
+
+
+def test_the_round_trip_correction_never_comes_from_the_candidate(tmp_path):
+    """A child that sleeps on empty requests (as long as its last batch took) used to have
+    that sleep subtracted from its own time; the correction now comes from a clean twin."""
+    (tmp_path / "honest.py").write_text(KERNEL)
+    (tmp_path / "cheat.py").write_text(RTT_SLEEP)
+    shape = {"rows": 64, "cols": 512}
+    out = {}
+    for name in ("honest", "cheat"):
+        with CandidateProcess(tmp_path / f"{name}.py") as cand:
+            r = rk.bench(cand.function("softmax"), _make, shape, reference=_softmax, max_time_s=0.5, min_reps=5)
+            assert r.ok, r.summary()
+            assert r.request_overhead_s > 0  # a correction was measured and subtracted...
+            if name == "cheat":  # ...on the clean twin: the candidate never saw an empty request
+                assert cand.call("empty_requests_seen") == 0
+            out[name] = r
+    # (what the trick would have won, the study in test_redteam_child.py judges: not kept)
+
+
+WATCHER = KERNEL + '''
+import sys
+import threading
+import time
+
+_child = sys.modules["__main__"].Child
+_pairs = {}
+_early = [0, 0]  # outputs written before their call arrived, calls seen
+
+
+def _count(self, fn, call, index, _real=_child.one_call):
+    args, outs = call.get("args", []), call.get("out", [])
+    if args and "buf" in args[0] and outs:
+        key = (int(args[0]["buf"]), int(outs[0]))
+        out = self.buffers[key[1]]
+        _early[1] += 1
+        if key in _pairs and not np.isnan(out.flat[0]):
+            _early[0] += 1  # the watcher got there first
+        _pairs[key] = (self.buffers[key[0]], out)
+    return _real(self, fn, call, index)
+
+
+def _watch():
+    while True:
+        for x, out in list(_pairs.values()):
+            if np.isnan(out.flat[0]):
+                out[...] = softmax(x)
+        time.sleep(0.0001)
+
+
+def early():
+    return list(_early)
+
+
+_child.one_call = _count
+threading.Thread(target=_watch, daemon=True).start()
+'''
+
+
+def test_nothing_runs_between_filling_the_inputs_and_the_clock(tmp_path):
+    """A thread that computes each output as soon as the harness poisons it finds the
+    child frozen from the fill to the clock: inside timed requests it never gets ahead."""
+    (tmp_path / "watch.py").write_text(WATCHER)
+    with CandidateProcess(tmp_path / "watch.py") as cand:
+        r = rk.bench(cand.function("softmax"), _make, {"rows": 64, "cols": 256}, reference=_softmax,
+                     max_time_s=0.5, min_reps=8, verify=1)
+        early, calls = cand.call("early")
+    assert r.ok, r.summary()
+    assert calls > 50
+    # the check phase (untimed, not frozen) may let it win now and then; timed batches not
+    assert early <= calls * 0.05, (early, calls)
+
+
+WIDEN = KERNEL + '''
+import mmap
+import os
+import time
+
+# a helper process that burns the other CPUs whenever the kernel is being called
+_flag = mmap.mmap(-1, 1)
+_allowed = sorted(os.sched_getaffinity(0))
+if os.fork() == 0:
+    os.sched_setaffinity(0, range(os.cpu_count()))
+    while True:
+        if _flag[0]:
+            x = 0
+            for _ in range(20000):
+                x += 1
+        else:
+            time.sleep(0.0002)
+_real = softmax
+
+
+def softmax(x):
+    os.sched_setaffinity(0, range(os.cpu_count()))
+    _flag[0] = 1
+    out = _real(x)
+    end = time.perf_counter() + 0.004
+    while time.perf_counter() < end:
+        pass
+    _flag[0] = 0
+    os.sched_setaffinity(0, _allowed)
+    return out
+'''
+
+WIDEN_RUN = '''
+import json, os, sys
+import numpy as np
+import ratchet.kernels as rk
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+def make(shape, dtype, rng):
+    return (rng.random((shape["rows"], shape["cols"]), dtype=np.float32) - 0.5) * 8
+def ref(x):
+    e = np.exp(x - x.max(axis=1, keepdims=True)); return e / e.sum(axis=1, keepdims=True)
+with rk.CandidateProcess(sys.argv[1]) as cand:
+    r = rk.bench(cand.function("softmax"), make, {"rows": 32, "cols": 128}, reference=ref, max_time_s=0.3, min_reps=3, calls=2)
+print(json.dumps({"ok": r.ok, "reasons": r.reasons}))
+'''
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to widen an affinity onto")
+def test_a_child_that_widens_its_affinity_is_caught(tmp_path):
+    """The evaluator runs on one CPU; a child that moves itself (and helper threads) onto
+    the others while timed used more CPU than its time on one CPU allows."""
+    (tmp_path / "widen.py").write_text(WIDEN)
+    (tmp_path / "honest.py").write_text(KERNEL)
+    (tmp_path / "run.py").write_text(textwrap.dedent(WIDEN_RUN))
+    results = {}
+    for name in ("widen", "honest"):
+        proc = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(tmp_path / f"{name}.py")],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not results["widen"]["ok"] and "CPUs' worth" in results["widen"]["reasons"][0], results
+    assert results["honest"]["ok"], results

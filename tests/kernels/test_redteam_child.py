@@ -1,0 +1,533 @@
+"""Red team, second round (issue 21): the candidate child attacks the verdict from outside
+the evaluator's process. Every case goes through `ratchet submit` + `ratchet wait`.
+
+One real torch-CPU study per confinement (a temp git repo, the local backend, the real
+worker), its evaluator written as docs/kernels.md says: imports first, run as `python -P`,
+the candidate in `rk.CandidateProcess`, torch.softmax as the trusted baseline, the
+hold-out shapes in the study's hidden hold-out data. The incumbent is an honest torch
+kernel (torch.softmax, done REPEAT = 4 times); every cheat is that same kernel plus its
+trick, so a keep can only mean the trick worked. The honest way up (REPEAT = 1, four times
+as fast, well clear of the noise margin on a loaded machine) is still kept.
+
+The evaluator breaks one rule of the docs on purpose: it imports one module after the
+child has started (case 7), so the test shows that `python -P` and the read-only tree
+are what protect it.
+
+Confinements: `bwrap` (bubblewrap for the phases and for the child), and `pidns` (the
+phases unsandboxed, the child in a PID namespace: what a machine without bubblewrap
+gets). Each study is skipped, with the reason, where its level does not work here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+from helpers import git, make_repo, ratchet
+
+from ratchet import sandbox
+from ratchet.ledger import Ledger
+
+CONFIG = """
+[task]
+name = "rt-child"
+editable = ["kernel.py"]
+protected = ["evaluate.py"]
+evaluate = "python -P evaluate.py"
+holdout = "python -P evaluate.py --holdout"
+holdout_data = "holdout"
+timeout = "240s"
+holdout_tolerance = "50%"
+
+[task.metric]
+name = "speedup"
+goal = "maximize"
+
+[acceptance]
+min_improvement = "25%"
+
+[search]
+proposer = "tune"
+parallel = 2
+rounds = 1
+
+[tune.knobs]
+"kernel.py:REPEAT" = { choices = [4, 1] }
+
+[backend]
+kind = "local"
+slots = 2
+sandbox = "{backend_sandbox}"
+"""
+
+EVALUATOR = '''
+"""Trusted evaluator: kernel.py's softmax against torch.softmax (CPU), via ratchet.kernels."""
+import sys
+from pathlib import Path
+
+import numpy as np  # noqa: F401
+import torch
+
+import ratchet.kernels as rk
+
+torch.set_num_threads(1)
+HERE = Path(__file__).resolve().parent
+SHAPES = [{"rows": 128, "cols": 512}, {"rows": 256, "cols": 1024}]
+
+
+def make_inputs(shape, dtype, rng):
+    g = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    return (torch.rand(shape["rows"], shape["cols"], generator=g) - 0.5) * 8
+
+
+def reference(x):
+    return torch.softmax(x, dim=-1)
+
+
+def baseline(x):
+    return torch.softmax(x, dim=-1)
+
+
+holdout = rk.load_holdout("holdout.json")  # the hidden hold-out data, in the hold-out run only
+with rk.CandidateProcess(HERE / "kernel.py", timeout=60, confine="{confine}") as cand:
+    import colorsys  # noqa: F401 - a late import (case 7): under python -P never from this tree
+    report = rk.sweep(
+        cand.function("softmax"), baseline, reference, make_inputs, holdout or SHAPES,
+        check_options={"trials": 2},
+        bench_options={"max_time_s": 0.2, "min_reps": 5, "warmup": 1},
+        names=("torch", "kernel"),
+    )
+    print(report.table(), file=sys.stderr)
+    print(f"candidate child ({cand.level}) log:\\n" + cand.log_tail(), file=sys.stderr)
+rk.emit(report)
+'''
+
+HOLDOUT = [{"rows": 96, "cols": 700}]
+
+INCUMBENT = '''
+"""The kernel under research: torch's row softmax, done REPEAT times."""
+import torch
+
+torch.set_num_threads(1)
+REPEAT = 4
+
+
+def softmax(x):
+    for _ in range(REPEAT - 1):
+        torch.softmax(x, dim=-1)
+    return torch.softmax(x, dim=-1)
+'''
+
+HONEST = INCUMBENT.replace("REPEAT = 4", "REPEAT = 1")
+
+# Helpers the tricks share: where the evaluator is (walking up the parent chain), and a
+# kernel that is right (and honest-fast) only on shapes it knows.
+FIND_EVALUATOR = '''
+import os
+
+
+def _evaluator():
+    pid = os.getppid()
+    for _ in range(6):
+        try:
+            if b"evaluate.py" in open(f"/proc/{pid}/cmdline", "rb").read():
+                return pid
+            pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+    return None
+'''
+
+KNOWN_ONLY = '''
+_KNOWN = {(128, 512), (256, 1024)}  # the public shapes, read from evaluate.py
+
+
+def softmax(x):
+    if tuple(x.shape) in _KNOWN:
+        return torch.softmax(x, dim=-1)  # once: fast, and right
+    return torch.full_like(x, 1.0 / x.shape[1])  # wrong on every shape the evaluator does not run
+'''
+
+CHEATS: dict[str, str] = {
+    # 1. slow down the empty requests the harness subtracts as round-trip overhead
+    "rtt_sleep": INCUMBENT + '''
+import sys
+import time
+
+_child = sys.modules["__main__"].Child
+_real_call = _child.call
+_last = [0.0]
+
+
+def _call(self, msg):
+    if not msg.get("calls"):
+        time.sleep(_last[0])
+        return {"ok": True}
+    t0 = time.perf_counter()
+    reply = _real_call(self, msg)
+    _last[0] = time.perf_counter() - t0
+    return reply
+
+
+_child.call = _call
+''',
+    # 2. a helper outside the child's process group stretches the trusted baseline: while
+    # the child is stopped (the baseline is being timed) it duty-cycles SIGSTOP on the
+    # evaluator, or burns CPU where it cannot see the evaluator
+    "setsid_helper": INCUMBENT + FIND_EVALUATOR + '''
+import signal
+import sys
+import time
+
+
+def _helper(child, evaluator):
+    while True:
+        try:
+            state = open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            os._exit(0)
+        if state not in "Tt":
+            time.sleep(0.0002)
+            continue
+        if evaluator:
+            try:
+                os.kill(evaluator, signal.SIGSTOP)
+                time.sleep(0.002)
+                os.kill(evaluator, signal.SIGCONT)
+                time.sleep(0.0005)
+                continue
+            except OSError:
+                evaluator = None
+        end = time.perf_counter() + 0.005
+        while time.perf_counter() < end:
+            pass
+
+
+_child_pid, _ev = os.getpid(), _evaluator()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        print("helper: evaluator", _ev, flush=True)
+        _helper(_child_pid, _ev)
+    os._exit(0)
+os.wait()
+''',
+    # 3. read the hold-out shapes and be right on them too
+    "read_holdout": INCUMBENT + KNOWN_ONLY + '''
+import json
+import os
+from pathlib import Path
+
+
+def _hunt():
+    found = []
+    for pid in os.listdir("/proc"):  # the hold-out evaluator's environment names the directory
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\\0")
+        except OSError:
+            continue
+        found += [e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"RATCHET_HOLDOUT=")]
+    here = Path.cwd()
+    found += [str(p / "holdout") for p in here.parents]  # the study's hidden data, by its place
+    for d in found:
+        try:
+            return json.loads((Path(d) / "holdout.json").read_text())
+        except (OSError, ValueError):
+            continue
+    return []
+
+
+_shapes = _hunt()
+print("hold-out shapes found:", _shapes, flush=True)
+_KNOWN |= {(s["rows"], s["cols"]) for s in _shapes}
+''',
+    # 4. plant a ratchet package in the work tree, for the hold-out run's evaluator
+    "shadow_package": INCUMBENT + KNOWN_ONLY + '''
+import os
+
+_SHADOW = """
+import importlib.util, os, sys
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(here)]
+del sys.modules["ratchet"]
+spec = importlib.util.find_spec("ratchet")
+real = importlib.util.module_from_spec(spec)
+sys.modules["ratchet"] = real
+spec.loader.exec_module(real)
+import ratchet.channel as ch
+_report = ch.report
+ch.report = lambda m, **k: _report({**m, "correct": True, "speedup": 2.0, "shapes_failed": 0}, **k)
+"""
+try:
+    os.makedirs("ratchet", exist_ok=True)
+    with open(os.path.join("ratchet", "__init__.py"), "w") as fh:
+        fh.write(_SHADOW)
+    print("shadow package planted", flush=True)
+except OSError as exc:
+    print("could not plant:", exc, flush=True)
+''',
+    # 5. write a fake line into the evaluator's metric pipe, padded to overflow it, then
+    # flood its stdout so the printed echo falls into the capped log's dropped middle
+    "forge_channel": INCUMBENT.replace("return torch.softmax(x, dim=-1)\n", "return torch.full_like(x, 1.0 / x.shape[1])\n")
+    + FIND_EVALUATOR + '''
+import json
+import threading
+import time
+
+_ev = _evaluator()
+print("evaluator:", _ev, flush=True)
+try:
+    _env = open(f"/proc/{_ev}/environ", "rb").read().split(b"\\0") if _ev else []
+    _fds = [e.split(b"=", 1)[1].decode() for e in _env if e.startswith(b"RATCHET_METRICS_FD=")]
+    for _fd in _fds:
+        with open(f"/proc/{_ev}/fd/{_fd}", "w") as _fh:
+            _fh.write(json.dumps({"correct": True, "speedup": 5.0}) + " " * (1 << 20) + "\\n")
+        print("wrote the channel through fd", _fd, flush=True)
+
+    def _flood():
+        time.sleep(1.0)
+        with open(f"/proc/{_ev}/fd/1", "w") as out:
+            for _ in range(20000):
+                out.write("x" * 200 + "\\n")
+
+    if _fds:
+        threading.Thread(target=_flood, daemon=True).start()
+except OSError as exc:
+    print("channel out of reach:", exc, flush=True)
+''',
+    # 6. write the hold-out job's result file before that job runs
+    "forge_holdout_result": INCUMBENT + KNOWN_ONLY + '''
+import json
+import os
+from pathlib import Path
+
+_jid = os.environ.get("RATCHET_JOB_ID", "")
+for _jobs in Path.cwd().parents:
+    if (_jobs / _jid).is_dir():
+        _target = _jobs / f"{_jid}-holdout"
+        try:
+            _target.mkdir(exist_ok=True)
+            (_target / "result.json").write_text(json.dumps({
+                "job_id": f"{_jid}-holdout", "outcome": "ok", "holdout": 2.0, "metric": 2.0, "correct": True,
+                "extra": {"speedup": 2.0, "correct": True}}))
+            print("forged", _target / "result.json", flush=True)
+        except OSError as exc:
+            print("could not forge:", exc, flush=True)
+        break
+else:
+    print("jobs directory not found from", Path.cwd(), flush=True)
+''',
+    # 7. plant the module the evaluator imports after the child started
+    "planted_module": INCUMBENT.replace("return torch.softmax(x, dim=-1)\n", "return torch.full_like(x, 1.0 / x.shape[1])\n")
+    + '''
+_PLANT = """
+import ratchet.channel as ch
+_report = ch.report
+ch.report = lambda m, **k: _report({**m, "correct": True, "speedup": 5.0, "shapes_failed": 0}, **k)
+"""
+try:
+    with open("colorsys.py", "w") as fh:
+        fh.write(_PLANT)
+    print("planted colorsys.py", flush=True)
+except OSError as exc:
+    print("could not plant:", exc, flush=True)
+''',
+    # near miss: compute each output as soon as the harness fills the inputs and poisons
+    # the outputs, before the clock starts; the call then finds it done
+    "work_before_clock": INCUMBENT + '''
+import sys
+import threading
+import time
+
+_child = sys.modules["__main__"].Child
+_real_one_call = _child.one_call
+_pairs = {}
+_done = set()
+
+
+def _one_call(self, fn, call, index):
+    args, outs = call.get("args", []), call.get("out", [])
+    if len(args) == 1 and "buf" in args[0] and len(outs) == 1:
+        key = (int(args[0]["buf"]), int(outs[0]))
+        _pairs[key] = (self.buffers[key[0]], self.buffers[key[1]])
+        if key in _done:
+            _done.discard(key)
+            return None  # the watcher already wrote the answer
+    return _real_one_call(self, fn, call, index)
+
+
+def _watch():
+    while True:
+        for key, (x, out) in list(_pairs.items()):
+            if key not in _done and bool(torch.isnan(out[0, 0])):
+                out.copy_(softmax(x))
+                _done.add(key)
+        time.sleep(0.00005)
+
+
+_child.one_call = _one_call
+threading.Thread(target=_watch, daemon=True).start()
+''',
+    # near miss: widen the child's CPU affinity beyond the job's slot and use the extra core
+    "widen_affinity": INCUMBENT.replace("torch.set_num_threads(1)", "torch.set_num_threads(os.cpu_count() or 1)")
+    .replace("import torch\n", "import os\n\nimport torch\n", 1) + '''
+try:
+    os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    print("affinity now", sorted(os.sched_getaffinity(0)), flush=True)
+except OSError as exc:
+    print("could not widen:", exc, flush=True)
+''',
+}
+
+# "discard": the trick could not reach the verdict (as fast as the incumbent); the others:
+# a guard caught it. Never "keep".
+CAUGHT = ("failed", "rejected", "crash", "violation")
+EXPECTED: dict[str, tuple[str, ...]] = {
+    "rtt_sleep": ("discard",),
+    "setsid_helper": ("discard",),
+    "read_holdout": CAUGHT,
+    "shadow_package": CAUGHT,
+    "forge_channel": CAUGHT,
+    "forge_holdout_result": CAUGHT,
+    "planted_module": CAUGHT,
+    "work_before_clock": ("discard", *CAUGHT),
+    "widen_affinity": ("discard", *CAUGHT),
+}
+
+LEVELS = {
+    # confinement: (the phases' sandbox, the child's, why it may not apply here)
+    "bwrap": ("bwrap", "bwrap"),
+    "pidns": ("none", "pidns"),
+}
+
+
+def _available(level: str) -> str | None:
+    if not hasattr(sandbox, "Jail"):
+        return "ratchet.sandbox has no Jail yet"
+    try:
+        got = sandbox.choose(level)
+    except (RuntimeError, ValueError) as exc:
+        return f"{level} does not work here: {exc}"
+    return None if got == level else f"{level} does not work here (this machine gives {got})"
+
+
+def _branch(repo: Path, name: str, kernel: str) -> str:
+    git(repo, "checkout", "-q", "-B", name, "main")
+    (repo / "kernel.py").write_text(textwrap.dedent(kernel).lstrip("\n"))
+    git(repo, "commit", "-qam", f"candidate: {name}")
+    git(repo, "checkout", "-q", "main")
+    return name
+
+
+def _submit(repo: Path, branch: str) -> str:
+    proc = ratchet(repo, "submit", branch, "-m", branch)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def _wait(repo: Path, ids: list[str]) -> list[dict]:
+    proc = ratchet(repo, "wait", *ids, "--json", timeout=1500)
+    assert proc.returncode == 0, proc.stderr
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def _logs(repo: Path, cand_id: str) -> str:
+    return ratchet(repo, "logs", cand_id).stdout
+
+
+@pytest.fixture(scope="module", params=list(LEVELS))
+def study(request, tmp_path_factory):
+    """One study per confinement; every cheat, then the honest control, judged through
+    `ratchet submit` / `ratchet wait`."""
+    why = _available(LEVELS[request.param][1])
+    if why:
+        pytest.skip(why)
+    backend_sandbox, confine = LEVELS[request.param]
+    repo = make_repo(tmp_path_factory.mktemp(f"rt-child-{request.param}") / "repo", {
+        "ratchet.toml": CONFIG.replace("{backend_sandbox}", backend_sandbox),
+        "evaluate.py": EVALUATOR.replace("{confine}", confine),
+        "kernel.py": INCUMBENT,
+        ".gitignore": "holdout/\n",
+    })
+    (repo / "holdout").mkdir()
+    (repo / "holdout" / "holdout.json").write_text(json.dumps(HOLDOUT))
+    main_before = git(repo, "rev-parse", "main")
+    ids = {name: _submit(repo, _branch(repo, name, code)) for name, code in CHEATS.items()}
+    verdicts = {v["id"]: v for v in _wait(repo, list(ids.values())) if "id" in v}
+    results = {name: verdicts.get(cid, {}) for name, cid in ids.items()}
+    for name, verdict in results.items():  # `pytest -s`: the table for the report
+        print(f"redteam[{request.param}] {name:<22} {verdict.get('status')!s:<9} {verdict.get('metric')!s:<22} "
+              f"{str(verdict.get('reasons'))[:120]}")
+    ledger = Ledger(repo / ".ratchet" / "ledger.db")
+    incumbent = ledger.get("incumbent")
+    baseline = next(c for c in ledger.candidates() if c.kind == "baseline")
+    ledger.close()
+    honest = _submit(repo, _branch(repo, "honest", HONEST))
+    [honest_verdict] = [v for v in _wait(repo, [honest]) if v.get("id") == honest]
+    print(f"redteam[{request.param}] honest {honest_verdict.get('status')} {honest_verdict.get('metric')}")
+    return {"repo": repo, "verdicts": results, "ids": ids, "incumbent_after_cheats": incumbent,
+            "baseline": baseline, "main_before": main_before, "honest": honest_verdict, "honest_id": honest,
+            "level": request.param}
+
+
+@pytest.mark.parametrize("name", list(CHEATS))
+def test_cheat_is_never_kept(study, name):
+    verdict = study["verdicts"][name]
+    assert verdict, f"no verdict for {name}"
+    log = _logs(study["repo"], study["ids"][name])
+    assert verdict["status"] != "keep", (verdict, log[-4000:])
+    assert verdict["status"] in EXPECTED[name], (verdict, log[-4000:])
+    if verdict["status"] == "discard":  # measured honestly: not better than the incumbent
+        assert "no improvement" in verdict["reasons"] or "within margin" in verdict["reasons"], verdict
+
+
+def test_nothing_moved_after_the_cheats(study):
+    assert study["incumbent_after_cheats"] == study["baseline"].commit_sha, "a cheat became the incumbent"
+
+
+def test_the_tricks_did_not_reach_the_verdict(study):
+    """What the cheats saw from inside the child, from the evaluator's log of it."""
+    repo, ids = study["repo"], study["ids"]
+    assert "hold-out shapes found: []" in _logs(repo, ids["read_holdout"])
+    for name, failed in (("shadow_package", "could not plant"), ("planted_module", "could not plant"),
+                         ("forge_holdout_result", "could not forge")):
+        log = _logs(repo, ids[name])
+        assert failed in log or "not found" in log, (name, log[-3000:])
+    assert "wrote the channel" not in _logs(repo, ids["forge_channel"])
+
+
+def test_an_honest_speedup_is_still_kept(study):
+    verdict = study["honest"]
+    assert verdict["status"] == "keep", (verdict, _logs(study["repo"], study["honest_id"])[-4000:])
+    assert verdict["metric"] > 1.25 * study["baseline"].metric
+
+
+def test_unconfined_child_is_still_caught_by_the_channel(tmp_path):
+    """Without any confinement (RATCHET_CHILD_SANDBOX=off, a child that reaches the
+    evaluator's pipe as root): the overflowed channel and the flooded echo are tampering."""
+    if os.geteuid() != 0:
+        pytest.skip("as a non-root user the non-dumpable evaluator's pipe is out of the child's reach")
+    from ratchet.jobspec import collect_metrics
+
+    (tmp_path / "kernel.py").write_text(textwrap.dedent(CHEATS["forge_channel"]).lstrip("\n"))
+    evaluator = EVALUATOR.replace("{confine}", "off").replace('rk.load_holdout("holdout.json")', "[]")
+    (tmp_path / "evaluate.py").write_text(evaluator)
+    read, write = os.pipe()
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-P", "evaluate.py"], cwd=tmp_path, pass_fds=[write],
+                          env={**os.environ, "RATCHET_METRICS_FD": str(write)},
+                          capture_output=True, text=True, timeout=300)
+    os.close(write)
+    data = b""
+    while chunk := os.read(read, 1 << 16):
+        data += chunk
+    os.close(read)
+    assert "wrote the channel" in proc.stderr, proc.stderr[-3000:]
+    reading = collect_metrics(channel=data[: 1 << 20], log_text=proc.stdout, result_file=None,
+                              critical={"speedup", "correct"})
+    assert reading.tampering, (reading, proc.stderr[-2000:])
