@@ -15,7 +15,11 @@
 #    a dispatch table
 # 4. a 2-round study (`ratchet run --rounds 2 --parallel 2`, evaluations --quick) in a
 #    git-initialised temp copy of the example
-# 5. the GPU-marked red-team tests (side-stream work, CUDA IPC)
+# 5. the GPU-marked red-team tests (side-stream work, CUDA IPC) and issue 21's GPU forms
+#    (tests/kernels/test_redteam_child_gpu.py): a child that slows the empty requests the
+#    clock's correction comes from, a setsid'd helper queueing work in its own CUDA context
+#    while the baseline is timed, side-stream work left running into the baseline; the
+#    confined child's CUDA IPC across uids (test_isolate's IPC test runs it confined)
 # 6. a short summary table, printed last; every log tarred into $OUT/gpu_check_logs.tgz
 #    (only a few files come back from the device machine)
 #
@@ -153,8 +157,9 @@ log "step 4: study (ratchet run --rounds 2 --parallel 2, evaluations --quick) in
 STUDY="$(mktemp -d "${TMPDIR:-/tmp}/triton-softmax-study.XXXXXX")"
 cp -r "$ROOT/examples/triton-softmax/." "$STUDY/"
 rm -rf "$STUDY/.ratchet" "$STUDY/results.tsv" "$STUDY/__pycache__"
-sed -i -e 's|^evaluate = "python evaluate.py"|evaluate = "python evaluate.py --quick"|' \
-       -e 's|^holdout = "python evaluate.py --holdout"|holdout = "python evaluate.py --quick --holdout"|' "$STUDY/ratchet.toml"
+sed -i -e 's|^evaluate = "python -P evaluate.py"|evaluate = "python -P evaluate.py --quick"|' \
+       -e 's|^holdout = "python -P evaluate.py --holdout"|holdout = "python -P evaluate.py --quick --holdout"|' "$STUDY/ratchet.toml"
+grep -q -- '--quick' "$STUDY/ratchet.toml" || log "WARNING: could not switch the study's evaluations to --quick"
 (
   cd "$STUDY" && git init -q && git add -A &&
   git -c user.name=gpu-check -c user.email=gpu-check@localhost commit -qm "triton-softmax baseline" &&
@@ -165,8 +170,8 @@ log "study exit $rc (dir $STUDY)"; [[ $rc -eq 0 ]] || status=1
 cp "$STUDY/results.tsv" "$LOGS/results.tsv" 2>/dev/null || log "no results.tsv"
 
 log "step 5: GPU red-team tests (pytest -m gpu)"
-( cd "$ROOT" && timeout "$(( $(left) > 90 ? 90 : $(left) ))" "$PY" -m pytest -q -m gpu -rA -p no:cacheprovider \
-    tests/kernels/test_redteam_kernels.py tests/test_isolate.py ) >"$LOGS/redteam.log" 2>&1
+( cd "$ROOT" && timeout "$(( $(left) > 150 ? 150 : $(left) ))" "$PY" -m pytest -q -m gpu -rA -p no:cacheprovider \
+    tests/kernels/test_redteam_kernels.py tests/kernels/test_redteam_child_gpu.py tests/test_isolate.py ) >"$LOGS/redteam.log" 2>&1
 rc=$?
 log "red-team exit $rc"; [[ $rc -eq 0 ]] || status=1
 

@@ -61,3 +61,47 @@ def settle(max_wait_s: float = MAX_WAIT_S, poll_s: float = POLL_S) -> float:
             return waited
         time.sleep(poll_s)
     return clock() - start
+
+
+# -- the GPU: work another context left queued ---------------------------------------------
+# A frozen candidate's processes stop issuing GPU work, but what they queued runs on: a
+# helper in another CUDA context (or the child's own side stream it never waited for) can
+# queue tens of ms of kernels right before it is frozen, and the trusted baseline timed next
+# shares the GPU with them. The evaluator cannot synchronize another context; it can see
+# that its own tiny kernel takes far longer than on an idle GPU, and wait.
+
+GPU_MAX_WAIT_S = 1.0
+_gpu_idle: dict[str, float] = {}
+
+
+def _probe_s(torch, device) -> float:
+    """Host seconds for one tiny kernel on `device`, launched on an idle stream of ours."""
+    x = torch.zeros(1, device=device)
+    torch.cuda.synchronize(device)
+    start = guard._CLOCK()
+    x.add_(1)
+    torch.cuda.synchronize(device)
+    return guard._CLOCK() - start
+
+
+def settle_gpu(torch, device, max_wait_s: float = GPU_MAX_WAIT_S) -> tuple[float, bool]:
+    """Wait until `device` runs our tiny kernel about as fast as when idle.
+
+    Returns (seconds waited, still busy after `max_wait_s`). The idle figure is the best
+    of the first probes on this device (a busy GPU only ever makes a probe slower).
+    """
+    key = str(device)
+    if key not in _gpu_idle:
+        _gpu_idle[key] = min(_probe_s(torch, device) for _ in range(5))
+    idle = _gpu_idle[key]
+    limit = max(4 * idle, idle + 100e-6)
+    clock = guard._CLOCK
+    start = clock()
+    while True:
+        probe = _probe_s(torch, device)
+        _gpu_idle[key] = min(idle, probe)
+        if probe <= limit:
+            return clock() - start, False
+        if clock() - start >= max_wait_s:
+            return clock() - start, True
+        time.sleep(0.001)

@@ -257,6 +257,7 @@ class _Side:
                 return t
         else:
             self.settled_s += quiesce.settle()
+            self._settle_gpu()
             for slot, values in zip(self.slots, fresh_sets, strict=True):
                 fill(slot, values)
             if self.verifier is None and self.graph is None:  # never for code we check: a warm-up could feed a cache
@@ -265,6 +266,24 @@ class _Side:
         if self.graph is not None:
             return self.runner.replay(self.graph)
         return self.runner.run(self.slots, self.mode)
+
+    def _settle_gpu(self) -> None:
+        """Before a trusted side's batch on a GPU: nothing of the (frozen) candidate may still
+        run there. GPU work it queued in another context, or on a stream it never waited for,
+        runs on after the freeze and would slow the baseline; wait for it to drain, and fail
+        the candidate if it does not (its helpers queued more than a second of work)."""
+        outs = self.slots[0].output_views() if self.slots else ()
+        cuda = [x for x in outs if arrays.is_torch(x) and x.is_cuda]
+        if not cuda:
+            return
+        waited, busy = quiesce.settle_gpu(arrays.torch_module(), cuda[0].device)
+        self.settled_s += waited
+        if busy:
+            raise _Fail(
+                f"candidate: the GPU stayed busy for {waited:.2f} s while the candidate was frozen and "
+                f"before {self.label} was timed: work queued in another CUDA context or on a stream "
+                "the candidate never waited for"
+            )
 
     def _check_cpu(self) -> None:
         """The candidate may use the CPUs this evaluation was given, not more.
