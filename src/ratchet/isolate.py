@@ -13,11 +13,18 @@ interface:
         y = cand.call("softmax", x)                  # numpy / torch arrays via shared memory
 
 The child (``ratchet/isolate_child.py``, run as ``python -I -B -u``):
-- is its own session and process group, so a timeout kills it and everything it started;
+- runs in ratchet's sandbox (``sandbox.Jail``, `child_policy`): its own PID namespace where
+  the machine gives one, an unprivileged uid when we are root, its tree read-only, the
+  hold-out data and the jobs directory hidden; the sandbox's warden freezes and kills its
+  whole tree, helpers that left its session included (``confine="off"``: a plain
+  subprocess in its own process group, as before);
 - sees a scrubbed environment: no metric channel (``RATCHET_METRICS_FD``), no hold-out
   markers (``RATCHET_HOLDOUT*``), no result file, no secrets (``jobspec.is_secret``);
 - runs in the candidate's directory; its stdout and stderr go to their own capped log file,
   never to the evaluator's stdout, so it cannot print metric lines.
+
+Nothing the child answers enters the verdict's arithmetic: the round trip subtracted from
+timed requests is measured on a clean twin (`twin`, holding `isolate_clean.py`).
 
 Control messages are JSON both ways; the parent never unpickles anything from the child.
 Arrays stay out of messages: the parent allocates buffers it owns (`share`, `empty`),
@@ -273,8 +280,9 @@ class CandidateProcess:
 
     The child starts at construction (its start-up overlaps the caller's own set-up) and
     the first request waits for it to finish importing the module. Every request has a
-    deadline (`timeout` seconds by default); past it the whole process group is killed
-    and `CandidateTimeout` raised. Use as a context manager, or call `close()`. On Linux
+    deadline (`timeout` seconds by default); past it the whole sandbox is killed and
+    `CandidateTimeout` raised. `confine`: the sandbox level (`auto`, `bwrap`, `pidns`,
+    `none`, `off`; default `$RATCHET_CHILD_SANDBOX` or `auto`). Use as a context manager, or call `close()`. On Linux
     the child is killed when the thread that started it exits (so a killed evaluator
     leaves nothing behind): start it from a thread that outlives it, e.g. the main one.
     """

@@ -488,15 +488,26 @@ def test_nothing_moved_after_the_cheats(study):
     assert study["incumbent_after_cheats"] == study["baseline"].commit_sha, "a cheat became the incumbent"
 
 
+def _all_logs(repo: Path, cand_id: str) -> str:
+    """`ratchet logs` (the public evaluation) and the hold-out job's logs, if it ran."""
+    text = _logs(repo, cand_id)
+    for log in sorted((repo / ".ratchet" / "jobs").glob(f"*-{cand_id}-*-holdout/logs/*.log")):
+        text += "\n" + log.read_text(errors="replace")
+    return text
+
+
 def test_the_tricks_did_not_reach_the_verdict(study):
-    """What the cheats saw from inside the child, from the evaluator's log of it."""
+    """What the cheats saw from inside the child (in the public and the hold-out run), from
+    the evaluators' logs of it."""
     repo, ids = study["repo"], study["ids"]
-    assert "hold-out shapes found: []" in _logs(repo, ids["read_holdout"])
+    seen = _all_logs(repo, ids["read_holdout"])
+    assert "hold-out shapes found: []" in seen and "hold-out shapes found: [{" not in seen, seen[-3000:]
     for name, failed in (("shadow_package", "could not plant"), ("planted_module", "could not plant"),
                          ("forge_holdout_result", "could not forge")):
-        log = _logs(repo, ids[name])
+        log = _all_logs(repo, ids[name])
         assert failed in log or "not found" in log, (name, log[-3000:])
-    assert "wrote the channel" not in _logs(repo, ids["forge_channel"])
+        assert "shadow package planted" not in log and "planted colorsys" not in log and "forged " not in log, (name, log[-3000:])
+    assert "wrote the channel" not in _all_logs(repo, ids["forge_channel"])
 
 
 def test_an_honest_speedup_is_still_kept(study):
@@ -515,19 +526,19 @@ def test_unconfined_child_is_still_caught_by_the_channel(tmp_path):
     (tmp_path / "kernel.py").write_text(textwrap.dedent(CHEATS["forge_channel"]).lstrip("\n"))
     evaluator = EVALUATOR.replace("{confine}", "off").replace('rk.load_holdout("holdout.json")', "[]")
     (tmp_path / "evaluate.py").write_text(evaluator)
-    read, write = os.pipe()
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-P", "evaluate.py"], cwd=tmp_path, pass_fds=[write],
-                          env={**os.environ, "RATCHET_METRICS_FD": str(write)},
-                          capture_output=True, text=True, timeout=300)
-    os.close(write)
-    data = b""
-    while chunk := os.read(read, 1 << 16):
-        data += chunk
-    os.close(read)
+    from ratchet.worker import MetricPipe  # the worker's own reader of the channel
+
+    pipe = MetricPipe()
+    try:
+        proc = subprocess.run([sys.executable, "-P", "evaluate.py"], cwd=tmp_path, pass_fds=[pipe.write_fd],
+                              env={**os.environ, "RATCHET_METRICS_FD": str(pipe.write_fd)},
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        data = pipe.finish()
     assert "wrote the channel" in proc.stderr, proc.stderr[-3000:]
-    reading = collect_metrics(channel=data[: 1 << 20], log_text=proc.stdout, result_file=None,
+    reading = collect_metrics(channel=data, log_text=proc.stdout, result_file=None,
                               critical={"speedup", "correct"})
     assert reading.tampering, (reading, proc.stderr[-2000:])
