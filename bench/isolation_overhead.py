@@ -77,7 +77,9 @@ def main() -> int:
     parser.add_argument("--rev", default="37751ea", help="git revision of the harness before the confined child")
     parser.add_argument("--reps", type=int, default=7)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="ratchet-isolation-bench-"))
+    # not under /tmp: the confined child gets a private /tmp, and its interpreter must see
+    # the ratchet copy it runs (the warden, isolate_child.py)
+    work = Path(tempfile.mkdtemp(prefix=".isolation-bench-", dir=ROOT))
     work.chmod(0o755)  # run as root, the confined child runs as an unprivileged uid and reads kernel.py here
     try:
         old, new = work / "old", work / "new"

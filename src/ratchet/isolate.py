@@ -39,6 +39,7 @@ The kernel harness (`ratchet.kernels`) uses the buffer fast path (`run`, `captur
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import itertools
 import json
@@ -322,6 +323,9 @@ class CandidateProcess:
         self._twin: CandidateProcess | None = None
         self.round_trips = 0
         self.last_request: RequestUsage | None = None  # the last request made while frozen
+        # (from, to) on `clock` of each time a frozen child was let run (requests and
+        # untimed exchanges): outside them it could not run at all
+        self.awake: collections.deque[tuple[float, float]] = collections.deque(maxlen=100_000)
         self._confine = confine or os.environ.get(SANDBOX_ENV, "auto")
         self._jail: sandbox.Jail | None = None
         self._stopped: list[int] = []  # host pids the last freeze stopped
@@ -343,7 +347,7 @@ class CandidateProcess:
         fd = child_sock.fileno()
         env = child_env(self._env)
         popen: dict[str, Any] = {"cwd": self.cwd, "stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
-        if self._confine == "off":
+        if self._confine == "off" or not sys.platform.startswith("linux"):  # the warden is Linux-only
             argv = [self._python or sys.executable, "-I", "-B", "-u", str(CHILD_SCRIPT), str(fd), str(self.module), str(os.getpid())]
             # own process group: a timeout kills all of it (a setsid'd helper escapes it)
             self.proc = subprocess.Popen(argv, env=env, pass_fds=(fd,), start_new_session=True, **popen)
@@ -471,11 +475,13 @@ class CandidateProcess:
         if not self._frozen:
             yield
             return
+        start = clock()
         self._cont()
         try:
             yield
         finally:
             self._stop()
+            self.awake.append((start, clock()))
 
     def log_tail(self, limit: int = 2000) -> str:
         """The end of the child's log (for error messages)."""
@@ -634,6 +640,7 @@ class CandidateProcess:
             finally:
                 self._stop()
                 awake = clock() - t0
+                self.awake.append((t0, t0 + awake))
             # CPU the whole child used while it could run: more than its CPUs allow in
             # that time means it ran on CPUs the evaluator was not given (a widened affinity)
             self.last_request = RequestUsage(awake_s=awake, cpu_s=tree_cpu_s(self.proc.pid) - cpu0)

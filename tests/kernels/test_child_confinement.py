@@ -205,50 +205,55 @@ import time
 
 _child = sys.modules["__main__"].Child
 _pairs = {}
-_early = [0, 0]  # outputs written before their call arrived, calls seen
+_writes = []  # perf_counter (CLOCK_MONOTONIC, shared with the evaluator) of each early answer
 
 
-def _count(self, fn, call, index, _real=_child.one_call):
+def _learn(self, fn, call, index, _real=_child.one_call):
     args, outs = call.get("args", []), call.get("out", [])
     if args and "buf" in args[0] and outs:
-        key = (int(args[0]["buf"]), int(outs[0]))
-        out = self.buffers[key[1]]
-        _early[1] += 1
-        if key in _pairs and not np.isnan(out.flat[0]):
-            _early[0] += 1  # the watcher got there first
-        _pairs[key] = (self.buffers[key[0]], out)
+        _pairs[(int(args[0]["buf"]), int(outs[0]))] = (self.buffers[int(args[0]["buf"])], self.buffers[int(outs[0])])
     return _real(self, fn, call, index)
 
 
 def _watch():
     while True:
         for x, out in list(_pairs.values()):
-            if np.isnan(out.flat[0]):
+            if np.isnan(out.flat[0]):  # freshly filled and poisoned: answer at once
                 out[...] = softmax(x)
+                _writes.append(time.perf_counter())
         time.sleep(0.0001)
 
 
-def early():
-    return list(_early)
+def writes():
+    return list(_writes)
 
 
-_child.one_call = _count
+_child.one_call = _learn
 threading.Thread(target=_watch, daemon=True).start()
 '''
 
 
-def test_nothing_runs_between_filling_the_inputs_and_the_clock(tmp_path):
-    """A thread that computes each output as soon as the harness poisons it finds the
-    child frozen from the fill to the clock: inside timed requests it never gets ahead."""
+@pytest.mark.parametrize("level", ["bwrap", "off"])
+def test_nothing_runs_between_filling_the_inputs_and_the_clock(tmp_path, level):
+    """A thread that answers each call as soon as the harness fills its inputs and poisons
+    its output: during timing, every answer it writes falls inside a window in which the
+    harness had woken the child (a timed request, or an untimed exchange before any
+    input was filled), never while the harness was filling or timing the baseline."""
+    if level != "off":
+        _level_or_skip(level)
     (tmp_path / "watch.py").write_text(WATCHER)
-    with CandidateProcess(tmp_path / "watch.py") as cand:
+    with CandidateProcess(tmp_path / "watch.py", confine=level) as cand:
+        cand.start()
+        since = time.perf_counter()
         r = rk.bench(cand.function("softmax"), _make, {"rows": 64, "cols": 256}, reference=_softmax,
                      max_time_s=0.5, min_reps=8, verify=1)
-        early, calls = cand.call("early")
+        until = time.perf_counter()
+        writes = [w for w in cand.call("writes") if since <= w <= until]
+        windows = [(a, b) for a, b in cand.awake if a >= since]
     assert r.ok, r.summary()
-    assert calls > 50
-    # the check phase (untimed, not frozen) may let it win now and then; timed batches not
-    assert early <= calls * 0.05, (early, calls)
+    assert writes, "the watcher never answered a call: the test proves nothing"
+    outside = [w for w in writes if not any(a - 1e-4 <= w <= b + 1e-4 for a, b in windows)]
+    assert not outside, f"{len(outside)} of {len(writes)} answers were written while the child was meant to be frozen"
 
 
 WIDEN = KERNEL + '''

@@ -424,6 +424,27 @@ def _run(
         # A trusted baseline is called as baseline(*inputs); its result is copied into an
         # output buffer exactly when the candidate's is (return mode), so both pay alike.
         sides.append(_Side(runner, mode if not trusted or mode == "return" else "plain", verifier))
+    # Every candidate process stays frozen for the whole measurement: it runs only inside
+    # its own requests (which wake it inside the clock), never while inputs are filled,
+    # outputs read back or the baseline timed; one stop and one wake per request.
+    with contextlib.ExitStack() as held:
+        for side in sides:
+            if side.runner.remote:
+                held.enter_context(side.runner.frozen())
+        return _measure(
+            sides, first, fresh, specs, reference, calls=calls, max_calls=max_calls, min_request_s=min_request_s,
+            memory_bytes=memory_bytes, warmup=warmup, min_reps=min_reps, max_reps=max_reps, max_time_s=max_time_s,
+            target_sem=target_sem, cuda_graph=cuda_graph, perf=perf,
+        )
+
+
+def _measure(
+    sides: list[_Side], first: tuple[Any, ...], fresh: Callable[[], tuple[Any, ...]], specs: list[tuple[tuple[int, ...], str]],
+    reference: Callable[..., Any] | None, *, calls: int | None, max_calls: int | None, min_request_s: float | None,
+    memory_bytes: int | None, warmup: int, min_reps: int, max_reps: int, max_time_s: float, target_sem: float,
+    cuda_graph: bool, perf: Callable[[], float],
+) -> tuple[list[BenchResult], list[float]]:
+    """The probe, the warm-ups and the timed loop of `_run`, the candidates already frozen."""
     cuda = any(arrays.is_torch(x) and x.is_cuda for x in first)
     set_bytes = max(1, _set_bytes(first, specs))
 
