@@ -151,8 +151,8 @@ def _scratch_env(env: dict[str, str], scratch: Path, uid: int | None) -> dict[st
 
 @dataclass
 class RequestUsage:
-    """A request made while frozen: how long the child could run, and the CPU time its
-    whole tree used meanwhile (every thread of every process, helpers included)."""
+    """A request made while frozen: the seconds from its wake-up to its answer, and the CPU
+    time its whole tree used meanwhile (every thread of every process, helpers included)."""
 
     awake_s: float
     cpu_s: float
@@ -637,13 +637,13 @@ class CandidateProcess:
             try:
                 reply = self._exchange(message, timeout or self.timeout)
                 elapsed = clock() - t0
+                # CPU the whole child used from its wake-up to its answer: more than its
+                # CPUs allow in that time means it ran on CPUs the evaluator was not given
+                # (a widened affinity, a helper moved elsewhere)
+                self.last_request = RequestUsage(awake_s=elapsed, cpu_s=tree_cpu_s(self.proc.pid) - cpu0)
             finally:
                 self._stop()
-                awake = clock() - t0
-                self.awake.append((t0, t0 + awake))
-            # CPU the whole child used while it could run: more than its CPUs allow in
-            # that time means it ran on CPUs the evaluator was not given (a widened affinity)
-            self.last_request = RequestUsage(awake_s=awake, cpu_s=tree_cpu_s(self.proc.pid) - cpu0)
+                self.awake.append((t0, clock()))
         self.round_trips += 1
         return reply, elapsed
 

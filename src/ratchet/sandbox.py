@@ -373,6 +373,9 @@ def _bwrap_args(policy: Policy, cover: Mapping[Path, set[Path]]) -> list[str]:
     for hidden in hide_first:
         if Path(hidden).is_dir():
             args += ["--tmpfs", hidden]
+            # the directories made below it before are gone with the tmpfs: make them again
+            # (else bubblewrap makes them 0700 root and the party cannot enter them)
+            made.difference_update({d for d in made if Path(hidden) in d.parents})
     for seen in _readonly(policy):
         args += bind("--ro-bind", seen)
     for writable in policy.writable:

@@ -172,7 +172,7 @@ def verify_timers() -> list[str]:
 
 
 CPU_SLACK = 1.1  # scheduler accounting jitter on the candidate's CPU time per request
-CPU_SLACK_S = 2e-3
+CPU_SLACK_S = 1e-3
 
 
 class _Welford:
