@@ -151,8 +151,9 @@ def _scratch_env(env: dict[str, str], scratch: Path, uid: int | None) -> dict[st
 
 @dataclass
 class RequestUsage:
-    """A request made while frozen: the seconds from its wake-up to its answer, and the CPU
-    time its whole tree used meanwhile (every thread of every process, helpers included)."""
+    """A request made while frozen: the seconds from its wake-up until its CPU time was read
+    (right after its answer), and the CPU time its whole tree used meanwhile (every thread
+    of every process, helpers included)."""
 
     awake_s: float
     cpu_s: float
@@ -401,7 +402,7 @@ class CandidateProcess:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
 
-    def freeze(self, wait_s: float = 0.005) -> None:
+    def freeze(self, wait_s: float = 0.05) -> None:
         """Stop the whole child (SIGSTOP) and wait until its threads are stopped; nests.
 
         The harness keeps the child frozen whenever it is not answering one of the
@@ -436,7 +437,7 @@ class CandidateProcess:
         finally:
             self.thaw()
 
-    def _stop(self, wait_s: float = 0.005) -> None:
+    def _stop(self, wait_s: float = 0.05) -> None:
         if self.proc.poll() is not None:
             return
         if self._jail is not None:
@@ -640,7 +641,10 @@ class CandidateProcess:
                 # CPU the whole child used from its wake-up to its answer: more than its
                 # CPUs allow in that time means it ran on CPUs the evaluator was not given
                 # (a widened affinity, a helper moved elsewhere)
-                self.last_request = RequestUsage(awake_s=elapsed, cpu_s=tree_cpu_s(self.proc.pid) - cpu0)
+                # (the window ends when the count is read: threads still running meanwhile
+                # are in both, so an honest child never exceeds its CPUs)
+                cpu = tree_cpu_s(self.proc.pid) - cpu0
+                self.last_request = RequestUsage(awake_s=clock() - t0, cpu_s=cpu)
             finally:
                 self._stop()
                 self.awake.append((t0, clock()))

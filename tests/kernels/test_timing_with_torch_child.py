@@ -69,7 +69,7 @@ for _ in range(4):
     # the same baseline, compared with a torch candidate whose outputs the harness checks
     with CandidateProcess(sys.argv[1], timeout=120) as cand:
         r = compare(baseline, cand.function("softmax"), make_inputs, SHAPE, reference=reference, **QUICK)
-    assert r.ok, r.summary()
+    assert r.ok, (r.summary(), r.a.reasons, r.b.reasons)
     beside += r.a.times_s
     speedups.append(r.speedup)
 print(json.dumps({"alone": alone, "beside": beside, "speedups": speedups}))
