@@ -5,9 +5,11 @@ One real torch-CPU study per confinement (a temp git repo, the local backend, th
 worker), its evaluator written as docs/kernels.md says: imports first, run as `python -P`,
 the candidate in `rk.CandidateProcess`, torch.softmax as the trusted baseline, the
 hold-out shapes in the study's hidden hold-out data. The incumbent is an honest torch
-kernel (torch.softmax, done REPEAT = 4 times); every cheat is that same kernel plus its
-trick, so a keep can only mean the trick worked. The honest way up (REPEAT = 1, four times
-as fast, well clear of the noise margin on a loaded machine) is still kept.
+kernel (torch.softmax, done REPEAT = 8 times); every cheat is that same kernel plus its
+trick, so a keep can only mean the trick worked. The honest way up (REPEAT = 1) is still
+kept. The gain is that large on purpose: the cheats that must reach the hold-out run to be
+caught there (right, and as fast, on the public shapes only) must clear the noise margin
+of a loaded 2-core machine first (measured: REPEAT 4 -> 1 gave only 2.2x there).
 
 The evaluator breaks one rule of the docs on purpose: it imports one module after the
 child has started (case 7), so the test shows that `python -P` and the read-only tree
@@ -55,7 +57,7 @@ parallel = 2
 rounds = 1
 
 [tune.knobs]
-"kernel.py:REPEAT" = { choices = [4, 1] }
+"kernel.py:REPEAT" = { choices = [8, 1] }
 
 [backend]
 kind = "local"
@@ -112,7 +114,7 @@ INCUMBENT = '''
 import torch
 
 torch.set_num_threads(1)
-REPEAT = 4
+REPEAT = 8
 
 
 def softmax(x):
@@ -121,7 +123,7 @@ def softmax(x):
     return torch.softmax(x, dim=-1)
 '''
 
-HONEST = INCUMBENT.replace("REPEAT = 4", "REPEAT = 1")
+HONEST = INCUMBENT.replace("REPEAT = 8", "REPEAT = 1")
 
 # Helpers the tricks share: where the evaluator is (walking up the parent chain), and a
 # kernel that is right (and honest-fast) only on shapes it knows.
