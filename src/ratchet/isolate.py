@@ -688,7 +688,7 @@ class CandidateProcess:
                 itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
             shm = shared_memory.SharedMemory(create=True, size=max(1, count * itemsize))
             if self._uid is not None:  # the child runs as an unprivileged uid: the segment is its to map
-                os.fchown(shm._fd, self._uid, -1)
+                os.fchown(shm._fd, self._uid, -1)  # type: ignore[attr-defined] - CPython's POSIX SharedMemory keeps its fd
             desc = {"kind": like, "shm": shm.name, "shape": list(shape), "dtype": dtype, "offset": 0}
             if like == "numpy":
                 array: Any = np.ndarray(shape, dtype=np.dtype(dtype), buffer=shm.buf)

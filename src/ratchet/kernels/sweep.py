@@ -324,12 +324,12 @@ def _one_shape(
     except Exception as exc:  # a candidate that cannot be built for this shape fails it
         return ShapeResult(shape=dict(shape), dtype=dtype, holdout=is_holdout, correct=False, reasons=[f"building the candidate failed: {type(exc).__name__}: {exc}"])
     base = _build(baseline, shape, dtype)
-    reference = _build(reference, shape, dtype)  # a shape-dependent reference model: PerShape too
-    case = check_case(cand, reference, make_inputs, shape, dtype, seed=seed, holdout=is_holdout, case_index=index, **check_opts)
+    ref: Callable[..., Any] = _build(reference, shape, dtype)  # a shape-dependent reference model: PerShape too
+    case = check_case(cand, ref, make_inputs, shape, dtype, seed=seed, holdout=is_holdout, case_index=index, **check_opts)
     result = ShapeResult(shape=dict(shape), dtype=dtype, holdout=is_holdout, correct=case.ok, reasons=list(case.reasons), check=case.to_dict())
     if not case.ok:
         return result
-    cmp = compare(base, cand, make_inputs, shape, dtype, reference=reference, names=names, seed=seed + index + 1, **bench_opts)
+    cmp = compare(base, cand, make_inputs, shape, dtype, reference=ref, names=names, seed=seed + index + 1, **bench_opts)
     result.time_s = cmp.b.median_s
     result.baseline_time_s = cmp.a.median_s
     result.speedup = cmp.speedup
