@@ -29,7 +29,8 @@ JOB_SIDE = {
     "ratchet.backends.ray_slots",
 }
 SDK = {"ratchet", "ratchet.channel", "ratchet.isolate", "ratchet.isolate_child",
-       "ratchet.jobspec", "ratchet.seal", "ratchet.errors", "ratchet.vocab"}
+       "ratchet.jobspec", "ratchet.seal", "ratchet.errors", "ratchet.vocab",
+       "ratchet.sandbox"}  # isolate starts the candidate child through the job side's sandbox
 # arrays an evaluator brings (cython_runtime: what numpy's compiled parts register)
 SDK_THIRD_PARTY = {"numpy", "torch", "triton", "cupy", "cython_runtime"}
 
