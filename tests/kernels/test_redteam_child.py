@@ -496,7 +496,9 @@ def test_cheat_is_never_kept(study, name):
     assert verdict["status"] != "keep", (verdict, log[-4000:])
     assert verdict["status"] in EXPECTED[name], (verdict, log[-4000:])
     if verdict["status"] == "discard":  # measured honestly: not better than the incumbent
-        assert "no improvement" in verdict["reasons"] or "within margin" in verdict["reasons"], verdict
+        # (or a gain in the first measurement that fresh pairs did not confirm: the judge's
+        # confirmation step, for a kernel identical to the incumbent under noise)
+        assert any(why in verdict["reasons"] for why in ("no improvement", "within margin", "not confirmed")), verdict
 
 
 def test_nothing_moved_after_the_cheats(study):
