@@ -110,11 +110,12 @@ def test_workers_start_from_a_scrubbed_environment(tmp_path):
     proc = ratchet(repo, "run", env={"OPENAI_API_KEY": secret, "MY_LLM_KEY": secret})
     assert proc.returncode == 0, proc.stderr
     found = extras(repo)
-    assert len(found) == 2 and all("worker_leaks" in e for e in found), found
-    assert [e["worker_leaks"] for e in found] == [0, 0]
+    # the baseline and the candidate, and any confirmation pairs measured beside them
+    assert len(found) >= 2 and all("worker_leaks" in e for e in found), found
+    assert all(e["worker_leaks"] == 0 for e in found), found
     assert all(e["workers_seen"] >= 1 for e in found), found  # its own worker, at least
     scans = [json.loads(p.read_text()) for p in (repo / ".ratchet" / "jobs").glob("*/work/scan.json")]
-    assert len(scans) == 2
+    assert len(scans) >= len(found)  # confirmation pairs are jobs too, not candidates
     for scan in scans:  # whatever leaked is the driver itself (the `ratchet run` process)
         assert all("ratchet.cli" in cmd for cmd in scan["leaks"]), scan
 
