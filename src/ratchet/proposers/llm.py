@@ -328,7 +328,8 @@ class LLMProposer(Proposer):
                 messages=[{"role": "system", "content": system}, *messages],
                 **options,
             )
-            text = (response.choices[0].message.content or "") if response.choices else ""
+            _check_reply(response, "choices", "a chat completion", spec.base_url)
+            text = response.choices[0].message.content or ""
             usage = response.usage
             return Reply(text, getattr(usage, "prompt_tokens", 0) or 0,
                          getattr(usage, "completion_tokens", 0) or 0)
@@ -343,6 +344,7 @@ class LLMProposer(Proposer):
             max_tokens=spec.max_tokens,
             **extra,
         )
+        _check_reply(response, "content", "a message", spec.base_url)
         text = "".join(getattr(block, "text", "") for block in response.content
                        if getattr(block, "type", "") == "text")
         usage = response.usage
@@ -351,6 +353,26 @@ class LLMProposer(Proposer):
 
 
 # ---------------------------------------------------------------------------------------
+
+
+class NotAReply(Exception):
+    """The endpoint answered 200 with something that is not the protocol's reply (an HTML
+    page from a proxy or a wrong base_url, a JSON body without choices): every request
+    would get the same, so it is not retried, and no candidate is blamed for it."""
+
+
+def _check_reply(response: Any, field: str, what: str, base_url: str | None) -> None:
+    """Refuse a reply without its `field` (the SDK hands a non-JSON body back as text)."""
+    if isinstance(response, str):
+        kind = "an HTML page" if "<html" in response[:500].lower() else "text"
+        found = f"{kind} ({_one_line(response)[:80]!r})"
+    elif not getattr(response, field, None):
+        found = f"JSON without {field!r}"
+    else:
+        return
+    where = f"base_url {base_url!r}" if base_url else "the provider's default URL"
+    raise NotAReply(f"the endpoint answered {found}, not {what}: check [llm] models' "
+                    f"{where} and model")
 
 
 def _classify(exc: Exception) -> tuple[bool, str, float | None]:
