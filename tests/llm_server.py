@@ -30,6 +30,8 @@ class Answer:
     input_tokens: int = 100
     output_tokens: int = 50
     body: dict | None = None  # a raw JSON body instead of the protocol's reply
+    raw: bytes | None = None  # these exact bytes as the body (invalid JSON, a huge reply)
+    drip: float = 0.0  # seconds between single bytes of the body (a slow-drip reply)
 
 
 @dataclass
@@ -93,7 +95,7 @@ class LLMServer:
                 if answer.delay:
                     time.sleep(answer.delay)
                 payload, status = server._payload(request, answer)
-                data = json.dumps(payload).encode()
+                data = answer.raw if answer.raw is not None else json.dumps(payload).encode()
                 try:
                     self.send_response(status)
                     self.send_header("content-type", "application/json")
@@ -101,7 +103,12 @@ class LLMServer:
                     if answer.retry_after is not None:
                         self.send_header("retry-after", f"{answer.retry_after:g}")
                     self.end_headers()
-                    self.wfile.write(data)
+                    if not answer.drip:
+                        self.wfile.write(data)
+                    for i in range(len(data) if answer.drip else 0):
+                        self.wfile.write(data[i:i + 1])
+                        self.wfile.flush()
+                        time.sleep(answer.drip)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (timed out) before we answered
 

@@ -11,8 +11,12 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ratchet import gitrepo
-from ratchet.config import CONFIG_FILE, Config, matches_any
+from ratchet import gitrepo, paths, sanitize
+from ratchet.config import CONFIG_FILE, Config
+
+# what a proposer saw is saved with its candidate; a prompt is bounded by the token budget,
+# so anything past this is a reply grown out of bounds, not context worth keeping
+MAX_CONTEXT_CHARS = 2_000_000
 
 
 @dataclass
@@ -50,11 +54,21 @@ def scope_violations(repo: Path, config: Config, parent: str, commit: str) -> li
     changes = gitrepo.diff_changes(repo, parent, commit)
     if not changes:
         problems.append("no change from the incumbent")
+    added = [c.path for c in changes if c.status == "A"]
+    imported = evaluator_imports(repo, config, parent) if added else set()
     for change in changes:
-        if matches_any(change.path, protected):
+        why = paths.unsafe(change.path)
+        if why:
+            problems.append(f"path {change.path!r} {why}")
+            continue
+        if paths.protected_by(change.path, protected):
             problems.append(f"touches protected path {change.path}")
-        elif not matches_any(change.path, config.task.editable):
+        elif not paths.matches_any(change.path, config.task.editable):
             problems.append(f"changes {change.path}, which is not in task.editable")
+        elif change.status == "A" and (module := paths.shadows(
+                change.path, paths.evaluator_dirs(protected), imported)):
+            problems.append(f"adds {change.path}, which would shadow the module {module!r} "
+                            "the evaluator imports")
         if change.new_mode == "120000" or change.old_mode == "120000":
             problems.append(f"{change.path} is a symlink (not allowed in candidates)")
         elif change.status == "M" and change.old_mode != change.new_mode:
@@ -62,12 +76,26 @@ def scope_violations(repo: Path, config: Config, parent: str, commit: str) -> li
         elif change.new_mode == "160000":
             problems.append(f"{change.path} is a submodule")
     if config.task.forbid and changes:
-        added = _added_lines(gitrepo.diff_text(repo, parent, commit))
+        added_text = _added_lines(gitrepo.diff_text(repo, parent, commit))
         for rule in config.task.forbid:
-            match = re.search(rule, added, re.MULTILINE)
+            match = re.search(rule, added_text, re.MULTILINE)
             if match:
                 problems.append(f"matches forbid rule {rule!r}: {match.group(0).strip()[:80]!r}")
     return problems
+
+
+def evaluator_imports(repo: Path, config: Config, commit: str) -> set[str]:
+    """Top-level modules the protected Python files (the evaluator) import at `commit`."""
+    listing = gitrepo.git_bytes(repo, "ls-tree", "-r", "-z", "--name-only", commit)
+    names = [p for p in listing.decode("utf-8", "replace").split("\0")
+             if p.endswith(".py") and paths.protected_by(p, config.task.protected)]
+    sources = []
+    for name in names[:50]:
+        try:
+            sources.append(gitrepo.show(repo, commit, name).decode("utf-8", "replace"))
+        except gitrepo.GitError:
+            continue
+    return paths.imported_names(sources)
 
 
 def _added_lines(diff: str) -> str:
@@ -85,16 +113,16 @@ def materialise(repo: Path, state_dir: Path, config: Config, proposal: Proposal,
     round can be built side by side. `checked`: scope checks already made, by
     (parent, commit) (a proposal built ahead of time).
     """
-    fields = dict(parent=incumbent, description=proposal.description[:200],
+    fields = dict(parent=incumbent, description=sanitize.line(proposal.description, 200),
                   proposer=proposer, params=proposal.params, idea=proposal.idea)
     if proposal.context is not None:
         ctx_dir = state_dir / "contexts"
         ctx_dir.mkdir(exist_ok=True)
         path = ctx_dir / f"{cand_id}.md"
-        path.write_text(proposal.context)
+        path.write_text(proposal.context[:MAX_CONTEXT_CHARS])
         fields["context_path"] = str(path)
     if proposal.error:
-        return {**fields, "status": "rejected", "reasons": proposal.error}
+        return {**fields, "status": "rejected", "reasons": sanitize.line(proposal.error, 2000)}
     try:
         commit = make_commit(repo, incumbent, proposal, cand_id)
     except gitrepo.GitError as exc:

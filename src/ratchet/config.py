@@ -7,7 +7,6 @@ overnight study's config should cost seconds, not a night.
 from __future__ import annotations
 
 import difflib
-import fnmatch
 import re
 import tomllib
 import types
@@ -430,17 +429,11 @@ class Config(Strict):
 
 
 def matches_any(path: str, globs: list[str]) -> bool:
-    """Glob match where '**' spans directories and a bare directory covers its files."""
-    for glob in globs:
-        if fnmatch.fnmatchcase(path, glob):
-            return True
-        if glob.endswith("/**") and path.startswith(glob[:-2]):
-            return True
-        if glob.endswith("/") and path.startswith(glob):
-            return True
-        if "**/" in glob and fnmatch.fnmatchcase(path, glob.replace("**/", "")):
-            return True
-    return False
+    """Glob match one path segment at a time ('*' never spans '/', '**' does); a bare
+    directory covers its files. The rules live in ratchet.paths."""
+    from ratchet.paths import matches_any as segment_match
+
+    return segment_match(path, globs)
 
 
 # ---------------------------------------------------------------------------------------

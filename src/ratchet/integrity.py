@@ -15,10 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ratchet import gitrepo
-from ratchet.config import CONFIG_FILE, Config, matches_any
+from ratchet.config import CONFIG_FILE, Config
 from ratchet.errors import UserError
 from ratchet.jobspec import PinnedFile
 from ratchet.ledger import INCUMBENT_KEYS, Incumbent, Ledger, Status
+from ratchet.paths import protected_by
 
 
 class IntegrityError(UserError):
@@ -69,7 +70,7 @@ def pin_protected(repo: Path, config: Config, commit: str) -> dict[str, dict]:
     for entry in listing.split("\0"):
         meta, _, path = entry.partition("\t")
         fields = meta.split()
-        if path and len(fields) == 3 and fields[1] == "blob" and matches_any(path, globs):
+        if path and len(fields) == 3 and fields[1] == "blob" and protected_by(path, globs):
             matched.append((path, fields[0], fields[2]))
     contents = gitrepo.blobs(repo, [blob for *_, blob in matched])
     pins: dict[str, dict] = {}

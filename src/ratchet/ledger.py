@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ratchet import sanitize
 from ratchet.vocab import Kind, Status
 
 # the vocabulary lives in ratchet.vocab (stdlib only, importable from every side)
@@ -84,6 +85,7 @@ OPEN = (Status.PROPOSED, Status.COMMITTED, Status.SUBMITTED, Status.INTERRUPTED,
 VERDICTS = (Status.KEEP, Status.DISCARD, Status.CRASH, Status.REJECTED, Status.CANCELLED,
             Status.REFERENCE)
 JSON_COLUMNS = ("params", "samples", "extra", "phases", "result")
+UNTRUSTED_TEXT = ("description", "reasons")  # sanitised on the way in and out
 
 # Schema migrations, in order: MIGRATIONS[i] takes a ledger from user_version i to i + 1.
 # A ledger written by an older ratchet is brought up to date when it is opened (the
@@ -421,13 +423,23 @@ def _to_row(cand: Candidate) -> dict[str, Any]:
 
 def _to_row_partial(fields: dict[str, Any]) -> dict[str, Any]:
     return {
-        k: (json.dumps(v, default=str) if k in JSON_COLUMNS and v is not None else v)
+        k: (json.dumps(v, default=str) if k in JSON_COLUMNS and v is not None
+            else _clean(k, v))
         for k, v in fields.items()
     }
 
 
+def _clean(key: str, value: Any) -> Any:
+    """Words a proposer or a candidate wrote lose escapes and control characters on the
+    way in and out (a row written behind the driver's back included): what the terminal,
+    results.tsv, the report and prompts show comes from here."""
+    if not isinstance(value, str) or key not in UNTRUSTED_TEXT:
+        return value
+    return sanitize.line(value) if key == "description" else sanitize.text(value)
+
+
 def _from_row(row: sqlite3.Row) -> Candidate:
-    data = dict(row)
+    data = {k: _clean(k, v) for k, v in dict(row).items()}
     for key in JSON_COLUMNS:
         if data.get(key) is not None:
             data[key] = json.loads(data[key])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 import time
@@ -25,9 +26,11 @@ prompt = pathlib.Path(prompt_file).read_text()
 attempt = int(re.search(r"attempt (\d+) of", prompt).group(1))
 print("secret visible:", "SECRET_NOT_PASSED" in os.environ, "key:", os.environ.get("AGENT_KEY"))
 if mode == "hang":
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
-                             start_new_session=True)  # escapes the process group
-    pathlib.Path(sys.argv[3]).write_text(str(child.pid))
+    token = sys.argv[3]  # a double fork: the daemon leaves the agent's session and parent
+    if os.fork() == 0:
+        os.setsid()
+        subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(300)  # {token}"])
+        os._exit(0)
     time.sleep(300)
 if mode == "fail":
     print("something went wrong")
@@ -70,7 +73,7 @@ def agent_env(monkeypatch):
     monkeypatch.setenv("SECRET_NOT_PASSED", "x")
 
 
-def test_agents_in_parallel_worktrees_through_a_study(tmp_path, fake_agent):
+def test_agents_in_parallel_private_copies_through_a_study(tmp_path, fake_agent):
     repo = make_repo(tmp_path / "r", "agent", agent_toml(fake_agent, "edit"), parallel=3)
     study = Study(repo, backend="local")
     try:
@@ -86,9 +89,11 @@ def test_agents_in_parallel_worktrees_through_a_study(tmp_path, fake_agent):
     log = Path(good.params["agent"]["log"]).read_text()
     assert "secret visible: False key: key-123" in log  # scrubbed env, named keys only
     prompt = Path(good.context_path).read_text()
-    assert "VALUE = 10" in prompt and "DESCRIPTION:" in prompt and "git worktree" in prompt
-    assert not any((repo / ".ratchet" / "worktrees").iterdir())
-    assert git(repo, "worktree", "list").count("\n") == 0  # only the main checkout
+    assert "VALUE = 10" in prompt and "DESCRIPTION:" in prompt
+    copy = re.search(r"private copy of the repository \((.+?)\)", prompt).group(1)
+    assert not Path(copy).is_relative_to(repo)  # outside the user's repository
+    assert not Path(copy).exists()  # thrown away once read back
+    assert git(repo, "worktree", "list").count("\n") == 0  # no worktree of the user's repo
 
 
 def test_protected_edit_rejected_and_no_change(tmp_path, fake_agent):
@@ -106,26 +111,28 @@ def test_protected_edit_rejected_and_no_change(tmp_path, fake_agent):
 
 
 def test_a_hanging_agent_is_killed_with_its_tree(tmp_path, fake_agent):
-    pid_file = tmp_path / "child.pid"
+    token = f"ratchet-daemon-{os.getpid()}-{time.monotonic_ns()}"
     repo = make_repo(tmp_path / "r", "agent", agent_toml(fake_agent, "hang", timeout="1.5s"))
     config = load_config(repo)
-    config.agent["command"].append(str(pid_file))
+    config.agent["command"].append(token)
     proposer = AgentProposer(config, [])
     start = time.monotonic()
     [proposal] = proposer.propose(1, context_for(repo))
     assert time.monotonic() - start < 15
     assert proposal.error and "timed out after 1.5s" in proposal.error
-    child = int(pid_file.read_text())
+
+    def daemons() -> list[psutil.Process]:
+        found = []
+        for proc in psutil.process_iter(["cmdline", "status"]):
+            if token in " ".join(proc.info["cmdline"] or []) and \
+                    proc.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        return found
+
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(child).status() == psutil.STATUS_ZOMBIE:
-                break
-        except psutil.NoSuchProcess:
-            break
+    while daemons() and time.monotonic() < deadline:
         time.sleep(0.05)
-    else:
-        pytest.fail("the agent's detached child survived the timeout")
+    assert not daemons(), "the agent's double-forked daemon survived the timeout"
 
 
 def test_failing_agent_and_config_errors(tmp_path, fake_agent, monkeypatch):
@@ -164,5 +171,5 @@ print("Done.\\nDESCRIPTION: claude sets VALUE to 1")
     [proposal] = AgentProposer(load_config(repo), []).propose(1, context_for(repo))
     assert proposal.error is None, proposal.error
     assert proposal.description == "claude sets VALUE to 1"
-    diff = git(repo, "diff", git(repo, "rev-parse", "HEAD"), proposal.commit)
-    assert "+VALUE = 1" in diff
+    assert list(proposal.files) == ["solution.py"]  # read back from the agent's copy
+    assert b"\nVALUE = 1\n" in proposal.files["solution.py"]

@@ -1,11 +1,18 @@
-"""`proposer = "agent"`: a coding-agent CLI edits the code in its own git worktree.
+"""`proposer = "agent"`: a coding-agent CLI edits a throwaway copy of the incumbent.
 
-K agents run at once, each non-interactively in `.ratchet/worktrees/<round>-<i>` (detached
-at the incumbent) with the shared context (context.py) as its prompt, a scrubbed
-environment (only the variables `[agent] env` names, plus PATH/HOME/locale), and a
-timeout that kills the agent's whole process tree. Whatever it changed is committed in
-the worktree and becomes the candidate; the study's scope check rejects changes outside
-`task.editable` as for any candidate. The worktree is removed afterwards.
+K agents run at once, each non-interactively in its own private directory outside the
+repository (proposers/scratch.py: the incumbent's files and a git of its own), inside the
+study's sandbox (only that directory writable; the user's checkout, `.git`, `.ratchet/`,
+the hold-out data and the driver's processes out of sight), with the shared context
+(context.py) as its prompt, a scrubbed environment (only the variables `[agent] env`
+names, plus PATH/HOME/locale), and a timeout after which its whole process tree, daemons
+included, is killed. Only the editable files it changed come back, as new file contents,
+through the same path an LLM's edits take; its tool and cache files never do.
+
+Where no sandbox works on this machine an agent does not start, unless the user says so
+(`unsandboxed = true`); `ratchet status` and the report then say the agent runs
+unsandboxed, and its proposals are never made while candidates run (so tampering in a
+round is blamed on the round's candidates alone, and an agent's on its own proposals).
 
     [agent]
     preset = "claude"                 # claude | codex | aider
@@ -34,13 +41,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ratchet import gitrepo
+from ratchet import gitrepo, sandbox, sanitize
 from ratchet.candidate import Proposal
-from ratchet.config import Config, Duration
+from ratchet.config import CONFIG_FILE, Config, Duration
 from ratchet.ledger import Candidate
 from ratchet.procs import CappedLog, kill_group, kill_tree
-from ratchet.proposers import ProposalContext, Proposer, ProposerError
-from ratchet.proposers.agent_clis import JUNK, PRESETS, failure_reason
+from ratchet.proposers import ProposalContext, Proposer, ProposerError, scratch
+from ratchet.proposers.agent_clis import PRESETS, failure_reason
 from ratchet.proposers.context import (
     build_context,
     context_settings,
@@ -62,11 +69,11 @@ AGENT_INSTRUCTIONS = """\
 
 {hypothesis}
 
-You are in a git worktree of the repository ({worktree}), detached at the incumbent. \
-Implement ONE focused change by editing the editable files in place. You may read any \
-file and run quick checks, but do not edit protected files, do not commit, and do not \
-move HEAD: ratchet commits and evaluates your change. When you are done, print one final \
-line:
+You are in a private copy of the repository ({worktree}) with a git repository of its \
+own, at the incumbent. Implement ONE focused change by editing the editable files in \
+place. You may read any file and run quick checks, but do not edit protected files and \
+do not commit: ratchet reads the editable files back from this copy when you end, and \
+evaluates them. When you are done, print one final line:
 
 DESCRIPTION: <what this change tries and why it should help>
 """
@@ -81,6 +88,9 @@ class AgentSettings(BaseModel):
     history: int | None = Field(default=None, ge=0)
     token_budget: int | None = Field(default=None, ge=500)
     log_limit_mb: float = Field(default=4.0, gt=0)
+    # run agents with the driver's own rights where no sandbox works (shown by `status`
+    # and the report); without it such a machine refuses to start agents
+    unsandboxed: bool = False
 
     @model_validator(mode="after")
     def _one_command(self) -> AgentSettings:
@@ -119,7 +129,9 @@ class AgentProposer(Proposer):
         self.env = self._environment()
         if shutil.which(argv[0], path=self.env.get("PATH")) is None:
             raise ProposerError(f"agent: command {argv[0]!r} not found on PATH")
-        self._git_lock = threading.Lock()  # worktree add/remove touch shared admin files
+        self.level = agent_sandbox_level(config, self.settings)
+        self._live: set[Path] = set()  # every agent's private copy, hidden from the others
+        self._live_lock = threading.Lock()
 
     def _environment(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
@@ -144,53 +156,97 @@ class AgentProposer(Proposer):
             ]
             return [f.result() for f in futures]
 
+    @property
+    def unsandboxed(self) -> bool:
+        return self.level == sandbox.NONE
+
     def _one(self, ctx: ProposalContext, i: int, k: int, idea: str | None, angle: str,
              shared: str, files: list[str]) -> Proposal:
         name = f"{ctx.round}-{i}"
-        worktree = ctx.state_dir / "worktrees" / name
-        work_dir = ctx.state_dir / "agents" / name
+        work_dir = ctx.state_dir / "agents" / name  # the driver's record: prompt and log
         work_dir.mkdir(parents=True, exist_ok=True)
-        prompt = shared + "\n" + AGENT_INSTRUCTIONS.format(
-            hypothesis=hypothesis_text(idea, angle, i, k), worktree=worktree)
-        prompt_file = work_dir / "prompt.md"
-        prompt_file.write_text(prompt)
         fallback = f"idea: {idea}" if idea else f"agent: {angle}"
-        argv = self._argv(prompt, prompt_file, worktree, files)
-        if isinstance(argv, str):
-            return Proposal(description=fallback, idea=idea, context=prompt, error=argv)
-        self._fresh_worktree(ctx.repo, worktree, ctx.incumbent)
         try:
-            env = {**self.env, "RATCHET_WORKTREE": str(worktree),
-                   "RATCHET_PROMPT_FILE": str(prompt_file)}
-            code, timed_out, output, seconds = run_agent(
-                argv, worktree, env, work_dir / "agent.log", self.settings.timeout,
-                int(self.settings.log_limit_mb * (1 << 20)))
-            params = {"agent": {"command": argv[0], "exit_code": code,
-                                "seconds": round(seconds, 2), "log": str(work_dir / "agent.log"),
-                                "hypothesis": idea or angle}}
-            found = _DESCRIPTION.findall(output)
-            description = found[-1].strip().strip("`") if found else fallback
-            base = Proposal(description=description, idea=idea, context=prompt, params=params)
-            if timed_out:
-                base.error = (f"agent timed out after {self.settings.timeout:g}s; its process "
-                              "tree was killed")
-                return base
-            if code != 0:
-                why = failure_reason(output)  # the CLI's own error line, not its usage text
-                base.error = f"agent exited with code {code}" + (f": {why}" if why else "")
-                return base
-            _remove_junk(worktree)
-            gitrepo.commit_worktree(worktree, f"agent: {description}")
-            head = gitrepo.rev_parse(worktree, "HEAD")
-            if head == ctx.incumbent:
-                base.error = "agent made no change"
-                return base
-            base.commit = head
-            return base
+            copy = scratch.make(ctx.repo, ctx.incumbent, name)
+        except scratch.ScratchError as exc:
+            raise ProposerError(f"agent: {exc}; free space there (or set TMPDIR) and run "
+                                "again") from None
+        with self._live_lock:
+            self._live.add(copy.root)
+        try:
+            prompt = shared + "\n" + AGENT_INSTRUCTIONS.format(
+                hypothesis=hypothesis_text(idea, angle, i, k), worktree=copy.tree)
+            prompt_file = copy.root / "prompt.md"  # inside the sandbox's view
+            prompt_file.write_text(prompt)
+            (work_dir / "prompt.md").write_text(prompt)
+            argv = self._argv(prompt, prompt_file, copy.tree, files)
+            if isinstance(argv, str):
+                return Proposal(description=fallback, idea=idea, context=prompt, error=argv)
+            return self._run_in(copy, ctx, argv, prompt, prompt_file, work_dir, idea, angle,
+                                fallback)
         finally:
-            with self._git_lock:
-                gitrepo.remove_worktree(ctx.repo, worktree)
-            shutil.rmtree(worktree, ignore_errors=True)
+            with self._live_lock:
+                self._live.discard(copy.root)
+            copy.remove()
+
+    def _run_in(self, copy: scratch.Scratch, ctx: ProposalContext, argv: list[str],
+                prompt: str, prompt_file: Path, work_dir: Path, idea: str | None, angle: str,
+                fallback: str) -> Proposal:
+        env = {**self.env, "RATCHET_WORKTREE": str(copy.tree),
+               "RATCHET_PROMPT_FILE": str(prompt_file)}
+        with self._live_lock:
+            others = [p for p in self._live if p != copy.root]
+        jailed = self._jail(argv, copy, ctx, others)
+        code, timed_out, output, seconds = run_agent(
+            jailed, copy.tree, env, work_dir / "agent.log", self.settings.timeout,
+            int(self.settings.log_limit_mb * (1 << 20)))
+        params = {"agent": {"command": argv[0], "exit_code": code,
+                            "seconds": round(seconds, 2), "log": str(work_dir / "agent.log"),
+                            "hypothesis": idea or angle, "sandbox": str(self.level)}}
+        found = _DESCRIPTION.findall(output)
+        description = sanitize.line(found[-1].strip().strip("`"), 200) if found else fallback
+        base = Proposal(description=description, idea=idea, context=prompt, params=params)
+        if timed_out:
+            base.error = (f"agent timed out after {self.settings.timeout:g}s; its process "
+                          "tree was killed")
+            return base
+        if code != 0:
+            why = sanitize.line(failure_reason(output))  # the CLI's error line, not usage
+            base.error = f"agent exited with code {code}" + (f": {why}" if why else "")
+            return base
+        protected = [*ctx.config.task.protected, CONFIG_FILE]
+        try:
+            got = scratch.harvest(ctx.repo, ctx.incumbent, copy.tree,
+                                  ctx.config.task.editable, protected)
+        except OSError as exc:
+            raise ProposerError(f"agent: cannot read back the agent's copy: {exc}") from None
+        if got.ignored:
+            params["agent"]["ignored"] = got.ignored  # changed, not editable: not taken
+        if got.problems:
+            base.error = "; ".join(dict.fromkeys(got.problems))
+            return base
+        if not got.files:
+            base.error = "agent made no change"
+            return base
+        base.files = got.files
+        return base
+
+    def _jail(self, argv: list[str], copy: scratch.Scratch, ctx: ProposalContext,
+              others: list[Path]) -> list[str]:
+        """The agent's command line inside the sandbox: only its copy writable; the user's
+        checkout (with .git and .ratchet), the hold-out data and the other agents' copies
+        out of sight; the network open for its model."""
+        if self.level == sandbox.NONE:
+            return argv
+        hidden = [str(ctx.repo), *(str(p) for p in others)]
+        common = _git_common_dir(ctx.repo)
+        if common is not None and not common.is_relative_to(ctx.repo):
+            hidden.append(str(common))
+        holdout = ctx.config.task.holdout_data
+        if holdout:
+            path = Path(holdout)
+            hidden.append(str(path if path.is_absolute() else ctx.repo / path))
+        return sandbox.wrap(self.level, argv, writable=[copy.root], hidden=hidden)
 
     def _argv(self, prompt: str, prompt_file: Path, worktree: Path,
               files: list[str]) -> list[str] | str:
@@ -206,14 +262,6 @@ class AgentProposer(Proposer):
                         .replace("{worktree}", str(worktree))
                         .replace("{prompt}", prompt))
         return argv
-
-    def _fresh_worktree(self, repo: Path, worktree: Path, commit: str) -> None:
-        with self._git_lock:
-            if worktree.exists():  # left over by a killed driver
-                gitrepo.remove_worktree(repo, worktree)
-                shutil.rmtree(worktree, ignore_errors=True)
-            worktree.parent.mkdir(parents=True, exist_ok=True)
-            gitrepo.add_worktree(repo, worktree, commit)
 
 
 def run_agent(argv: list[str], cwd: Path, env: dict[str, str], log_path: Path,
@@ -253,12 +301,26 @@ def run_agent(argv: list[str], cwd: Path, env: dict[str, str], log_path: Path,
     return code, timed_out, log.text(), time.monotonic() - start
 
 
-def _remove_junk(worktree: Path) -> None:
-    """Caches and tool state an agent leaves behind are not part of its change."""
-    out = gitrepo.git_bytes(worktree, "ls-files", "--others", "--exclude-standard", "-z")
-    for path in out.decode("utf-8", "replace").split("\0"):
-        if path and JUNK.search(path):
-            target = worktree / path
-            with contextlib.suppress(OSError):
-                target.unlink()
-            # an emptied __pycache__ directory is invisible to git; leave it
+def _git_common_dir(repo: Path) -> Path | None:
+    try:
+        out = gitrepo.git(repo, "rev-parse", "--path-format=absolute", "--git-common-dir")
+    except gitrepo.GitError:
+        return None
+    return Path(out) if out else None
+
+
+def agent_sandbox_level(config: Config, settings: AgentSettings) -> str:
+    """The sandbox agents run in here; refuses (ProposerError) where none works unless
+    `[agent] unsandboxed = true`."""
+    try:
+        level = sandbox.choose(config.backend.sandbox)
+    except RuntimeError as exc:
+        raise ProposerError(f"agent: {exc}; install bubblewrap or set backend.sandbox = "
+                            "\"auto\"") from None
+    if level == sandbox.NONE and not settings.unsandboxed:
+        raise ProposerError(
+            "agent: no sandbox works here (neither bubblewrap nor a PID namespace), so a "
+            "coding agent would run with your rights, next to your repository; install "
+            "bubblewrap (apt-get install bubblewrap), or set unsandboxed = true in [agent] "
+            "to accept that (status and the report will say so)")
+    return level

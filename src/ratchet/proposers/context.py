@@ -27,9 +27,10 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ratchet import gitrepo
+from ratchet import gitrepo, sanitize
 from ratchet.config import CONFIG_FILE, Config, matches_any, misspelling
 from ratchet.ledger import Candidate
+from ratchet.paths import protected_by
 from ratchet.proposers import ProposalContext, ProposerError
 
 CHARS_PER_TOKEN = 4
@@ -117,7 +118,7 @@ def editable_files(repo: Path, commit: str, config: Config) -> dict[str, str]:
     protected = [*config.task.protected, CONFIG_FILE]
     files = {}
     for path in listing:
-        if path and matches_any(path, config.task.editable) and not matches_any(path, protected):
+        if path and matches_any(path, config.task.editable) and not protected_by(path, protected):
             try:
                 files[path] = gitrepo.show(repo, commit, path).decode("utf-8")
             except UnicodeDecodeError:
@@ -216,20 +217,27 @@ def error_tail(cand: Candidate) -> str:
 
 
 def history_entry(cand: Candidate, ctx: ProposalContext) -> str:
+    """One judged experiment. What a proposer or a candidate wrote (its description, the
+    reasons quoting its output, its log tail) is fenced as untrusted data: a line such as
+    IGNORE PREVIOUS INSTRUCTIONS in a candidate's stderr is quoted, never obeyed."""
     metric = ctx.config.metric
     value = "" if cand.metric is None else f" {metric.name}={cand.metric:.6g}"
     line = (f"- {cand.id} (round {cand.round}) [{cand.status}]{value}"
-            f"{_delta(cand.metric, ctx.incumbent_metric, metric.goal)}: "
-            f"{cand.description or cand.kind}")
+            f"{_delta(cand.metric, ctx.incumbent_metric, metric.goal)}")
+    said = []
+    if cand.description:
+        said.append(f"description: {sanitize.line(cand.description, 300)}")
     if cand.idea:
-        line += f" (idea: {cand.idea})"
+        said.append(f"idea: {sanitize.line(cand.idea, 300)}")
     if cand.reasons:
-        line += f"\n  reasons: {cand.reasons.strip()[:500]}"
+        said.append(f"reasons: {sanitize.text(cand.reasons.strip()[:500])}")
     if cand.status in ("crash", "rejected"):
         tail = error_tail(cand)
         if tail:
-            line += "\n" + "\n".join("    " + x for x in tail.splitlines())
-    return line
+            said.append(f"log tail:\n{tail}")
+    if not said:
+        return f"{line}: {cand.kind}"
+    return line + "\n" + sanitize.untrusted(f"record of {cand.id}", "\n".join(said))
 
 
 def warm_context(settings: ContextSettings) -> None:
@@ -306,7 +314,7 @@ def build_context(ctx: ProposalContext, settings: ContextSettings,
     ideas = []
     if ctx.ideas:
         ideas = ["## Pending ideas from people (untried)", ""]
-        ideas += [f"- {idea}" for idea in ctx.ideas] + [""]
+        ideas += [f"- {sanitize.line(idea, 500)}" for idea in ctx.ideas] + [""]
 
     fixed = len("\n".join(head + code + ideas))
     room = budget - fixed

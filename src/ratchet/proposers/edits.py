@@ -28,8 +28,8 @@ import difflib
 import re
 from dataclasses import dataclass, field
 
-from ratchet.config import matches_any
 from ratchet.errors import RatchetError
+from ratchet.paths import matches_any, protected_by, unsafe
 
 SEARCH, DIVIDER, REPLACE = "<<<<<<< SEARCH", "=======", ">>>>>>> REPLACE"
 FILE_START, FILE_END = "<<<<<<< FILE", ">>>>>>> FILE"
@@ -190,7 +190,12 @@ def apply_edits(
     fallbacks = 0
     for index, edit in enumerate(edits, start=1):
         path = edit.path
-        if matches_any(path, protected):
+        why = unsafe(path)
+        if why:
+            failures.append(EditFailure(index, repr(path)[1:-1], f"{why}; name a file of the "
+                                        "repository by its relative path"))
+            continue
+        if protected_by(path, protected):
             failures.append(EditFailure(index, path, "is a protected file; it may not change"))
             continue
         if not matches_any(path, editable):

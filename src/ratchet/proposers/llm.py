@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ratchet.candidate import Proposal
 from ratchet.config import CONFIG_FILE, Config, Duration
 from ratchet.ledger import Candidate
-from ratchet.proposers import ProposalContext, Proposer, ProposerError
+from ratchet.proposers import ProposalContext, Proposer, ProposerError, bounded_http
 from ratchet.proposers.context import (
     build_context,
     context_settings,
@@ -107,7 +107,8 @@ class ModelSpec(BaseModel):
 class LLMSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     models: list[ModelSpec] = Field(min_length=1)
-    timeout: Duration = 120.0  # one request, seconds
+    timeout: Duration = 120.0  # one request, seconds: per read AND in total
+    max_reply_mb: float = Field(default=4.0, gt=0)  # a longer reply fails its proposal
     max_retries: int = Field(default=2, ge=0)  # the SDK's own quick retries
     retries: int = Field(default=5, ge=0)  # ours, with backoff, after the SDK gives up
     backoff: Duration = 2.0
@@ -125,6 +126,11 @@ class Reply:
     text: str
     input_tokens: int
     output_tokens: int
+    error: str | None = None  # a reply that arrived but cannot be used (too large)
+
+
+class _Unusable(Exception):
+    """This request's reply cannot be used; its proposal fails, the round goes on."""
 
 
 @dataclass
@@ -176,8 +182,11 @@ class LLMProposer(Proposer):
             if i in self._clients:
                 return self._clients[i]
             spec, key = self.settings.models[i], self.keys[i]
-            kwargs: dict[str, Any] = dict(api_key=key, timeout=self.settings.timeout,
-                                          max_retries=self.settings.max_retries)
+            timeout = self.settings.timeout
+            kwargs: dict[str, Any] = dict(
+                api_key=key, timeout=timeout, max_retries=self.settings.max_retries,
+                http_client=bounded_http.client(int(self.settings.max_reply_mb * (1 << 20)),
+                                                deadline_s=timeout, timeout=timeout))
             if spec.base_url:
                 kwargs["base_url"] = spec.base_url
             if spec.provider == "openai":
@@ -236,20 +245,31 @@ class LLMProposer(Proposer):
 
         def ask() -> str:
             reply = self.complete(attempt.spec_index, system, messages)
+            if reply.error:
+                raise _Unusable(reply.error)
             usage["input_tokens"] += reply.input_tokens
             usage["output_tokens"] += reply.output_tokens
             usage["calls"] += 1
             messages.append({"role": "assistant", "content": reply.text})
             return reply.text
 
-        text = ask()
-        outcome = self._edits(text, files, ctx)
         repaired = False
+        try:
+            text = ask()
+        except _Unusable as exc:
+            return Proposal(description=_fallback_description(attempt, spec), idea=attempt.idea,
+                            params={"llm": {"provider": spec.provider, "model": spec.model,
+                                            **usage}},
+                            context=_transcript(system, messages[:1]), error=str(exc))
+        outcome = self._edits(text, files, ctx)
         if isinstance(outcome, str) and self.settings.repair:
             first_failure = outcome
             messages.append({"role": "user", "content": _repair_message(outcome)})
-            text = ask()
-            outcome = self._edits(text, files, ctx)
+            try:
+                text = ask()
+                outcome = self._edits(text, files, ctx)
+            except _Unusable as exc:
+                outcome = str(exc)
             repaired = True
             if isinstance(outcome, str):
                 outcome = (f"edits did not apply, even after one repair: {outcome} "
@@ -303,6 +323,10 @@ class LLMProposer(Proposer):
             try:
                 return self._call(spec_index, system, messages)
             except Exception as exc:  # classified below; unknown errors are not retried
+                big = bounded_http.too_large(exc)
+                if big is not None:  # the same request would fetch the same reply
+                    return Reply("", 0, 0, error=f"{spec.label}: {big}; the reply is not used "
+                                 "(llm.max_reply_mb)")
                 retryable, why, wait = _classify(exc)
                 if not retryable:
                     raise ProposerError(f"llm: {spec.label}: {why}") from None
@@ -391,7 +415,23 @@ def _classify(exc: Exception) -> tuple[bool, str, float | None]:
         return status in RETRYABLE_STATUS, f"HTTP {status} ({name}): {message}", wait
     if "Timeout" in name or "Connection" in name:
         return True, f"{name}: {_one_line(str(exc))[:300]}", None
+    if _malformed(exc):  # a cut or garbled body: the next try may get a whole one
+        return True, f"malformed reply ({name}): {_one_line(str(exc))[:200]}", None
     return False, f"{name}: {_one_line(str(exc))[:300]}", None
+
+
+def _malformed(exc: BaseException) -> bool:
+    """A reply the SDK could not decode (invalid JSON, or a body without the fields a
+    reply has), behind however many wrappers."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, (ValueError, KeyError, TypeError, AttributeError, IndexError)) or (
+                "Validation" in type(seen).__name__ or "Decode" in type(seen).__name__):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _cost_of(cand: Candidate) -> float:
