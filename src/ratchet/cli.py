@@ -402,7 +402,6 @@ def wait(
 ) -> None:
     """Wait for candidates, judge them like the loop does, promote the best improving one."""
     with open_study(repo) as study:
-        study.lock.share()  # waiting shares the study with a running loop
         results = study.wait_ids(ids)
         metric = study.config.metric.name
         for cand in results:

@@ -27,8 +27,15 @@ class IntegrityError(UserError):
 
 
 # study state in the ledger a candidate must never change
-# (the incumbent record's keys come from the record itself: none can be left out)
-TRUSTED_META = (*INCUMBENT_KEYS.values(), "pinned", "pins", "round", "data_digest")
+# (the incumbent record's keys come from the record itself: none can be left out; and
+# every `incumbent*` key the ledger holds: see Guard.trusted_keys)
+TRUSTED_META = (*INCUMBENT_KEYS.values(), "pinned", "pins", "round", "data_digest", "config")
+# what identifies a recorded candidate: none of it changes once the row is written
+ROW_FIELDS = ("kind", "commit_sha", "parent", "round", "proposer")
+
+
+def row_key(cand) -> tuple:
+    return tuple(getattr(cand, name) for name in ROW_FIELDS)
 
 
 def committed_config(repo: Path, head: str) -> str:
@@ -86,9 +93,10 @@ class Guard:
     """The study's trusted state: the incumbent, its branch, refs, verdicts, results.tsv."""
 
     def __init__(self, repo: Path, ledger: Ledger, study: str, branch: str,
-                 log: Callable[[str], None]) -> None:
+                 log: Callable[[str], None], config: Config | None = None) -> None:
         self.repo, self.ledger, self.study, self.branch, self.log = (
             repo, ledger, study, branch, log)
+        self.config = config  # for checking a `ratchet submit` made while a round runs
 
     def legit_commits(self) -> set[str]:
         """Commits the incumbent may be: judged `keep`, or the start."""
@@ -155,15 +163,23 @@ class Guard:
                           f"refs/ratchet/{self.study}/", self.branch)
         tsv = self.repo / "results.tsv"
         return {
-            "meta": {key: self.ledger.get(key) for key in TRUSTED_META},
+            "meta": {key: self.ledger.get(key) for key in self.trusted_keys()},
             "refs": dict(line.split() for line in out.splitlines() if line.strip()),
             "tsv": tsv.read_bytes() if tsv.exists() else None,
             "verdicts": self.ledger.verdicts(),
+            "rows": {c.id: row_key(c) for c in self.ledger.candidates()},
         }
+
+    def trusted_keys(self) -> list[str]:
+        """TRUSTED_META and every `incumbent*` key the ledger holds."""
+        keys = [row[0] for row in self.ledger.db.execute("SELECT key FROM meta")]
+        return list(dict.fromkeys([*TRUSTED_META, *(k for k in keys
+                                                    if k.startswith("incumbent"))]))
 
     def expect(self, before: dict, *, meta: dict | None = None,
                refs: dict[str, str] | None = None,
-               verdicts: dict[str, tuple] | None = None) -> dict:
+               verdicts: dict[str, tuple] | None = None,
+               rows: dict[str, tuple] | None = None) -> dict:
         """`before` plus the driver's own writes since: what `check` must then find.
 
         Rolling search writes while candidates run; checking against this (rather than
@@ -173,10 +189,12 @@ class Guard:
         tsv = self.repo / "results.tsv"
         return {
             "meta": {**before["meta"],
-                     **{k: v for k, v in (meta or {}).items() if k in TRUSTED_META}},
+                     **{k: v for k, v in (meta or {}).items()
+                        if k in TRUSTED_META or k.startswith("incumbent")}},
             "refs": {**before["refs"], **(refs or {})},
             "tsv": tsv.read_bytes() if tsv.exists() else None,
             "verdicts": {**before["verdicts"], **(verdicts or {})},
+            "rows": {**before.get("rows", {}), **(rows or {})},
         }
 
     def check(self, before: dict, ids: list[str]) -> bool:
@@ -184,12 +202,20 @@ class Guard:
         that ran meanwhile) if anything changed. True when tampering was found.
 
         Rolling search snapshots again after each of the driver's own changes, so a
-        window is always "since the driver last wrote".
+        window is always "since the driver last wrote". A `ratchet submit` made meanwhile
+        (a new row by the `submit` proposer whose ref names its commit and whose change
+        is in scope) is a person's legitimate act, never tampering.
         """
         after = self.snapshot()
+        submitted = self._submissions(before, after)
+        for cand_id, ref in submitted.items():
+            after["rows"].pop(cand_id, None)
+            after["refs"].pop(ref, None)
+            after["verdicts"].pop(cand_id, None)
         problems = []
         if after["meta"] != before["meta"]:
-            changed = [k for k in TRUSTED_META if after["meta"][k] != before["meta"][k]]
+            keys = list(dict.fromkeys([*before["meta"], *after["meta"]]))
+            changed = [k for k in keys if after["meta"].get(k) != before["meta"].get(k)]
             problems.append(f"study state in the ledger changed ({', '.join(changed)})")
             self.ledger.set(**before["meta"])
         if after["refs"] != before["refs"]:
@@ -200,6 +226,24 @@ class Guard:
             for ref in after["refs"]:
                 if ref not in before["refs"]:
                     gitrepo.git(self.repo, "update-ref", "-d", ref)
+        rows_before = before.get("rows", {})
+        changed_rows = [i for i, key in rows_before.items() if after["rows"].get(i) != key]
+        if changed_rows:
+            problems.append(f"recorded candidates were rewritten ({', '.join(changed_rows)}: "
+                            "commit, parent or kind)")
+            for cand_id in changed_rows:
+                if after["rows"].get(cand_id) is not None:
+                    self.ledger.update(cand_id, **dict(zip(ROW_FIELDS, rows_before[cand_id],
+                                                           strict=True)))
+        forged = [i for i in after["rows"] if i not in rows_before]
+        if forged:
+            problems.append(f"candidates were added behind the driver's back "
+                            f"({', '.join(forged)})")
+            for cand_id in forged:  # never run, never kept
+                self.ledger.update(cand_id, "judged:rejected", status="rejected",
+                                   reasons="tampering: recorded behind the driver's back",
+                                   judged_at=time.time())
+                after["verdicts"].pop(cand_id, None)
         if after["verdicts"] != before["verdicts"]:
             problems.append("earlier verdicts in the ledger were changed")
             for cand_id, (status, metric) in before["verdicts"].items():
@@ -217,3 +261,41 @@ class Guard:
                 self.ledger.update(cand_id, "judged:rejected", status="rejected",
                                    reasons=reason, judged_at=time.time())
         return True
+
+    def _submissions(self, before: dict, after: dict) -> dict[str, str]:
+        """New rows made by `ratchet submit` meanwhile: {id: its ref}. Each is checked as
+        its own submission would be: its ref names its commit, its change is in scope."""
+        from ratchet.candidate import scope_violations, study_ref
+
+        found = {}
+        for cand_id, key in after["rows"].items():
+            if cand_id in before.get("rows", {}):
+                continue
+            fields = dict(zip(ROW_FIELDS, key, strict=True))
+            if fields["proposer"] != "submit" or fields["kind"] != "candidate":
+                continue
+            ref = study_ref(self.study, cand_id)
+            commit, parent = fields["commit_sha"], fields["parent"]
+            if not commit or after["refs"].get(ref) != commit or ref in before["refs"]:
+                continue
+            try:
+                if scope_violations(self.repo, self.config, parent, commit):
+                    continue
+            except gitrepo.GitError:
+                continue
+            found[cand_id] = ref
+        return found
+
+    def mismatched(self, cands: list) -> list[str]:
+        """Candidates whose ledger commit is not the commit their ref names: what would be
+        judged is not what was proposed. The judge must not judge them."""
+        from ratchet.candidate import study_ref
+
+        bad = []
+        for cand in cands:
+            if cand.kind != "candidate" or not cand.commit_sha:
+                continue
+            if gitrepo.try_rev_parse(self.repo, study_ref(self.study, cand.id)) != \
+                    cand.commit_sha:
+                bad.append(cand.id)
+        return bad

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -28,9 +29,11 @@ class StudyLock:
         while `ratchet run` runs): `acquire` then takes nothing."""
         self.shared = True
 
-    def acquire(self) -> None:
-        if self.shared:
-            return
+    def acquire(self, on_wait: Callable[[str], None] | None = None) -> None:
+        """Take the lock, or raise StudyLocked; with `on_wait`, tell it who holds the lock
+        and wait for it instead (`ratchet wait` during a `ratchet run`)."""
+        if self.shared or self.fh is not None:
+            return  # shared with the driver that holds it, or held already by this one
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fh = open(self.path, "a+")  # noqa: SIM115
         try:
@@ -38,10 +41,13 @@ class StudyLock:
         except BlockingIOError:
             fh.seek(0)
             holder = fh.read().strip() or "another process"
-            fh.close()
-            raise StudyLocked(
-                f"study is locked by {holder}; wait for it to finish or stop it (Ctrl-C)"
-            ) from None
+            if on_wait is None:
+                fh.close()
+                raise StudyLocked(
+                    f"study is locked by {holder}; wait for it to finish or stop it (Ctrl-C)"
+                ) from None
+            on_wait(holder)
+            fcntl.flock(fh, fcntl.LOCK_EX)
         fh.seek(0)
         fh.truncate()
         fh.write(f"pid {os.getpid()} on {os.uname().nodename} since {time.ctime()}\n")

@@ -46,7 +46,7 @@ from ratchet.candidate import (
 from ratchet.config import Config
 from ratchet.errors import UserError
 from ratchet.faults import fault_point
-from ratchet.integrity import Guard
+from ratchet.integrity import Guard, row_key
 from ratchet.jobs import Jobs
 from ratchet.jobspec import JobResult
 from ratchet.ledger import Candidate, Kind, Ledger, Status
@@ -342,7 +342,11 @@ class Loop:
         # confirmation rows are measured by the confirmation of their candidate, not judged
         finished = [c for c in (self.ledger.row(i) for i in ids)
                     if c.status == Status.FINISHED and c.kind != Kind.CONFIRM]
+        unbound = self._reject_unbound(finished)
+        finished = [c for c in finished if c.id not in unbound]
         if not finished:
+            if unbound:
+                self.written = ({}, unbound)
             return None
         led = self.ledger
         incumbent = led.incumbent()
@@ -392,8 +396,8 @@ class Loop:
             if meta:
                 led.set(**meta)
         fault_point("verdicts")
-        self.written = (meta, {i: (led.row(i).status, led.row(i).metric)
-                               for i in verdicts})
+        self.written = (meta, {**unbound, **{i: (led.row(i).status, led.row(i).metric)
+                                             for i in verdicts}})
         for cand in finished:
             if cand.idea:
                 led.mark_idea(cand.idea, cand.id, decision.verdicts[cand.id].status)
@@ -412,6 +416,18 @@ class Loop:
             self.held.append(f"keep {winner.id} {winner.short}: {winner.description}{why}")
         self.write_views()
         return decision.winner
+
+    def _reject_unbound(self, finished: list[Candidate]) -> dict[str, tuple]:
+        """The judge judges the commit a candidate's ref names; a ledger row naming another
+        commit was rewritten behind the driver's back (integrity.Guard.mismatched).
+        Returns the verdicts written, {id: (status, metric)}."""
+        written = {}
+        for cand_id in self.guard.mismatched(finished):
+            self.ledger.update(cand_id, "judged:rejected", status="rejected",
+                               reasons="tampering: the ledger's commit is not the one its "
+                                       "ref names", judged_at=time.time())
+            written[cand_id] = ("rejected", self.ledger.candidate(cand_id).metric)
+        return written
 
     def check_baseline(self, ids: list[str]) -> None:
         for cand in (self.ledger.row(i) for i in ids):
@@ -613,6 +629,8 @@ class Rounds:
         loop = self.loop
         if round_no > self.target or loop.stop.soft or loop.ledger.candidates(round=round_no):
             return
+        if not loop.proposals.proposer.contained:
+            return  # it could tamper: it proposes between rounds, in a window of its own
         k = self.slots_for_proposals()
         if k > 0:
             base, ctx = self.view(round_no)
@@ -621,6 +639,25 @@ class Rounds:
     def start_early(self) -> None:
         """Before start-up work (workers, prep): the first proposals are asked for now."""
         self.ask_ahead(self.loop.ledger.get("round"))
+
+    def ask(self, k: int, ctx: ProposalContext) -> Future:
+        """Ask now (nothing of this round asked ahead). A proposer that could tamper runs
+        alone here (nothing is asked ahead for it, no job runs): a window of its own, so
+        what changes meanwhile is its doing, and its proposals, not candidates, are
+        rejected for it."""
+        loop = self.loop
+        if loop.proposals.proposer.contained:
+            return loop.proposals.ask(k, ctx)
+        before = loop.guard.snapshot()
+        proposals = loop.proposals.ask(k, ctx).result()
+        if loop.guard.check(before, []):
+            proposals = [replace(p, files={}, commit=None,
+                                 error="tampering: the study's state changed while this "
+                                       "proposer ran (the only party running)")
+                         for p in proposals]
+        done: Future = Future()
+        done.set_result(proposals)
+        return done
 
     def propose(self, round_no: int) -> list[Candidate]:
         loop, led = self.loop, self.loop.ledger
@@ -633,13 +670,13 @@ class Rounds:
             ahead = loop.proposals.take_ahead(("round", round_no, k))
             if ahead is None:
                 base, ctx = self.view(round_no)
-                ahead = (base, loop.proposals.ask(k, ctx))
+                ahead = (base, self.ask(k, ctx))
             base, future = ahead
             proposals, conflicting = loop.proposals.on(base, incumbent, future.result())
             if conflicting:  # they conflict with the new incumbent: ask again, on it
                 ctx = loop.proposals.context(round_no, incumbent, led.candidates(),
                                              led.get("incumbent_metric"), taken=proposals)
-                proposals += loop.proposals.ask(len(conflicting), ctx).result()
+                proposals += self.ask(len(conflicting), ctx).result()
                 # a proposer with nothing else to offer: run them as made, on their base
                 stale = (base, conflicting[:max(0, k - len(proposals))])
         created = loop.proposals.record(round_no, incumbent, proposals, rows,
@@ -700,6 +737,7 @@ class Rolling:
 
     def _run(self) -> None:
         loop, led = self.loop, self.loop.ledger
+        self.refuse_uncontained()
         # (confirmation rows are measured again by their candidate's confirmation)
         resumed = [c for c in led.candidates() if c.status in OPEN_STATES]
         loop.ensure_refs(resumed)
@@ -734,8 +772,19 @@ class Rolling:
 
     def start_early(self) -> None:
         """Before start-up work (workers, prep): the first proposals are asked for now."""
+        self.refuse_uncontained()
         if not self.loop.stop.soft:
             self.request()
+
+    def refuse_uncontained(self) -> None:
+        """Rolling asks while candidates run: a proposer that could write the study's
+        state would share their tamper window, and an honest candidate could be blamed
+        for what it did. Rounds keep the two apart."""
+        if not self.loop.proposals.proposer.contained:
+            raise ScheduleError(
+                "search.mode = \"rolling\" makes proposals while candidates run, and this "
+                f"{self.loop.proposals.kind} proposer has no filesystem sandbox here; use "
+                "mode = \"rounds\", or install bubblewrap")
 
     def judgeable(self, open_ids: list[str]) -> bool:
         """Something finished, and the baseline is measured: nothing is compared before."""
@@ -749,12 +798,15 @@ class Rolling:
         before = loop.snapshot
         finished = [i for i in open_ids if led.row(i).status == "finished"]
         loop.in_flight = [i for i in open_ids if i not in finished]
+        known = {c.id for c in led.candidates()}
         winner = loop.settle(finished, on_keep={"round": led.get("round") + 1})
         loop.in_flight = []
         meta, verdicts = loop.written
         branch = {loop.guard.branch: meta["incumbent"]} if winner else {}
+        # rows the judging made (confirmation measurements) are ours too
+        made = {c.id: row_key(c) for c in led.candidates() if c.id not in known}
         # the others ran on while we judged: anything but our own writes is theirs
-        self.verify(before, open_ids, meta=meta, refs=branch, verdicts=verdicts)
+        self.verify(before, open_ids, meta=meta, refs=branch, verdicts=verdicts, rows=made)
         loop.check_baseline(finished)
         fault_point("judged")
         for cand in (led.row(i) for i in finished):
@@ -798,7 +850,8 @@ class Rolling:
         refs = {study_ref(self.loop.name, c.id): c.commit_sha for c in created
                 if c.commit_sha and c.kind == "candidate"}
         judged = {c.id: (c.status, c.metric) for c in created if c.is_judged}
-        self.verify(before, self.open_ids, refs=refs, verdicts=judged)
+        self.verify(before, self.open_ids, refs=refs, verdicts=judged,
+                    rows={c.id: row_key(c) for c in created})
         loop.jobs.start(created, lambda: loop.stop.hard)  # after the trusted state is set
         return [c.id for c in created if c.status in OPEN_STATES]
 

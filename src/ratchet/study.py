@@ -107,7 +107,7 @@ class Study:
         self.lock = StudyLock(self.state_dir / "lock")
         self.jobs = Jobs(self.repo, self.state_dir, self.config, self.ledger, self.backend_kind,
                          log=log, on_trouble=self._show_trouble)
-        self.guard = Guard(self.repo, self.ledger, self.name, self.branch, log)
+        self.guard = Guard(self.repo, self.ledger, self.name, self.branch, log, self.config)
         self.proposals = Proposals(self.repo, self.state_dir, self.config, self.ledger,
                                    self.proposer_kind)
 
@@ -216,6 +216,7 @@ class Study:
             self.prepare()
         with _as_study_errors():
             policy.run()
+            self.guard.verify_state()  # the branch at the end, too: nothing planted late
         self._write_views()  # a driver killed after the last verdict left them stale
 
     def _loop(self) -> Loop:
@@ -270,7 +271,13 @@ class Study:
         return [self.ledger.row(c.id) for c in made]
 
     def wait_ids(self, ids: list[str]) -> list[Candidate]:
-        """`ratchet wait ID...`: wait, judge as a group (baseline first), promote the best."""
+        """`ratchet wait ID...`: wait, judge as a group (baseline first), promote the best.
+
+        Judging writes the study's verdicts and incumbent: it takes the study lock, so a
+        `ratchet run` going on meanwhile is waited for, never raced (its guard would take
+        our writes for tampering)."""
+        self.lock.acquire(on_wait=lambda holder: self.log(
+            f"the study is held by {holder} (a ratchet run); waiting for it to end"))
         self.ensure_started()
         cands = []
         for ref in ids:

@@ -39,6 +39,10 @@ class Proposer:
     """
 
     name: str = "proposer"
+    # Can it write what the driver trusts (ledger, refs, .git)? Only a proposer that runs
+    # untrusted code outside a filesystem sandbox can; its proposals are then never made
+    # while candidates run, and are checked in a window of their own (scheduler.py).
+    contained: bool = True
 
     def warm_up(self) -> None:
         """Called once, first, while the study starts its workers and pins its start:

@@ -160,6 +160,11 @@ class AgentProposer(Proposer):
     def unsandboxed(self) -> bool:
         return self.level == sandbox.NONE
 
+    @property
+    def contained(self) -> bool:  # type: ignore[override]
+        """Only bubblewrap keeps the agent's hands off the repository's files."""
+        return self.level == sandbox.BWRAP
+
     def _one(self, ctx: ProposalContext, i: int, k: int, idea: str | None, angle: str,
              shared: str, files: list[str]) -> Proposal:
         name = f"{ctx.round}-{i}"
