@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ratchet import gitrepo, paths, sanitize
+from ratchet import gitrepo, infra, paths, sanitize
 from ratchet.config import CONFIG_FILE, Config
 
 # what a proposer saw is saved with its candidate; a prompt is bounded by the token budget,
@@ -117,15 +117,21 @@ def materialise(repo: Path, state_dir: Path, config: Config, proposal: Proposal,
                   proposer=proposer, params=proposal.params, idea=proposal.idea)
     if proposal.context is not None:
         ctx_dir = state_dir / "contexts"
-        ctx_dir.mkdir(exist_ok=True)
         path = ctx_dir / f"{cand_id}.md"
-        path.write_text(proposal.context[:MAX_CONTEXT_CHARS])
+        try:
+            ctx_dir.mkdir(exist_ok=True)
+            path.write_text(proposal.context[:MAX_CONTEXT_CHARS])
+        except OSError as exc:  # the machine's fault: nothing is recorded, resume redoes it
+            raise infra.os_fault(exc, str(path)) from None
         fields["context_path"] = str(path)
     if proposal.error:
         return {**fields, "status": "rejected", "reasons": sanitize.line(proposal.error, 2000)}
     try:
         commit = make_commit(repo, incumbent, proposal, cand_id)
     except gitrepo.GitError as exc:
+        fault = infra.git_fault(".git", str(exc))
+        if fault is not None:  # a full disk or a read-only .git is not the proposal's fault
+            raise fault from None
         return {**fields, "status": "rejected", "reasons": f"could not commit: {exc}"}
     known = (checked or {}).get((incumbent, commit))
     problems = known if known is not None else scope_violations(repo, config, incumbent, commit)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 import sys
 import textwrap
 from pathlib import Path
@@ -15,7 +16,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ratchet import __version__, backends, gitrepo, proposers, views
+from ratchet import __version__, backends, gitrepo, infra, proposers, views
 from ratchet.config import CONFIG_FILE, Config, load_config
 from ratchet.errors import UserError
 from ratchet.ledger import Candidate
@@ -698,7 +699,13 @@ def main() -> None:
     except UserError as exc:
         err.print(Text.assemble(("error:", "bold red"), " ", str(exc)))
         sys.exit(2)
-    except OSError as exc:  # this machine's fault (disk full, permissions), not the study's
+    except (sqlite3.Error, OSError) as exc:  # this machine's fault, not the study's
+        fault = infra.as_fault(exc)  # ledger locked or corrupted, disk full, read-only
+        if fault is not None:
+            err.print(Text.assemble(("error:", "bold red"), " ", str(fault)))
+            sys.exit(2)
+        if not isinstance(exc, OSError):
+            raise
         err.print(Text.assemble(("error:", "bold red"), " ", f"{exc} (fix it on this "
                                 "machine, then run the command again: what is recorded "
                                 "stays)"))

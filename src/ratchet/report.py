@@ -101,6 +101,7 @@ def render(study: Any) -> str:
     hosts = Machines(cands)
     sections = [
         _header(study, cands, metric, goal),
+        _agent_sandbox(study),
         _machine_warning(hosts),
         "<h2>Metric over candidates</h2>",
         plots.get("metric") or f'<p class="note">{_e(plot_note)}</p>',
@@ -131,6 +132,16 @@ def render(study: Any) -> str:
         + f'\n<p class="note">generated {_e(time.strftime("%Y-%m-%d %H:%M:%S"))} from '
         f"{_e(str(ledger.path))}</p>\n</body></html>\n"
     )
+
+
+def _agent_sandbox(study: Any) -> str:
+    """What confined the coding agents (said loudly when nothing did)."""
+    describe = getattr(study, "agent_sandbox_status", None)
+    text = describe() if describe else None
+    if not text:
+        return ""
+    kind = "warn" if "UNSANDBOXED" in text else "note"
+    return f'<p class="{kind}">agents: {_e(text)}</p>'
 
 
 # ---------------------------------------------------------------------------------------

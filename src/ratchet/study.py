@@ -368,6 +368,13 @@ class Study:
     def sandbox_status(self) -> str:
         return sandbox.describe(self.config.backend.sandbox)
 
+    def agent_sandbox_status(self) -> str | None:
+        """What confines the coding agents, when the proposer is one (else None)."""
+        if self.proposer_kind != "agent":
+            return None
+        from ratchet.proposers.agent import describe_agent_sandbox
+
+        return describe_agent_sandbox(self.config)
 
 def check_editable(repo: Path, config: Config, head: str, log: Callable[[str], None]) -> None:
     """`task.editable` must name files of the start commit: a misspelt glob would leave a

@@ -202,6 +202,10 @@ class AgentProposer(Proposer):
         with self._live_lock:
             others = [p for p in self._live if p != copy.root]
         jailed = self._jail(argv, copy, ctx, others)
+        if jailed[0] != argv[0] and shutil.which(jailed[0]) is None:
+            # the sandbox program vanished mid-study: the machine's fault, no verdict
+            raise ProposerError(f"agent: the sandbox program {jailed[0]} is gone; reinstall "
+                                "it (apt-get install bubblewrap util-linux), then run again")
         code, timed_out, output, seconds = run_agent(
             jailed, copy.tree, env, work_dir / "agent.log", self.settings.timeout,
             int(self.settings.log_limit_mb * (1 << 20)))
@@ -329,3 +333,24 @@ def agent_sandbox_level(config: Config, settings: AgentSettings) -> str:
             "bubblewrap (apt-get install bubblewrap), or set unsandboxed = true in [agent] "
             "to accept that (status and the report will say so)")
     return level
+
+
+def describe_agent_sandbox(config: Config) -> str:
+    """What confines agents here, in words (`ratchet status`, the report)."""
+    unsandboxed = bool((config.agent or {}).get("unsandboxed"))
+    try:
+        level = sandbox.choose(config.backend.sandbox)
+    except RuntimeError as exc:
+        return f"refused: {exc}"
+    if level == sandbox.BWRAP:
+        return ("bubblewrap: only each agent's private copy is writable; the repository, its "
+                ".git, .ratchet and the hold-out data are out of sight")
+    if level == sandbox.PIDNS:
+        return ("PID namespace only, no filesystem sandbox: agents cannot see the driver's "
+                "processes, but could write your files; they propose between rounds, alone, "
+                "checked in a window of their own")
+    if unsandboxed:
+        return ("UNSANDBOXED ([agent] unsandboxed = true): agents run with your rights and "
+                "can read and write your files; they propose between rounds, alone, checked "
+                "in a window of their own")
+    return "refused: no sandbox works here (install bubblewrap, or set [agent] unsandboxed)"
