@@ -641,23 +641,23 @@ class Rounds:
         self.ask_ahead(self.loop.ledger.get("round"))
 
     def ask(self, k: int, ctx: ProposalContext) -> Future:
-        """Ask now (nothing of this round asked ahead). A proposer that could tamper runs
-        alone here (nothing is asked ahead for it, no job runs): a window of its own, so
-        what changes meanwhile is its doing, and its proposals, not candidates, are
-        rejected for it."""
+        """Ask now (nothing of this round was asked ahead). A proposer that could tamper
+        runs here, on this thread, with no job running and nothing asked ahead; each of
+        its untrusted steps runs `alone`, in a window of its own, so what changes meanwhile
+        is that step's doing and only its proposal is rejected for it."""
         loop = self.loop
-        if loop.proposals.proposer.contained:
+        proposer = loop.proposals.proposer
+        if proposer.contained:
             return loop.proposals.ask(k, ctx)
-        before = loop.guard.snapshot()
-        proposals = loop.proposals.ask(k, ctx).result()
-        if loop.guard.check(before, []):
-            proposals = [replace(p, files={}, commit=None,
-                                 error="tampering: the study's state changed while this "
-                                       "proposer ran (the only party running)")
-                         for p in proposals]
         done: Future = Future()
-        done.set_result(proposals)
+        done.set_result(proposer.propose(k, replace(ctx, alone=self.alone)))
         return done
+
+    def alone(self, step: Callable[[], object]) -> tuple[object, bool]:
+        guard = self.loop.guard
+        before = guard.snapshot()
+        result = step()
+        return result, guard.check(before, [])
 
     def propose(self, round_no: int) -> list[Candidate]:
         loop, led = self.loop, self.loop.ledger

@@ -29,6 +29,10 @@ class ProposalContext:
     incumbent_metric: float | None
     history: list[Candidate] = field(default_factory=list)
     ideas: list[str] = field(default_factory=list)
+    # Set for a proposer that is not `contained`: runs one untrusted step (one agent) with
+    # nothing else running, checks the study's state around it, and returns (its result,
+    # whether the state was tampered with meanwhile). Called on the thread of `propose`.
+    alone: Callable[[Callable[[], Any]], tuple[Any, bool]] | None = None
 
 
 class Proposer:

@@ -149,6 +149,9 @@ class AgentProposer(Proposer):
         files = editable_files(ctx.repo, ctx.incumbent, ctx.config)
         shared = build_context(ctx, self.context, files)
         plans = hypotheses(k, ctx)
+        if ctx.alone is not None:  # no filesystem sandbox: one at a time, each watched
+            return [self._watched(ctx, i, k, idea, angle, shared, sorted(files))
+                    for i, (idea, angle) in enumerate(plans)]
         with ThreadPoolExecutor(max_workers=max(k, 1)) as pool:
             futures = [
                 pool.submit(self._one, ctx, i, k, idea, angle, shared, sorted(files))
@@ -164,6 +167,19 @@ class AgentProposer(Proposer):
     def contained(self) -> bool:  # type: ignore[override]
         """Only bubblewrap keeps the agent's hands off the repository's files."""
         return self.level == sandbox.BWRAP
+
+    def _watched(self, ctx: ProposalContext, i: int, k: int, idea: str | None, angle: str,
+                 shared: str, files: list[str]) -> Proposal:
+        """One agent alone, the study's state checked around it: what changed meanwhile is
+        this agent's doing, and only its proposal is rejected for it."""
+        assert ctx.alone is not None
+        proposal, tampered = ctx.alone(
+            lambda: self._one(ctx, i, k, idea, angle, shared, files))
+        if tampered:
+            proposal.files, proposal.commit = {}, None
+            proposal.error = ("tampering: the study's state changed while this agent ran "
+                              "(it ran alone)")
+        return proposal
 
     def _one(self, ctx: ProposalContext, i: int, k: int, idea: str | None, angle: str,
              shared: str, files: list[str]) -> Proposal:
