@@ -461,6 +461,7 @@ def status(
             "duty_cycle": busy.duty,  # job time / (slots x wall time of the jobs)
             "limit_per_hour": busy.limit_per_hour,  # slots x 3600 / mean run time
             "sandbox": study.sandbox_status(),
+            "agent_sandbox": study.agent_sandbox_status(),
             "backend": study.backend_kind,
         }
         if as_json:
@@ -498,6 +499,8 @@ def status(
         emit(console, f"job time {summary['job_hours']:.3f} h, cost "
              f"${summary['cost_usd']:.2f}, wall {summary['wall_hours']:.3f} h; sandbox: "
              f"{summary['sandbox']}")
+        if summary["agent_sandbox"]:
+            emit(console, f"agents: {summary['agent_sandbox']}")
         if busy.duty is not None:
             emit(console, f"slots {busy.slots}: duty {busy.duty:.0%}, mean run "
                  f"{busy.mean_run_s:.1f} s, limit {busy.limit_per_hour:.0f}/h, "
