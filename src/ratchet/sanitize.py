@@ -21,6 +21,8 @@ _ESCAPES = re.compile(
     r"|\x1b[P^_X][^\x1b]*(?:\x1b\\)?"  # DCS, PM, APC, SOS ... ST
     r"|\x1b\[[0-?]*[ -/]*[@-~]?"  # CSI
     r"|\x1b[ -/]*[0-~]?"  # two-character escapes (ESC c, ESC 7, charset selection)
+    r"|\x9d[^\x07\x9c\x1b]*(?:\x07|\x9c)?"  # OSC and CSI in their one-byte (C1) forms
+    r"|\x9b[0-?]*[ -/]*[@-~]?"
     r"|[\x80-\x9f]"  # C1 controls
 )
 _CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
