@@ -129,8 +129,9 @@ def materialise(repo: Path, state_dir: Path, config: Config, proposal: Proposal,
     try:
         commit = make_commit(repo, incumbent, proposal, cand_id)
     except gitrepo.GitError as exc:
-        fault = infra.git_fault(".git", str(exc))
-        if fault is not None:  # a full disk or a read-only .git is not the proposal's fault
+        # a full disk or a read-only .git is not the proposal's fault
+        fault = infra.git_fault(".git", str(exc)) or _object_store_fault(repo)
+        if fault is not None:
             raise fault from None
         return {**fields, "status": "rejected", "reasons": f"could not commit: {exc}"}
     known = (checked or {}).get((incumbent, commit))
@@ -139,6 +140,15 @@ def materialise(repo: Path, state_dir: Path, config: Config, proposal: Proposal,
         return {**fields, "commit_sha": commit, "status": "rejected",
                 "reasons": "; ".join(problems)}
     return {**fields, "commit_sha": commit, "status": "committed"}
+
+
+def _object_store_fault(repo: Path) -> infra.InfraFault | None:
+    try:
+        objects = Path(gitrepo.git(repo, "rev-parse", "--path-format=absolute",
+                                   "--git-path", "objects"))
+    except gitrepo.GitError:
+        return None
+    return infra.probe_writable(objects, ".git/objects")
 
 
 def rebase(repo: Path, proposal: Proposal, old_base: str, new_base: str) -> Proposal | None:

@@ -8,12 +8,17 @@ the work it was doing is left pending, to resume with `ratchet run`.
 from __future__ import annotations
 
 import errno
+import os
+import shutil
 import sqlite3
+import tempfile
+from pathlib import Path
 
 from ratchet.errors import UserError
 
 LEDGER = ".ratchet/ledger.db"
 RESUME = "then run the same command again (the study resumes where it stopped)"
+MIN_FREE_BYTES = 1 << 20
 
 
 class InfraFault(UserError):
@@ -42,12 +47,28 @@ def git_fault(where: str, message: str) -> InfraFault | None:
                       f"space or make it writable, {RESUME}")
 
 
+def probe_writable(directory: Path, what: str) -> InfraFault | None:
+    """Why ratchet cannot write in `directory` (read-only, full, not permitted), if it
+    cannot: asked when a write there failed with a message that does not say (git's
+    "Unable to add (null) to database")."""
+    try:
+        if shutil.disk_usage(directory).free < MIN_FREE_BYTES:
+            return InfraFault(f"cannot write to {what}: the disk is full; free space, "
+                              f"{RESUME}")
+        fd, name = tempfile.mkstemp(dir=directory, prefix=".ratchet-probe-")
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        return os_fault(exc, what)
+    return None
+
+
 def os_fault(exc: OSError, where: str) -> InfraFault:
     names = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
              errno.EROFS: "the file system is read-only",
              errno.EACCES: "permission denied", errno.EPERM: "permission denied"}
     cause = names.get(exc.errno or 0, exc.strerror or str(exc))
-    return InfraFault(f"cannot write {where}: {cause}; free space or make it writable, "
+    return InfraFault(f"cannot write to {where}: {cause}; free space or make it writable, "
                       f"{RESUME}")
 
 

@@ -286,16 +286,17 @@ class Guard:
             found[cand_id] = ref
         return found
 
-    def mismatched(self, cands: list) -> list[str]:
-        """Candidates whose ledger commit is not the commit their ref names: what would be
-        judged is not what was proposed. The judge must not judge them."""
+    def mismatched(self, cands: list) -> dict[str, str | None]:
+        """Candidates whose ledger commit is not the commit their ref names, with the
+        ref's commit: what would be judged is not what was proposed. The judge must not
+        judge them; the ref (written when the proposal was recorded) is the record."""
         from ratchet.candidate import study_ref
 
-        bad = []
+        bad = {}
         for cand in cands:
             if cand.kind != "candidate" or not cand.commit_sha:
                 continue
-            if gitrepo.try_rev_parse(self.repo, study_ref(self.study, cand.id)) != \
-                    cand.commit_sha:
-                bad.append(cand.id)
+            named = gitrepo.try_rev_parse(self.repo, study_ref(self.study, cand.id))
+            if named != cand.commit_sha:
+                bad[cand.id] = named
         return bad

@@ -227,6 +227,7 @@ class Proposals:
                 kind = fields.pop("kind", "candidate")
                 created.append(self.ledger.new_candidate(round_no, kind=kind, **fields))
         fault_point("recorded")
+        self.clear_planted([c.id for c in created if c.commit_sha])
         refs = "".join(f"update {study_ref(self.name, c.id)} {c.commit_sha}\n"
                        for c in created if c.commit_sha and c.kind == "candidate")
         if refs:  # every candidate keeps a ref, kept or not (one git call for all)
@@ -238,6 +239,20 @@ class Proposals:
             if cand.status == "rejected":
                 self.ledger.event("rejected", cand.id, reasons=fields.get("reasons"))
         return created
+
+    def clear_planted(self, ids: list[str]) -> None:
+        """Refs nested under a new candidate's ref name (refs/ratchet/<study>/c0002/x) were
+        never written by ratchet and would keep its own ref from being written: removed."""
+        if not ids:
+            return
+        prefixes = tuple(f"{study_ref(self.name, i)}/" for i in ids)
+        listed = gitrepo.git(self.repo, "for-each-ref", "--format=%(refname)",
+                             f"refs/ratchet/{self.name}/").splitlines()
+        planted = [ref for ref in listed if ref.startswith(prefixes)]
+        if planted:
+            gitrepo.git(self.repo, "update-ref", "--stdin",
+                        input="".join(f"delete {ref}\n" for ref in planted).encode())
+            self.ledger.event("tampering", None, planted_refs=planted)
 
     def _reject_repeats(self, built: list[dict]) -> list[dict]:
         """No candidate repeats an earlier one (whoever proposed either): the same tree is
@@ -422,10 +437,11 @@ class Loop:
         commit was rewritten behind the driver's back (integrity.Guard.mismatched).
         Returns the verdicts written, {id: (status, metric)}."""
         written = {}
-        for cand_id in self.guard.mismatched(finished):
+        for cand_id, named in self.guard.mismatched(finished).items():
+            restore = {"commit_sha": named} if named else {}
             self.ledger.update(cand_id, "judged:rejected", status="rejected",
                                reasons="tampering: the ledger's commit is not the one its "
-                                       "ref names", judged_at=time.time())
+                                       "ref names", judged_at=time.time(), **restore)
             written[cand_id] = ("rejected", self.ledger.candidate(cand_id).metric)
         return written
 
@@ -440,6 +456,7 @@ class Loop:
 
     def ensure_refs(self, cands: list[Candidate]) -> None:
         """Resumed: the driver may have died before a candidate's ref was written."""
+        self.proposals.clear_planted([c.id for c in cands if c.commit_sha])
         for cand in cands:
             if cand.commit_sha and cand.kind == "candidate":
                 ref = study_ref(self.name, cand.id)
