@@ -213,8 +213,14 @@ class AgentProposer(Proposer):
     def _run_in(self, copy: scratch.Scratch, ctx: ProposalContext, argv: list[str],
                 prompt: str, prompt_file: Path, work_dir: Path, idea: str | None, angle: str,
                 fallback: str) -> Proposal:
+        # a home and a temp dir of its own, inside the only place it may write: CLIs keep
+        # sessions and caches there (and the real HOME is read-only in the sandbox)
         env = {**self.env, "RATCHET_WORKTREE": str(copy.tree),
-               "RATCHET_PROMPT_FILE": str(prompt_file)}
+               "RATCHET_PROMPT_FILE": str(prompt_file), "HOME": str(copy.home),
+               "TMPDIR": "/tmp" if self.level == sandbox.BWRAP else str(copy.tmp),
+               "XDG_CACHE_HOME": str(copy.home / ".cache")}
+        env.update(self._private_dirs(copy, ctx.repo))
+        scratch.keep_path_in_login_shells(copy.home, env.get("PATH", ""))
         with self._live_lock:
             others = [p for p in self._live if p != copy.root]
         jailed = self._jail(argv, copy, ctx, others)
@@ -256,6 +262,26 @@ class AgentProposer(Proposer):
         base.files = got.files
         return base
 
+    def _private_dirs(self, copy: scratch.Scratch, repo: Path) -> dict[str, str]:
+        """A variable of `[agent] env` that names a file or a directory (a CA bundle,
+        CODEX_HOME, CLAUDE_CONFIG_DIR: a CLI's settings, where it also writes its
+        sessions) is given to the agent as a private copy in its home: readable in the
+        sandbox wherever the original lives (/tmp is private there), writable for the
+        agent, the original never written. Never a path of the repository."""
+        out = {}
+        for name in self.settings.env:
+            path = Path(self.env.get(name, ""))
+            if not path.is_absolute() or not path.exists() or path.is_relative_to(repo):
+                continue
+            target = copy.home / f".ratchet-env-{name}" / path.name
+            try:
+                scratch.copy_path(path, target)
+            except (OSError, scratch.ScratchError) as exc:
+                raise ProposerError(f"agent.env: cannot copy {name}={path} for the agent: "
+                                    f"{exc}") from None
+            out[name] = str(target)
+        return out
+
     def _jail(self, argv: list[str], copy: scratch.Scratch, ctx: ProposalContext,
               others: list[Path]) -> list[str]:
         """The agent's command line inside the sandbox: only its copy writable; the user's
@@ -264,6 +290,8 @@ class AgentProposer(Proposer):
         if self.level == sandbox.NONE:
             return argv
         hidden = [str(ctx.repo), *(str(p) for p in others)]
+        if self.level == sandbox.BWRAP:  # a private, empty /tmp (and the others' out of sight)
+            hidden += ["/tmp", "/var/tmp"]
         common = _git_common_dir(ctx.repo)
         if common is not None and not common.is_relative_to(ctx.repo):
             hidden.append(str(common))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -46,6 +47,15 @@ class Scratch:
     root: Path  # private (0700), outside the repository; removed by `remove`
     tree: Path  # the agent's working copy, root/work
 
+    @property
+    def home(self) -> Path:
+        """The agent's own HOME (its CLI's sessions, caches and settings)."""
+        return self.root / "home"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -59,9 +69,23 @@ def _git_env(home: Path) -> dict[str, str]:
             "GIT_COMMITTER_EMAIL": "ratchet@localhost", "LC_ALL": "C"}
 
 
+def agents_dir() -> Path:
+    """Where agents' copies live: the user's cache, not /tmp, so that the sandbox can give
+    each agent a private, empty /tmp (a CLI's own sandbox writes there) without hiding
+    the agent's copy with it."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    where = base / "ratchet" / "agents"
+    where.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return where
+
+
 def make(repo: Path, commit: str, name: str, parent: Path | None = None) -> Scratch:
     """The incumbent's files in a fresh private directory with its own one-commit git."""
-    root = Path(tempfile.mkdtemp(prefix=f"ratchet-agent-{name}-", dir=parent))
+    try:
+        parent = parent or agents_dir()
+        root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=parent))
+    except OSError as exc:
+        raise ScratchError(f"cannot make the agent's copy: {exc}") from None
     tree = root / "work"
     try:
         gitrepo.archive_to(repo, commit, tree)
@@ -74,7 +98,10 @@ def make(repo: Path, commit: str, name: str, parent: Path | None = None) -> Scra
         shutil.rmtree(root, ignore_errors=True)
         raise ScratchError(f"cannot make the agent's copy under {root.parent}: "
                            f"{_why(exc)}") from None
-    return Scratch(root, tree)
+    made = Scratch(root, tree)
+    made.home.mkdir()
+    made.tmp.mkdir()
+    return made
 
 
 class ScratchError(Exception):
@@ -93,6 +120,37 @@ def blob_id(data: bytes, length: int) -> str:
     """git's id of a blob holding `data` (sha1, or sha256 in a sha256 repository)."""
     digest = hashlib.sha256 if length == 64 else hashlib.sha1
     return digest(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+MAX_COPIED_DIR_BYTES = 64 << 20
+
+
+def keep_path_in_login_shells(home: Path, path: str) -> None:
+    """The agent's own HOME has no shell profile, and a login shell (Codex runs its
+    commands with `bash -lc`) would reset PATH from /etc/profile, losing the Python and
+    tools the agent was given: its profile sets PATH back."""
+    line = f"export PATH={shlex.quote(path)}\n"
+    for name in (".profile", ".zprofile"):
+        (home / name).write_text(line)
+
+
+def copy_path(source: Path, target: Path) -> None:
+    """A private copy of a settings file or directory (links kept as links), within a
+    size cap."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not source.is_dir():
+        if source.stat().st_size > MAX_COPIED_DIR_BYTES:
+            raise ScratchError(f"{source} is larger than {MAX_COPIED_DIR_BYTES >> 20} MiB")
+        shutil.copy2(source, target)
+        return
+    total = 0
+    for top, _, files in os.walk(source):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(top, name)).st_size
+        if total > MAX_COPIED_DIR_BYTES:
+            raise ScratchError(f"{source} holds more than {MAX_COPIED_DIR_BYTES >> 20} MiB")
+    shutil.copytree(source, target, symlinks=True)
 
 
 def incumbent_listing(repo: Path, commit: str) -> dict[str, tuple[str, str]]:
