@@ -217,7 +217,7 @@ class AgentProposer(Proposer):
         # sessions and caches there (and the real HOME is read-only in the sandbox)
         env = {**self.env, "RATCHET_WORKTREE": str(copy.tree),
                "RATCHET_PROMPT_FILE": str(prompt_file), "HOME": str(copy.home),
-               "TMPDIR": "/tmp" if self.level == sandbox.BWRAP else str(copy.tmp),
+               "TMPDIR": "/tmp" if _private_tmp(self.level, argv, self.env) else str(copy.tmp),
                "XDG_CACHE_HOME": str(copy.home / ".cache")}
         env.update(self._private_dirs(copy, ctx.repo))
         scratch.keep_path_in_login_shells(copy.home, env.get("PATH", ""))
@@ -290,8 +290,7 @@ class AgentProposer(Proposer):
         if self.level == sandbox.NONE:
             return argv
         hidden = [str(ctx.repo), *(str(p) for p in others)]
-        if self.level == sandbox.BWRAP:  # a private, empty /tmp (and the others' out of sight)
-            hidden += ["/tmp", "/var/tmp"]
+        hidden += _private_tmp(self.level, argv, self.env)
         common = _git_common_dir(ctx.repo)
         if common is not None and not common.is_relative_to(ctx.repo):
             hidden.append(str(common))
@@ -352,6 +351,21 @@ def run_agent(argv: list[str], cwd: Path, env: dict[str, str], log_path: Path,
     log.save()
     code = None if timed_out else proc.returncode
     return code, timed_out, log.text(), time.monotonic() - start
+
+
+TMP_DIRS = ("/tmp", "/var/tmp")
+
+
+def _private_tmp(level: str, argv: list[str], env: dict[str, str]) -> list[str]:
+    """The temp directories to give the agent empty and private (bubblewrap only): a CLI's
+    own sandbox writes there (Codex makes /tmp/.git). Kept as they are, read-only, when
+    the agent's own command or a PATH entry lives there."""
+    if level != sandbox.BWRAP:
+        return []
+    used = [a for a in argv if a.startswith("/")] + env.get("PATH", "").split(os.pathsep)
+    if any(Path(p).is_relative_to(t) for p in used if p for t in TMP_DIRS):
+        return []
+    return list(TMP_DIRS)
 
 
 def _git_common_dir(repo: Path) -> Path | None:
