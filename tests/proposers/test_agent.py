@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import sys
 import time
 from pathlib import Path
@@ -165,7 +164,7 @@ path = pathlib.Path("solution.py")
 path.write_text(path.read_text().replace("VALUE = 10", "VALUE = 1"))
 print("Done.\\nDESCRIPTION: claude sets VALUE to 1")
 """)
-    claude.chmod(claude.stat().st_mode | stat.S_IXUSR)
+    claude.chmod(0o755)  # runnable by the uid the agent sandbox gives it
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     repo = make_repo(tmp_path / "r", "agent", '[agent]\npreset = "claude"\n')
     [proposal] = AgentProposer(load_config(repo), []).propose(1, context_for(repo))

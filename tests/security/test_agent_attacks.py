@@ -28,6 +28,7 @@ from helpers import git, make_repo, ratchet
 
 from ratchet import sandbox
 from ratchet.ledger import Ledger
+from ratchet.proposers.agent import agent_contained
 
 ATTACKER = r'''
 import json, os, pathlib, re, sqlite3, subprocess, sys, time
@@ -199,6 +200,14 @@ sandbox = "{sandbox}"
 LEVELS = ["bwrap", "pidns"]
 
 
+def needs_containment(level: str) -> None:
+    """Attacks only a filesystem sandbox stops: bubblewrap, or a PID and mount namespace
+    with a uid of the agent's own (the driver is root)."""
+    if not agent_contained(level):
+        pytest.skip(f"{level} without root gives agents no filesystem sandbox: the defence "
+                    "here is their window of their own (see the ledger test)")
+
+
 def level_env(level: str, tmp_path: Path) -> dict[str, str]:
     """The driver's environment for a sandbox level: a secret in it, and for `pidns` a
     PATH whose bubblewrap does not work (a machine without it)."""
@@ -295,8 +304,9 @@ class Attack:
                        for p in psutil.process_iter(["cmdline"])), "a daemon survived"
 
 
-@pytest.mark.parametrize("level", ["bwrap"])
+@pytest.mark.parametrize("level", LEVELS)
 def test_planted_hooks_and_fsmonitor_never_reach_the_users_git(tmp_path, level):
+    needs_containment(level)
     attack = Attack(tmp_path, "hooks", level)
     _, rows = attack.run()
     attack.check_common(rows)
@@ -331,8 +341,9 @@ def test_a_git_file_in_the_copy_cannot_commit_to_the_users_main(tmp_path, level)
         "solution.py"
 
 
-@pytest.mark.parametrize("level", ["bwrap"])
+@pytest.mark.parametrize("level", LEVELS)
 def test_the_users_checkout_is_out_of_reach(tmp_path, level):
+    needs_containment(level)
     attack = Attack(tmp_path, "checkout", level)
     _, rows = attack.run()
     attack.check_common(rows)
@@ -340,8 +351,9 @@ def test_the_users_checkout_is_out_of_reach(tmp_path, level):
     assert cand.status == "rejected" and "touches protected path evaluate.py" in cand.reasons
 
 
-@pytest.mark.parametrize("level", ["bwrap"])
+@pytest.mark.parametrize("level", LEVELS)
 def test_the_holdout_data_is_out_of_the_agents_sight(tmp_path, level):
+    needs_containment(level)
     attack = Attack(tmp_path, "holdout", level)
     _, rows = attack.run()
     attack.check_common(rows)
@@ -355,8 +367,8 @@ def test_forging_the_ledger_is_blamed_on_the_agent_alone(tmp_path, level):
     out, rows = attack.run()
     attack.check_common(rows)
     cand = attack.attacker(rows)
-    if level == "bwrap":  # the ledger is out of sight: an ordinary, worse candidate
-        assert cand.status == "discard"
+    if agent_contained(level):  # the ledger is out of reach: an ordinary, worse candidate
+        assert cand.status == "discard", cand.reasons
     else:  # seen in its own window, the round's candidates untouched
         assert cand.status == "rejected" and "tampering" in cand.reasons, cand.reasons
         assert "tampering" in out

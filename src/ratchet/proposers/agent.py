@@ -45,9 +45,9 @@ from ratchet import gitrepo, sandbox, sanitize
 from ratchet.candidate import Proposal
 from ratchet.config import CONFIG_FILE, Config, Duration
 from ratchet.ledger import Candidate
-from ratchet.procs import CappedLog, kill_group, kill_tree
+from ratchet.procs import CappedLog
 from ratchet.proposers import ProposalContext, Proposer, ProposerError, scratch
-from ratchet.proposers.agent_clis import PRESETS, failure_reason
+from ratchet.proposers.agent_clis import PRESETS, failure_reason, private_home
 from ratchet.proposers.context import (
     build_context,
     context_settings,
@@ -130,8 +130,6 @@ class AgentProposer(Proposer):
         if shutil.which(argv[0], path=self.env.get("PATH")) is None:
             raise ProposerError(f"agent: command {argv[0]!r} not found on PATH")
         self.level = agent_sandbox_level(config, self.settings)
-        self._live: set[Path] = set()  # every agent's private copy, hidden from the others
-        self._live_lock = threading.Lock()
 
     def _environment(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
@@ -165,8 +163,10 @@ class AgentProposer(Proposer):
 
     @property
     def contained(self) -> bool:  # type: ignore[override]
-        """Only bubblewrap keeps the agent's hands off the repository's files."""
-        return self.level == sandbox.BWRAP
+        """Can the agent reach nothing the driver trusts? Under bubblewrap, or in a PID and
+        mount namespace as an unprivileged uid of its own (the driver is root): the
+        repository is hidden from it and it cannot undo that."""
+        return agent_contained(self.level)
 
     def _watched(self, ctx: ProposalContext, i: int, k: int, idea: str | None, angle: str,
                  shared: str, files: list[str]) -> Proposal:
@@ -192,8 +192,6 @@ class AgentProposer(Proposer):
         except scratch.ScratchError as exc:
             raise ProposerError(f"agent: {exc}; free space there (or set TMPDIR) and run "
                                 "again") from None
-        with self._live_lock:
-            self._live.add(copy.root)
         try:
             prompt = shared + "\n" + AGENT_INSTRUCTIONS.format(
                 hypothesis=hypothesis_text(idea, angle, i, k), worktree=copy.tree)
@@ -206,31 +204,29 @@ class AgentProposer(Proposer):
             return self._run_in(copy, ctx, argv, prompt, prompt_file, work_dir, idea, angle,
                                 fallback)
         finally:
-            with self._live_lock:
-                self._live.discard(copy.root)
             copy.remove()
 
     def _run_in(self, copy: scratch.Scratch, ctx: ProposalContext, argv: list[str],
                 prompt: str, prompt_file: Path, work_dir: Path, idea: str | None, angle: str,
                 fallback: str) -> Proposal:
         # a home and a temp dir of its own, inside the only place it may write: CLIs keep
-        # sessions and caches there (and the real HOME is read-only in the sandbox)
+        # sessions and caches there (the real HOME is out of reach in the sandbox), with
+        # copies of the config dirs the user names (agent_clis.private_home)
         env = {**self.env, "RATCHET_WORKTREE": str(copy.tree),
-               "RATCHET_PROMPT_FILE": str(prompt_file), "HOME": str(copy.home),
-               "TMPDIR": "/tmp" if _private_tmp(self.level, argv, self.env) else str(copy.tmp),
-               "XDG_CACHE_HOME": str(copy.home / ".cache")}
-        env.update(self._private_dirs(copy, ctx.repo))
-        scratch.keep_path_in_login_shells(copy.home, env.get("PATH", ""))
-        with self._live_lock:
-            others = [p for p in self._live if p != copy.root]
-        jailed = self._jail(argv, copy, ctx, others)
-        if jailed[0] != argv[0] and shutil.which(jailed[0]) is None:
+               "RATCHET_PROMPT_FILE": str(prompt_file),
+               **private_home(copy.root, self.env)}
+        env["XDG_CACHE_HOME"] = str(Path(env["HOME"]) / ".cache")
+        scratch.keep_path_in_login_shells(Path(env["HOME"]), env.get("PATH", ""))
+        policy = self._policy(argv, env, copy, ctx)
+        try:
+            code, timed_out, output, seconds = run_agent(
+                argv, copy.tree, env, work_dir / "agent.log", self.settings.timeout,
+                int(self.settings.log_limit_mb * (1 << 20)), self.level, policy)
+        except FileNotFoundError as exc:
             # the sandbox program vanished mid-study: the machine's fault, no verdict
-            raise ProposerError(f"agent: the sandbox program {jailed[0]} is gone; reinstall "
-                                "it (apt-get install bubblewrap util-linux), then run again")
-        code, timed_out, output, seconds = run_agent(
-            jailed, copy.tree, env, work_dir / "agent.log", self.settings.timeout,
-            int(self.settings.log_limit_mb * (1 << 20)))
+            raise ProposerError(f"agent: cannot start the agent's sandbox ({exc}); reinstall "
+                                "it (apt-get install bubblewrap util-linux), then run again"
+                                ) from None
         params = {"agent": {"command": argv[0], "exit_code": code,
                             "seconds": round(seconds, 2), "log": str(work_dir / "agent.log"),
                             "hypothesis": idea or angle, "sandbox": str(self.level)}}
@@ -262,43 +258,30 @@ class AgentProposer(Proposer):
         base.files = got.files
         return base
 
-    def _private_dirs(self, copy: scratch.Scratch, repo: Path) -> dict[str, str]:
-        """A variable of `[agent] env` that names a file or a directory (a CA bundle,
-        CODEX_HOME, CLAUDE_CONFIG_DIR: a CLI's settings, where it also writes its
-        sessions) is given to the agent as a private copy in its home: readable in the
-        sandbox wherever the original lives (/tmp is private there), writable for the
-        agent, the original never written. Never a path of the repository."""
-        out = {}
-        for name in self.settings.env:
-            path = Path(self.env.get(name, ""))
-            if not path.is_absolute() or not path.exists() or path.is_relative_to(repo):
-                continue
-            target = copy.home / f".ratchet-env-{name}" / path.name
-            try:
-                scratch.copy_path(path, target)
-            except (OSError, scratch.ScratchError) as exc:
-                raise ProposerError(f"agent.env: cannot copy {name}={path} for the agent: "
-                                    f"{exc}") from None
-            out[name] = str(target)
-        return out
-
-    def _jail(self, argv: list[str], copy: scratch.Scratch, ctx: ProposalContext,
-              others: list[Path]) -> list[str]:
-        """The agent's command line inside the sandbox: only its copy writable; the user's
-        checkout (with .git and .ratchet), the hold-out data and the other agents' copies
-        out of sight; the network open for its model."""
-        if self.level == sandbox.NONE:
-            return argv
-        hidden = [str(ctx.repo), *(str(p) for p in others)]
-        hidden += _private_tmp(self.level, argv, self.env)
+    def _policy(self, argv: list[str], env: dict[str, str], copy: scratch.Scratch,
+                ctx: ProposalContext) -> sandbox.Policy:
+        """Only its copy writable; the user's checkout (with .git and .ratchet), the
+        hold-out data and the other agents' copies out of sight; a private /tmp; the
+        network open for its model. Its own command and the files the user names in
+        `[agent] env` (a CA bundle) stay readable wherever they live."""
+        hidden: list[Path] = [ctx.repo, copy.root.parent]  # the parent: every agent's copy
         common = _git_common_dir(ctx.repo)
         if common is not None and not common.is_relative_to(ctx.repo):
-            hidden.append(str(common))
+            hidden.append(common)
         holdout = ctx.config.task.holdout_data
         if holdout:
             path = Path(holdout)
-            hidden.append(str(path if path.is_absolute() else ctx.repo / path))
-        return sandbox.wrap(self.level, argv, writable=[copy.root], hidden=hidden)
+            hidden.append(path if path.is_absolute() else ctx.repo / path)
+        named = [env.get(name, "") for name in self.settings.env]
+        # by their real paths: a link is bound where it points (bubblewrap cannot mount
+        # onto a link whose target is hidden)
+        real = {Path(p).resolve() for p in [*argv, *named] if p.startswith("/")}
+        readonly = sorted(p for p in real if p.exists()
+                          and not any(p.is_relative_to(h) for h in hidden))
+        policy = sandbox.Policy(writable=[copy.root], hidden=hidden, readonly=readonly,
+                                seed=f"agents:{ctx.state_dir}")
+        sandbox.grant([copy.root], policy)  # its copy and home are its own uid's
+        return policy
 
     def _argv(self, prompt: str, prompt_file: Path, worktree: Path,
               files: list[str]) -> list[str] | str:
@@ -317,55 +300,41 @@ class AgentProposer(Proposer):
 
 
 def run_agent(argv: list[str], cwd: Path, env: dict[str, str], log_path: Path,
-              timeout: float, log_limit: int) -> tuple[int | None, bool, str, float]:
+              timeout: float, log_limit: int, level: sandbox.Level | str,
+              policy: sandbox.Policy) -> tuple[int | None, bool, str, float]:
     """(exit code or None if killed, timed out, output, seconds).
 
-    Not procs.run_capped: that one also kills every other descendant of this process,
-    which in the driver would take the other agents and the local backend's jobs with it.
-    This kills exactly the agent's own tree: its process group and its descendants.
+    The agent runs as a sandbox.Jail: its whole tree, daemons that left its session
+    included, ends when it ends or times out, and nothing else (not the other agents, not
+    the local backend's jobs). FileNotFoundError: the sandbox program itself is gone.
     """
     log = CappedLog(log_path, log_limit)
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        jail = sandbox.Jail(argv, policy, level=level, cwd=cwd, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    except FileNotFoundError:
+        raise
     except OSError as exc:
         log.feed(f"cannot start {argv[0]}: {exc}\n".encode())
         log.save()
         return 127, False, log.text(), 0.0
-    drainer = threading.Thread(target=log.drain, args=(proc.stdout,), daemon=True)
+    drainer = threading.Thread(target=log.drain, args=(jail.proc.stdout,), daemon=True)
     drainer.start()
     timed_out = False
     try:
-        proc.wait(timeout=timeout)
+        jail.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
-        kill_tree(proc.pid, grace_s=1.0)  # descendants too, even ones that left the group
-    proc.wait()
-    kill_group(proc.pid, grace_s=0.5)  # anything still in its group (daemons it left)
+    jail.kill(grace_s=1.0)  # every process left in its sandbox (a no-op once it ended)
     drainer.join(timeout=5)
     with contextlib.suppress(OSError):
-        if proc.stdout:
-            proc.stdout.close()
+        if jail.proc.stdout:
+            jail.proc.stdout.close()
     log.save()
-    code = None if timed_out else proc.returncode
+    code = None if timed_out else jail.proc.returncode
     return code, timed_out, log.text(), time.monotonic() - start
-
-
-TMP_DIRS = ("/tmp", "/var/tmp")
-
-
-def _private_tmp(level: str, argv: list[str], env: dict[str, str]) -> list[str]:
-    """The temp directories to give the agent empty and private (bubblewrap only): a CLI's
-    own sandbox writes there (Codex makes /tmp/.git). Kept as they are, read-only, when
-    the agent's own command or a PATH entry lives there."""
-    if level != sandbox.BWRAP:
-        return []
-    used = [a for a in argv if a.startswith("/")] + env.get("PATH", "").split(os.pathsep)
-    if any(Path(p).is_relative_to(t) for p in used if p for t in TMP_DIRS):
-        return []
-    return list(TMP_DIRS)
 
 
 def _git_common_dir(repo: Path) -> Path | None:
@@ -393,6 +362,10 @@ def agent_sandbox_level(config: Config, settings: AgentSettings) -> str:
     return level
 
 
+def agent_contained(level: str) -> bool:
+    return level == sandbox.BWRAP or (level == sandbox.PIDNS and os.geteuid() == 0)
+
+
 def describe_agent_sandbox(config: Config) -> str:
     """What confines agents here, in words (`ratchet status`, the report)."""
     unsandboxed = bool((config.agent or {}).get("unsandboxed"))
@@ -400,13 +373,16 @@ def describe_agent_sandbox(config: Config) -> str:
         level = sandbox.choose(config.backend.sandbox)
     except RuntimeError as exc:
         return f"refused: {exc}"
+    hidden = ("only each agent's private copy is writable; the repository, its .git, "
+              ".ratchet, the hold-out data and the other agents' copies are out of sight")
     if level == sandbox.BWRAP:
-        return ("bubblewrap: only each agent's private copy is writable; the repository, its "
-                ".git, .ratchet and the hold-out data are out of sight")
+        return f"bubblewrap: {hidden}"
+    if agent_contained(level):
+        return f"PID and mount namespace, an unprivileged uid of their own: {hidden}"
     if level == sandbox.PIDNS:
-        return ("PID namespace only, no filesystem sandbox: agents cannot see the driver's "
-                "processes, but could write your files; they propose between rounds, alone, "
-                "checked in a window of their own")
+        return ("PID and mount namespace without a uid of their own (ratchet is not root): "
+                "agents could undo what hides your files; they propose between rounds, "
+                "alone, checked in a window of their own")
     if unsandboxed:
         return ("UNSANDBOXED ([agent] unsandboxed = true): agents run with your rights and "
                 "can read and write your files; they propose between rounds, alone, checked "

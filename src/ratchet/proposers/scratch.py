@@ -47,15 +47,6 @@ class Scratch:
     root: Path  # private (0700), outside the repository; removed by `remove`
     tree: Path  # the agent's working copy, root/work
 
-    @property
-    def home(self) -> Path:
-        """The agent's own HOME (its CLI's sessions, caches and settings)."""
-        return self.root / "home"
-
-    @property
-    def tmp(self) -> Path:
-        return self.root / "tmp"
-
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -98,10 +89,7 @@ def make(repo: Path, commit: str, name: str, parent: Path | None = None) -> Scra
         shutil.rmtree(root, ignore_errors=True)
         raise ScratchError(f"cannot make the agent's copy under {root.parent}: "
                            f"{_why(exc)}") from None
-    made = Scratch(root, tree)
-    made.home.mkdir()
-    made.tmp.mkdir()
-    return made
+    return Scratch(root, tree)
 
 
 class ScratchError(Exception):
@@ -122,9 +110,6 @@ def blob_id(data: bytes, length: int) -> str:
     return digest(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-MAX_COPIED_DIR_BYTES = 64 << 20
-
-
 def keep_path_in_login_shells(home: Path, path: str) -> None:
     """The agent's own HOME has no shell profile, and a login shell (Codex runs its
     commands with `bash -lc`) would reset PATH from /etc/profile, losing the Python and
@@ -132,25 +117,6 @@ def keep_path_in_login_shells(home: Path, path: str) -> None:
     line = f"export PATH={shlex.quote(path)}\n"
     for name in (".profile", ".zprofile"):
         (home / name).write_text(line)
-
-
-def copy_path(source: Path, target: Path) -> None:
-    """A private copy of a settings file or directory (links kept as links), within a
-    size cap."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if not source.is_dir():
-        if source.stat().st_size > MAX_COPIED_DIR_BYTES:
-            raise ScratchError(f"{source} is larger than {MAX_COPIED_DIR_BYTES >> 20} MiB")
-        shutil.copy2(source, target)
-        return
-    total = 0
-    for top, _, files in os.walk(source):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(top, name)).st_size
-        if total > MAX_COPIED_DIR_BYTES:
-            raise ScratchError(f"{source} holds more than {MAX_COPIED_DIR_BYTES >> 20} MiB")
-    shutil.copytree(source, target, symlinks=True)
 
 
 def incumbent_listing(repo: Path, commit: str) -> dict[str, tuple[str, str]]:
