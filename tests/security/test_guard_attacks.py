@@ -79,8 +79,11 @@ def no_traceback(proc: subprocess.CompletedProcess) -> str:
 
 
 def test_a_swapped_commit_in_the_ledger_is_caught_and_never_reaches_the_branch(tmp_path):
-    env = no_bwrap(tmp_path)
-    repo = score_repo(tmp_path / "r", search="", knobs="")
+    # no sandbox: the candidate runs with the driver's rights and can write the ledger (with
+    # any sandbox, as root, it runs as a uid of its own and cannot: the guard is the backstop)
+    env: dict[str, str] = {}
+    repo = score_repo(tmp_path / "r", search="", knobs="",
+                      backend='[backend]\nkind = "local"\nslots = 2\nsandbox = "none"\n')
     head = git(repo, "rev-parse", "HEAD")
     git(repo, "checkout", "-q", "-b", "evil")
     (repo / "solution.py").write_text(TAMPERING_SOLUTION.format(repo=str(repo), env=GIT_ENV))
@@ -90,6 +93,9 @@ def test_a_swapped_commit_in_the_ledger_is_caught_and_never_reaches_the_branch(t
     cand = proc.stdout.split()[-1]
     waited = ratchet(repo, "wait", cand, env=env)
     out = no_traceback(waited)
+    if not (repo / "forged.txt").exists():
+        pytest.skip("even without a sandbox the candidate could not write the repository "
+                    "here (it runs as a uid of its own): nothing for the guard to catch")
     forged = (repo / "forged.txt").read_text().strip()
     ledger = Ledger(repo / ".ratchet" / "ledger.db")
     try:
