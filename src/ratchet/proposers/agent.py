@@ -47,7 +47,7 @@ from ratchet.config import CONFIG_FILE, Config, Duration
 from ratchet.ledger import Candidate
 from ratchet.procs import CappedLog
 from ratchet.proposers import ProposalContext, Proposer, ProposerError, scratch
-from ratchet.proposers.agent_clis import PRESETS, failure_reason, private_home
+from ratchet.proposers.agent_clis import PRESETS, failure_reason
 from ratchet.proposers.context import (
     build_context,
     context_settings,
@@ -211,10 +211,10 @@ class AgentProposer(Proposer):
                 fallback: str) -> Proposal:
         # a home and a temp dir of its own, inside the only place it may write: CLIs keep
         # sessions and caches there (the real HOME is out of reach in the sandbox), with
-        # copies of the config dirs the user names (agent_clis.private_home)
+        # copies of the config dirs the user names (scratch.private_home)
         env = {**self.env, "RATCHET_WORKTREE": str(copy.tree),
                "RATCHET_PROMPT_FILE": str(prompt_file),
-               **private_home(copy.root, self.env)}
+               **scratch.private_home(copy.root, self.env)}
         env["XDG_CACHE_HOME"] = str(Path(env["HOME"]) / ".cache")
         scratch.keep_path_in_login_shells(Path(env["HOME"]), env.get("PATH", ""))
         policy = self._policy(argv, env, copy, ctx)

@@ -20,6 +20,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,6 +109,45 @@ def blob_id(data: bytes, length: int) -> str:
     """git's id of a blob holding `data` (sha1, or sha256 in a sha256 repository)."""
     digest = hashlib.sha256 if length == 64 else hashlib.sha1
     return digest(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+# Variables naming a CLI's configuration directory, which the CLI also writes to as it runs.
+# When the user names one in `[agent] env`, the agent gets a copy (top-level files only:
+# config and credentials, not the sessions and logs beside them), never the directory.
+CONFIG_DIRS = {"CODEX_HOME": ".codex", "CLAUDE_CONFIG_DIR": ".claude"}
+CONFIG_FILE_BYTES = 1 << 20
+
+
+def private_home(root: Path, env: Mapping[str, str]) -> dict[str, str]:
+    """HOME, TMPDIR and named config directories for one agent, all under `root` (its
+    copy's root, the only place it may write).
+
+    The home is fresh, so the user's own dotfiles and logins stay out of the agent's
+    reach; what it needs comes through the variables the user names. TMPDIR is a sibling
+    of the home, not its parent: Codex will not create its helper binaries under the temp
+    dir. Claude Code writes ~/.claude and ~/.claude.json, Codex $CODEX_HOME, aider its
+    history and caches: all land here.
+    """
+    home, tmp = root / "home", root / "tmp"
+    for d in (home, tmp):
+        d.mkdir(mode=0o700, exist_ok=True)
+    out = {"HOME": str(home), "TMPDIR": str(tmp)}
+    for name, dotdir in CONFIG_DIRS.items():
+        source = env.get(name)
+        if source:
+            out[name] = str(_copy_config(Path(source), home / dotdir))
+    return out
+
+
+def _copy_config(source: Path, target: Path) -> Path:
+    target.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(source):
+            # regular files only, never through a link: the agent gets contents, not paths
+            if entry.is_file(follow_symlinks=False) and \
+                    entry.stat(follow_symlinks=False).st_size <= CONFIG_FILE_BYTES:
+                shutil.copyfile(entry.path, target / entry.name, follow_symlinks=False)
+    return target
 
 
 def keep_path_in_login_shells(home: Path, path: str) -> None:
