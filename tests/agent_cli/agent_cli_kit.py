@@ -60,3 +60,28 @@ def make_ca(d: Path) -> LoopbackCA:
     for name in ("ca.pem", "server.pem"):
         os.chmod(d / name, 0o644)
     return LoopbackCA(d / "ca.pem", d / "server.pem", d / "server.key")
+
+
+@dataclass(frozen=True)
+class SandboxLevel:
+    """The agent sandbox a test runs the CLI in, and the PATH entries that make it so."""
+
+    name: str  # as the candidate's params record it
+    path: tuple[str, ...] = ()  # put first on the driver's PATH
+
+
+def sandbox_level(name: str, tmp_path: Path) -> SandboxLevel:
+    """`bwrap`, or `pidns` as on a machine without bubblewrap: a PATH whose bwrap fails."""
+    from ratchet import sandbox
+
+    if name == "bwrap":
+        if not sandbox.bwrap_works():
+            pytest.skip("bubblewrap does not work here (apt-get install bubblewrap)")
+        return SandboxLevel(name)
+    if sandbox.unshare_prefix() is None:
+        pytest.skip("unshare cannot make a PID namespace here")
+    stub = tmp_path / "no-bwrap"
+    stub.mkdir()
+    (stub / "bwrap").write_text("#!/bin/sh\nexit 1\n")
+    (stub / "bwrap").chmod(0o755)
+    return SandboxLevel(name, (str(stub),))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from agent_cli_kit import LoopbackCA, make_ca
+from agent_cli_kit import LoopbackCA, SandboxLevel, make_ca, sandbox_level
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -17,3 +17,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def test_ca(tmp_path_factory: pytest.TempPathFactory) -> LoopbackCA:
     return make_ca(tmp_path_factory.mktemp("ca"))
+
+
+@pytest.fixture(params=["bwrap", "pidns"])
+def level(request: pytest.FixtureRequest, tmp_path) -> SandboxLevel:
+    """Each CLI runs in the agent sandbox with bubblewrap, and as on a machine without it."""
+    return sandbox_level(request.param, tmp_path)

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from agent_cli_kit import AGENTS_BIN, LoopbackCA, cli
+from agent_cli_kit import AGENTS_BIN, LoopbackCA, SandboxLevel, cli
 from agent_server import AgentServer, Call, ConnectProxy, Say, Turn
 from helpers import git, ratchet, results_tsv, score_repo
 
@@ -39,13 +39,14 @@ def study_repo(tmp_path: Path, agent_toml: str) -> Path:
         backend='[backend]\nkind = "local"\nslots = 1\n')
 
 
-def run_study(repo: Path, env: dict[str, str], cli_name: str, server: AgentServer) -> dict:
+def run_study(repo: Path, env: dict[str, str], cli_name: str, server: AgentServer,
+              level: SandboxLevel) -> dict:
     """`ratchet run` as a user would start it, with every model request through a proxy; the
     agent candidate's row, its log and the run's time."""
     with ConnectProxy() as proxy:
         # the CLIs first, then this interpreter's directory: the agent's `python` check runs
         # the project's Python, as in a user's activated virtual environment
-        path = os.pathsep.join([str(AGENTS_BIN), str(Path(sys.executable).parent),
+        path = os.pathsep.join([*level.path, str(AGENTS_BIN), str(Path(sys.executable).parent),
                                 os.environ["PATH"]])
         env = {**env, "HTTPS_PROXY": proxy.url, "PATH": path}
         start = time.monotonic()
@@ -60,8 +61,10 @@ def run_study(repo: Path, env: dict[str, str], cli_name: str, server: AgentServe
     row = rows[0]
     log = Path(row.params["agent"]["log"]).read_text() if row.params.get("agent") else ""
     assert row.status == "keep", f"{row.status}: {row.reasons}\n--- agent log ---\n{log[-3000:]}"
+    assert row.params["agent"].get("sandbox") == level.name  # it ran in the agent sandbox
     agent_seconds = row.params["agent"]["seconds"]
-    print(f"\n{cli_name}: agent {agent_seconds:.1f} s, whole `ratchet run` {seconds:.1f} s")
+    print(f"\n{cli_name} ({level.name}): agent {agent_seconds:.1f} s, "
+          f"whole `ratchet run` {seconds:.1f} s")
     assert agent_seconds < AGENT_TIMEOUT / 2
     # the user's view: the kept row in results.tsv and the edit on the study branch
     kept = [r for r in results_tsv(repo) if r["status"] == "keep"]
@@ -87,7 +90,7 @@ def claude_script(turn: Turn) -> Say | Call:
     return Say(f"The evaluator now prints: {done[-1].strip()}\n\nDESCRIPTION: {DESCRIPTION}")
 
 
-def test_claude_code_edit_is_kept(tmp_path, test_ca: LoopbackCA):
+def test_claude_code_edit_is_kept(tmp_path, test_ca: LoopbackCA, level: SandboxLevel):
     cli("claude")
     with AgentServer(claude_script, tls=(test_ca.cert, test_ca.key)) as server:
         repo = study_repo(tmp_path, '[agent]\npreset = "claude"\ntimeout = "180s"\n'
@@ -95,7 +98,7 @@ def test_claude_code_edit_is_kept(tmp_path, test_ca: LoopbackCA):
                           '"HTTPS_PROXY", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"]\n')
         run = run_study(repo, {"ANTHROPIC_API_KEY": "sk-ant-test", "ANTHROPIC_BASE_URL": server.url,
                                "NODE_EXTRA_CA_CERTS": str(test_ca.ca),
-                               "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}, "claude", server)
+                               "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}, "claude", server, level)
     main = server.main_turns
     assert main and all(t.body.get("stream") for t in main), "Claude Code streams its turns"
     results = main[-1].tool_results
@@ -147,7 +150,7 @@ stream_max_retries = 0
     return home
 
 
-def test_codex_edit_is_kept(tmp_path, test_ca: LoopbackCA):
+def test_codex_edit_is_kept(tmp_path, test_ca: LoopbackCA, level: SandboxLevel):
     cli("codex")
     # Codex will not create its helper binaries under the temporary directory, and the
     # test's CODEX_HOME lives there: give the agent a TMPDIR of its own, as a user's
@@ -159,7 +162,7 @@ def test_codex_edit_is_kept(tmp_path, test_ca: LoopbackCA):
                           'env = ["OPENAI_API_KEY", "CODEX_HOME", "SSL_CERT_FILE", "HTTPS_PROXY"]\n')
         run = run_study(repo, {"OPENAI_API_KEY": "sk-test", "TMPDIR": str(scratch),
                                "SSL_CERT_FILE": str(test_ca.ca),
-                               "CODEX_HOME": str(codex_home(tmp_path, server.url))}, "codex", server)
+                               "CODEX_HOME": str(codex_home(tmp_path, server.url))}, "codex", server, level)
     main = server.main_turns
     assert main and all(t.api == "responses" and t.body.get("stream") for t in main)
     results = main[-1].tool_results
@@ -183,7 +186,8 @@ def aider_script(turn: Turn) -> Say:
     return Say(f"Moving X to the vertex.\n\n{edit}\nDESCRIPTION: {DESCRIPTION}\n")
 
 
-def test_aider_edit_is_kept_without_its_cache(tmp_path, test_ca: LoopbackCA):
+def test_aider_edit_is_kept_without_its_cache(tmp_path, test_ca: LoopbackCA,
+                                             level: SandboxLevel):
     cli("aider")
     with AgentServer(aider_script, tls=(test_ca.cert, test_ca.key)) as server:
         repo = study_repo(tmp_path, '[agent]\npreset = "aider"\ntimeout = "180s"\n'
@@ -192,7 +196,7 @@ def test_aider_edit_is_kept_without_its_cache(tmp_path, test_ca: LoopbackCA):
         run = run_study(repo, {"OPENAI_API_KEY": "sk-test", "OPENAI_API_BASE": f"{server.url}/v1",
                                "SSL_CERT_FILE": str(test_ca.ca),
                                "AIDER_MODEL": "openai/ratchet-test",
-                               "LITELLM_LOCAL_MODEL_COST_MAP": "True"}, "aider", server)
+                               "LITELLM_LOCAL_MODEL_COST_MAP": "True"}, "aider", server, level)
     main = server.main_turns
     assert main and all(t.api == "chat" for t in main)
     assert "Applied edit to solution.py" in run["log"]
