@@ -152,15 +152,10 @@ stream_max_retries = 0
 
 def test_codex_edit_is_kept(tmp_path, test_ca: LoopbackCA, level: SandboxLevel):
     cli("codex")
-    # Codex will not create its helper binaries under the temporary directory, and the
-    # test's CODEX_HOME lives there: give the agent a TMPDIR of its own, as a user's
-    # machine would have one elsewhere.
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
     with AgentServer(codex_script, tls=(test_ca.cert, test_ca.key)) as server:
         repo = study_repo(tmp_path, '[agent]\npreset = "codex"\ntimeout = "180s"\n'
                           'env = ["OPENAI_API_KEY", "CODEX_HOME", "SSL_CERT_FILE", "HTTPS_PROXY"]\n')
-        run = run_study(repo, {"OPENAI_API_KEY": "sk-test", "TMPDIR": str(scratch),
+        run = run_study(repo, {"OPENAI_API_KEY": "sk-test",
                                "SSL_CERT_FILE": str(test_ca.ca),
                                "CODEX_HOME": str(codex_home(tmp_path, server.url))}, "codex", server, level)
     main = server.main_turns
