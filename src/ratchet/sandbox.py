@@ -205,7 +205,10 @@ def _runtime_paths() -> list[Path]:
     paths = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix),
              Path(os.path.realpath(sys.executable)).parent.parent}
     paths.update(Path(p) for p in sys.path if p and Path(p).is_dir())
-    paths.update(Path(p) for p in os.environ.get("PATH", "").split(os.pathsep) if p)
+    on_path = [Path(p) for p in os.environ.get("PATH", "").split(os.pathsep) if p]
+    paths.update(on_path)
+    # a version manager's shims (pyenv's `python`) run its own scripts from its root
+    paths.update(a for p in on_path for a in p.parents if a.name in (".pyenv", ".rbenv"))
     return sorted(p.resolve() for p in paths if p.is_absolute() and p.exists())
 
 
@@ -226,7 +229,9 @@ def private_ancestors(paths: Iterable[Path], uid: int) -> dict[Path, set[Path]]:
         outer = next((o for o in cover if o != inner and o in inner.parents), None)
         if outer is not None:
             cover[outer] |= cover.pop(inner)
-    return cover
+    # a path inside another kept one comes with it
+    return {a: {p for p in keep if not any(o in p.parents for o in keep)}
+            for a, keep in cover.items()}
 
 
 def reachable(path: Path, uid: int) -> bool:
@@ -293,6 +298,18 @@ def _readonly(policy: Policy) -> list[Path]:
     return [Path(p) for p in policy.readonly if Path(p).exists()]
 
 
+def _under_tmp(policy: Policy, cover: Mapping[Path, set[Path]]) -> list[Path]:
+    """What the party needs that lives under /tmp (a checkout and its venv there, say):
+    put back read-only over its private /tmp, or it could not even start the warden."""
+    if not policy.private_tmp:
+        return []
+    kept = {p for keep in cover.values() for p in keep}
+    tmp = Path("/tmp")
+    found = sorted({p for p in _needed(policy) if tmp in p.parents and p not in kept
+                    and not any(Path(w) == p or Path(w) in p.parents for w in policy.writable)})
+    return [p for p in found if not any(o in p.parents for o in found)]
+
+
 def _split_hidden(policy: Policy) -> tuple[list[str], list[str]]:
     """Hidden paths that contain writable ones are emptied before those are put back (the
     study's state directory around the job's own); the others last (data inside a tree)."""
@@ -319,7 +336,8 @@ def command(level: Level | str, argv: Sequence[str], policy: Policy, *,
             "cover": [str(a) for a in sorted(cover)] + hide_first
             + (["/tmp"] if policy.private_tmp else [])
             + (["/dev/shm"] if not policy.shared_shm and Path("/dev/shm").is_dir() else []),
-            "bind-ro": [str(p) for keep in cover.values() for p in sorted(keep)]
+            "bind-ro": [str(p) for p in _under_tmp(policy, cover)]
+            + [str(p) for keep in cover.values() for p in sorted(keep)]
             + [str(p) for p in _readonly(policy)],
             "bind-rw": [str(p) for p in policy.writable],
             "hide": hide_last,
@@ -365,6 +383,8 @@ def _bwrap_args(policy: Policy, cover: Mapping[Path, set[Path]]) -> list[str]:
         return [arg for d in parents for arg in ("--perms", "0755", "--dir", str(d))] + [
             flag, str(path), str(path)]
 
+    for needed in _under_tmp(policy, cover):
+        args += bind("--ro-bind", needed)
     for ancestor, keep in sorted(cover.items()):
         args += ["--tmpfs", str(ancestor)]
         for path in sorted(keep):

@@ -442,7 +442,7 @@ class Loop:
             self.ledger.update(cand_id, "judged:rejected", status="rejected",
                                reasons="tampering: the ledger's commit is not the one its "
                                        "ref names", judged_at=time.time(), **restore)
-            written[cand_id] = ("rejected", self.ledger.candidate(cand_id).metric)
+            written[cand_id] = ("rejected", self.ledger.row(cand_id).metric)
         return written
 
     def check_baseline(self, ids: list[str]) -> None:
