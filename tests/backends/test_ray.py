@@ -72,10 +72,13 @@ def test_study_on_ray_survives_a_killed_driver_and_matches_local(tmp_path, ray_c
     again = subprocess.run([*RATCHET, "run"], cwd=repo, capture_output=True, text=True,
                            timeout=300, env=env)
     assert again.returncode == 0, again.stderr[-2000:]
+    # the candidates' jobs; confirmation pairs (-r0001-0, ...) are jobs of their own, each
+    # recorded and run exactly once too
     expected = sorted(f"{study_name}-c{n:04d}-0" for n in range(9))
-    assert sorted(records(repo)) == expected
+    pairs = sorted(j for j in records(repo) if j.startswith(f"{study_name}-r"))
+    assert sorted(records(repo)) == sorted(expected + pairs)
     runs = trace.read_text().split()
-    assert sorted(runs) == expected, runs  # every job ran exactly once
+    assert sorted(runs) == sorted(expected + pairs), runs  # every job ran exactly once
     ray_rows = summary(repo)
     assert all(status in ("keep", "discard") for _, status, _, _ in ray_rows), ray_rows
 
@@ -176,7 +179,8 @@ def test_job_mode_places_one_ray_job_per_candidate(tmp_path, ray_cluster):  # no
     assert all(c.status in ("keep", "discard") for c in cands)
     assert all(c.extra["data_ok"] == 1 for c in cands)
     ids = submission_ids(ray_cluster["address"], name)
-    assert sorted(i for i in ids if "-prep-" not in i) == \
+    # one Ray job per candidate (confirmation pairs, -r0001-..., are jobs of their own)
+    assert sorted(i for i in ids if "-prep-" not in i and f"{name}-r" not in i) == \
         sorted(f"{name}-c{n:04d}-0" for n in range(len(cands)))
 
 
