@@ -20,7 +20,9 @@ def test_no_candidate_repeats_the_baseline_or_another(tmp_path):
     # K=4 for 4 rounds asks for 15 experiments; the knobs allow only 12 (the baseline
     # included), so the tuner is pushed to the end of the space, where a repeat would be
     toml = (example / "ratchet.toml").read_text().replace("parallel = 2", "parallel = 4").replace(
-        "co_run_incumbent = true", "co_run_incumbent = false")
+        "co_run_incumbent = true", "co_run_incumbent = false").replace(
+        # this test's stand-in evaluator imports the kernel in-process (it tests the tuner)
+        "python -P evaluate.py", "python evaluate.py")
     repo = make_repo(tmp_path / "k", {
         "ratchet.toml": toml,
         "kernel.py": (example / "kernel.py").read_text(),

@@ -69,5 +69,7 @@ def test_a_study_learns_how_long_its_jobs_take(tmp_path):
         cands = study.ledger.candidates()
     finally:
         study.close()
-    assert len(took) == len([c for c in cands if c.status in ("keep", "discard")]) == 2
+    # every finished job's time: the candidates' and any confirmation pairs'
+    judged = [c for c in cands if c.status in ("keep", "discard")]
+    assert len(judged) == 2 and len(took) >= len(judged)
     assert all(0 < t < 30 for t in took)

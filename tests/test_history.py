@@ -39,7 +39,8 @@ def test_log_has_one_line_per_candidate_like_git_log_oneline(study):
     assert len(lines) == len(cands) == 8  # baseline + 7 proposals
     for line, cand in zip(lines, cands, strict=True):
         fields = line.split()
-        assert fields[:3] == [cand.id, cand.short, cand.status]
+        # a proposal refused before it became a commit shows a placeholder for it
+        assert fields[:3] == [cand.id, cand.short or "-------", cand.status]
         assert fields[3] == "score=" + ("-" if cand.metric is None else f"{cand.metric:.6g}")
         assert fields[4] == "gain=" + ("-" if cand.gain is None else f"{cand.gain:+.4g}")
     line_of = dict(zip((c.id for c in cands), lines, strict=True))
@@ -102,9 +103,12 @@ def test_diff_between_candidates_incumbent_and_baseline(study):
     assert "-X = 2.0" in proc.stdout and "+X = 1.5" in proc.stdout
     assert diff(study, x2.commit_sha[:8], x15.id).stdout == proc.stdout
 
-    # the rejected one, which rewrote the evaluator
-    proc = diff(study, ideas["edit the evaluator"].id, "incumbent")
-    assert "evaluate.py" in proc.stdout and 'print("score: 0")' in proc.stdout
+    # the rejected one, which rewrote the evaluator: refused before it became a commit,
+    # so there is nothing to diff, and the one line says why
+    refused = ideas["edit the evaluator"].id
+    proc = ratchet(study.repo, "diff", refused, "incumbent")
+    assert proc.returncode != 0 and "has no commit" in proc.stderr
+    assert "touches protected path evaluate.py" in proc.stderr
 
     proc = diff(study, x14.id, "incumbent")
     assert proc.stdout == "" and "no difference" in proc.stderr
