@@ -34,6 +34,14 @@ def new_key() -> bytes:
     return secrets.token_bytes(KEY_BYTES)
 
 
+def write_key_file(path: Path, key: bytes, *, exclusive: bool = False) -> None:
+    """`key` as hex in a file only its owner can read (`exclusive`: refuse a file that is
+    already there, one someone else may have planted)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
+    with os.fdopen(os.open(path, flags, 0o600), "w") as fh:
+        fh.write(key.hex())
+
+
 def _mac(key: bytes, job_id: str, text: str) -> str:
     return hmac.new(key, job_id.encode() + b"\0" + text.encode(), hashlib.sha256).hexdigest()
 
@@ -81,9 +89,7 @@ class KeyStore:
             os.chmod(self.dir, 0o700)
         key = new_key()
         tmp = self.dir / f".{job_id}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(key.hex())
+        write_key_file(tmp, key)
         os.replace(tmp, self._path(job_id))
         return key
 
@@ -95,11 +101,7 @@ class KeyStore:
 
     def write_for_worker(self, job_id: str, job_dir: Path) -> None:
         """For engines that ship the job directory: the key beside the spec, 0600."""
-        key = self.create(job_id)
-        path = Path(job_dir) / KEY_FILE
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(key.hex())
+        write_key_file(Path(job_dir) / KEY_FILE, self.create(job_id))
 
 
 def take_key_file(job_dir: Path) -> bytes | None:

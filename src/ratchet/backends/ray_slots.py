@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from ratchet.jobspec import JobResult, JobSpec, Slot, worker_env
+from ratchet.seal import KEY_FILE, write_key_file
 from ratchet.vocab import JobState
 
 # job states as the actor reports them (JobState's words: they cross to the driver as text)
@@ -78,9 +79,7 @@ class SlotRunner:
                 (job_dir / "holdout.tar").write_bytes(holdout)
                 (job_dir / "holdout.tar").chmod(0o600)
             if key_hex:  # the worker reads and deletes it before any candidate code runs
-                fd = os.open(job_dir / "job.key", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "w") as fh:
-                    fh.write(key_hex)
+                write_key_file(job_dir / KEY_FILE, bytes.fromhex(key_hex), exclusive=True)
             self.jobs[job_id] = {"state": PENDING, "times": {"received": time.time()},
                                  "spec": spec_json, "snapshot": snapshot}
             self.queue.append(job_id)

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from ratchet.jobspec import RESULT_MARKER, JobResult, JobSpec, scrub_env
-from ratchet.seal import KEY_FILE, take_key_file
+from ratchet.seal import KEY_FILE, take_key_file, write_key_file
 
 PREP_MARKER = "RATCHET-PREP-RESULT: "
 HOLDOUT_TAR = "holdout.tar"  # shipped with the hold-out follow-up job only
@@ -133,9 +133,7 @@ def run_job(spec_path: Path, workdir: Path | None, archive: Path | None,
     shipped = place_holdout(spec, holdout)
     (job_dir / "spec.json").write_text(spec.to_json())
     if key is not None:  # for the worker, in the private job directory
-        fd = os.open(job_dir / KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(key.hex())
+        write_key_file(job_dir / KEY_FILE, key)
     scratch = None
     if workdir is None:
         if archive is None:
