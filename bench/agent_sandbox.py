@@ -31,8 +31,8 @@ from pathlib import Path  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from ratchet import sandbox  # noqa: E402
-from ratchet.config import load_config  # noqa: E402
+from ratchet.driver.config import load_config  # noqa: E402
+from ratchet.job import sandbox  # noqa: E402
 from ratchet.proposers import ProposalContext  # noqa: E402
 from ratchet.proposers import agent as agent_module  # noqa: E402
 from ratchet.proposers.agent import AgentProposer  # noqa: E402

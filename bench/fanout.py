@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from synthetic import make_repo  # noqa: E402  (bench/, next to this file)
 
-from ratchet.ledger import Ledger  # noqa: E402
+from ratchet.driver.ledger import Ledger  # noqa: E402
 
 JOBS = 16
 

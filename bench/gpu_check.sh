@@ -60,7 +60,7 @@ RATCHET=("$PY" -m ratchet.cli)
 if ! "$PY" - >"$LOGS/env.txt" 2>&1 <<'PYEOF'
 import sys
 import torch, triton, numpy
-import ratchet.kernels as rk
+import ratchet.evaluator.kernels as rk
 print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__, "numpy", numpy.__version__)
 print("cuda available", torch.cuda.is_available(), "devices", torch.cuda.device_count())
 print("device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
@@ -74,7 +74,7 @@ nvidia-smi >"$LOGS/nvidia-smi.txt" 2>&1 || true
 
 log "step 1: peaks and hardware.md"
 timeout 120 "$PY" - "$LOGS" >"$LOGS/peaks.log" 2>&1 <<'PYEOF' || { log "peaks FAILED (see peaks.log)"; status=1; }
-import sys, torch, ratchet.kernels as rk
+import sys, torch, ratchet.evaluator.kernels as rk
 p = rk.measure_peaks("cuda", dtypes=("float32", "float16", "bfloat16"))
 print(p)
 rk.write_hardware_md(f"{sys.argv[1]}/hardware.md")
@@ -86,7 +86,7 @@ import importlib.util, json, sys
 import numpy as np
 import torch
 import triton.testing as tt
-import ratchet.kernels as rk
+import ratchet.evaluator.kernels as rk
 
 example, dest = sys.argv[1], sys.argv[2]
 spec = importlib.util.spec_from_file_location("kernel_for_agreement", f"{example}/kernel.py")

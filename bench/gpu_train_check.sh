@@ -72,7 +72,7 @@ if [[ "${SKIP_INSTALL:-0}" != 1 ]]; then  # SKIP_INSTALL=1: ratchet is installed
 fi
 RATCHET=("$PY" -m ratchet.cli)
 "$PY" - >"$LOGS/env.txt" 2>&1 <<'PYEOF'
-import sys, torch, numpy, ratchet, ratchet.channel, optuna, pydantic
+import sys, torch, numpy, ratchet, ratchet.evaluator.channel, optuna, pydantic
 print("python", sys.version.split()[0], "torch", torch.__version__, "numpy", numpy.__version__)
 print("gpu", torch.cuda.get_device_name(0), "devices", torch.cuda.device_count())
 PYEOF
@@ -83,7 +83,7 @@ nvidia-smi >"$LOGS/nvidia-smi.txt" 2>&1 || true
 # ---------------------------------------------------------------- 1. peak
 log "step 1: bf16 matmul peak"
 timeout 120 "$PY" -c "
-from ratchet.kernels.roofline import measure_peaks
+from ratchet.evaluator.kernels.roofline import measure_peaks
 p = measure_peaks('cuda', dtypes=('bfloat16',))
 print(f'bf16 peak: {p.peak_flops(\"bfloat16\") / 1e12:.1f} TFLOP/s on {p.device}')
 " >"$LOGS/peak.log" 2>&1 || { log "peak FAILED (peak.log)"; status=1; }

@@ -95,7 +95,7 @@ def main() -> int:
         for d in (old, new):
             for sub in d.rglob("*"):
                 sub.chmod(0o755 if sub.is_dir() else 0o644)
-        from ratchet import sandbox  # noqa: PLC0415
+        from ratchet.job import sandbox  # noqa: PLC0415
 
         print(f"old: harness at {args.rev}; off / jail: this checkout, child unconfined / confined "
               f"(here: {sandbox.choose('auto')}, uid dropped: {os.geteuid() == 0}); {args.reps} interleaved reps")

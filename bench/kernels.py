@@ -3,7 +3,7 @@
 Runs examples/kernel-cpu/kernel.py (a chunked numpy row-softmax) with its starting
 setting CHUNK_ROWS=1 ("before": one numpy call per row) and with the setting a real
 `ratchet run` study on a scratch copy of the example kept ("after"), checks
-both with ratchet.kernels.check, times them interleaved with ratchet.kernels.compare,
+both with ratchet.evaluator.kernels.check, times them interleaved with ratchet.evaluator.kernels.compare,
 and places each shape on the roofline. Prints a side-by-side table and records it
 (with the command) in bench/RESULTS.md under "## Kernel harness (bench/kernels.py)",
 replacing only that section.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-import ratchet.kernels as rk
+import ratchet.evaluator.kernels as rk
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "kernel-cpu"
@@ -47,7 +47,7 @@ def run_study(rounds: int) -> tuple[dict, str]:
     import subprocess
     import tempfile
 
-    from ratchet.ledger import Ledger
+    from ratchet.driver.ledger import Ledger
     from ratchet.proposers.knobs import find_knob
 
     work = Path(tempfile.mkdtemp(prefix="ratchet-kernels-bench-")) / "kernel-cpu"

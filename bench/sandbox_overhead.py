@@ -33,8 +33,8 @@ from pathlib import Path  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from ratchet import sandbox  # noqa: E402
-from ratchet.sandbox import Jail, Level, Policy  # noqa: E402
+from ratchet.job import sandbox  # noqa: E402
+from ratchet.job.sandbox import Jail, Level, Policy  # noqa: E402
 
 
 def old_command(level: Level, argv: list[str], work: Path) -> list[str]:

@@ -43,10 +43,11 @@ from pathlib import Path  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from ratchet import judge, stats  # noqa: E402
-from ratchet.config import Config, loads_config  # noqa: E402
-from ratchet.jobspec import JobResult  # noqa: E402
-from ratchet.ledger import Incumbent, Kind  # noqa: E402
+from ratchet import stats  # noqa: E402
+from ratchet.driver import judge  # noqa: E402
+from ratchet.driver.config import Config, loads_config  # noqa: E402
+from ratchet.driver.ledger import Incumbent, Kind  # noqa: E402
+from ratchet.job.jobspec import JobResult  # noqa: E402
 
 TOML = """
 [task]

@@ -24,7 +24,7 @@
    Target: >= 0.95, against about 0.6 one at a time.
 
 Each study runs in this process (`Study.run`), timed from constructing the study to the
-last verdict. The duty cycle is `ratchet.ledger.throughput`: job time over slots x wall.
+last verdict. The duty cycle is `ratchet.driver.ledger.throughput`: job time over slots x wall.
 
     .venv/bin/python bench/throughput.py [--task-s 3] [--delay 1] [--record]
 """
@@ -49,9 +49,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 import synthetic  # noqa: E402  (bench/, next to this file)
 from llm_server import Answer, LLMServer  # noqa: E402
 
-from ratchet.config import load_config  # noqa: E402
-from ratchet.ledger import Ledger, throughput  # noqa: E402
-from ratchet.study import Study  # noqa: E402
+from ratchet.driver.config import load_config  # noqa: E402
+from ratchet.driver.ledger import Ledger, throughput  # noqa: E402
+from ratchet.driver.study import Study  # noqa: E402
 
 LLM = """
 [llm]
@@ -123,7 +123,7 @@ class FakeModel:
 FRESH_DRIVER = """
 import sys, time
 started = time.time()
-from ratchet.study import Study
+from ratchet.driver.study import Study
 study = Study(sys.argv[1])
 try:
     study.run(rounds=1)

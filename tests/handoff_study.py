@@ -22,7 +22,7 @@ from pathlib import Path
 
 from helpers import config_text, git, make_repo, ratchet
 
-from ratchet.ledger import Candidate, Ledger
+from ratchet.driver.ledger import Candidate, Ledger
 
 EVALUATOR = '''
 import sys

@@ -121,8 +121,8 @@ def job_result(repo: Path, job_id: str) -> dict:
     """A local job's result as the driver reads it: unsealed with the job's own key."""
     import json
 
-    from ratchet.jobspec import JobResult
-    from ratchet.seal import KeyStore
+    from ratchet.job.jobspec import JobResult
+    from ratchet.job.seal import KeyStore
 
     state = repo / ".ratchet"
     key = KeyStore(state).get(job_id)

@@ -10,8 +10,8 @@ import os
 from helpers import make_repo, ratchet
 from llm_server import LLMServer
 
-from ratchet import views
-from ratchet.ledger import Candidate, Ledger
+from ratchet.driver import views
+from ratchet.driver.ledger import Candidate, Ledger
 
 TOML = """
 [task]

@@ -10,7 +10,7 @@ import pytest
 from helpers import RATCHET, ROOT, git, ratchet, score_repo
 from terminal import run_on_tty, screen
 
-from ratchet.study import Study
+from ratchet.driver.study import Study
 
 
 def _one_error_line(proc, *words: str) -> str:

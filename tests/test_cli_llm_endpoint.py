@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from helpers import ratchet, score_repo
 
-from ratchet.study import Study
+from ratchet.driver.study import Study
 
 BODIES = {
     "html": (b"<html><head><title>Welcome</title></head><body>It works!</body></html>",

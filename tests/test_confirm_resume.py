@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from helpers import ratchet, score_repo
 
-from ratchet.ledger import Ledger
+from ratchet.driver.ledger import Ledger
 
 
 def outcome(repo):

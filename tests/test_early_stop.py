@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from helpers import SCORE_SOLUTION, config_text, make_repo, ratchet
 
-from ratchet.ledger import Ledger
+from ratchet.driver.ledger import Ledger
 
 # four "shapes", each taking the score times its size; a stop after three of them
 EVALUATOR = """

@@ -9,7 +9,7 @@ import re
 
 from helpers import score_repo
 
-from ratchet.study import Study
+from ratchet.driver.study import Study
 
 
 def test_the_keep_line_follows_its_rounds_progress(tmp_path):
@@ -36,7 +36,7 @@ def test_the_keep_line_follows_its_rounds_progress(tmp_path):
 
 
 def test_results_are_looked_for_fast_only_around_when_a_job_is_due(tmp_path):
-    from ratchet.jobs import FAST_POLL_S, POLL_S, SLOW_POLL_S
+    from ratchet.driver.jobs import FAST_POLL_S, POLL_S, SLOW_POLL_S
 
     study = Study(score_repo(tmp_path / "r"))
     try:

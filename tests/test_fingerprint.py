@@ -7,7 +7,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from ratchet import fingerprint
+from ratchet.job import fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ def test_versions_read_the_metadata_header_first_on_the_path(tmp_path, monkeypat
 
 
 def test_fingerprint_does_not_import_importlib_metadata():
-    code = ("import sys; from ratchet.fingerprint import machine_fingerprint as f; f(); "
+    code = ("import sys; from ratchet.job.fingerprint import machine_fingerprint as f; f(); "
             "print('importlib.metadata' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env={"PATH": "/usr/bin:/bin",

@@ -6,10 +6,10 @@ import os
 
 from helpers import git, make_repo
 
-from ratchet import gitrepo
-from ratchet.config import load_config
-from ratchet.integrity import pin_protected
-from ratchet.jobspec import PinnedFile
+from ratchet.driver.config import load_config
+from ratchet.driver.integrity import pin_protected
+from ratchet.job import gitrepo
+from ratchet.job.jobspec import PinnedFile
 
 
 def repo_with_modes(tmp_path):

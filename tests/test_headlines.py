@@ -9,8 +9,9 @@ import statistics
 
 from helpers import SCORE_SOLUTION, config_text, make_repo, ratchet
 
-from ratchet import stats, views
-from ratchet.ledger import Ledger
+from ratchet import stats
+from ratchet.driver import views
+from ratchet.driver.ledger import Ledger
 
 # the score is a pure function of X plus a small reproducible noise (by job id): real
 # gains are many noise standard deviations, so they are confirmed beside the incumbent

@@ -13,9 +13,9 @@ import pytest
 from handoff_study import KEPT, handoff_study
 from helpers import ROOT, git, ratchet
 
-from ratchet.fingerprint import fingerprint_key, machine_fingerprint, software_key
-from ratchet.history import reason_kind, success_shares
-from ratchet.ledger import Candidate
+from ratchet.driver.history import reason_kind, success_shares
+from ratchet.driver.ledger import Candidate
+from ratchet.job.fingerprint import fingerprint_key, machine_fingerprint, software_key
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +187,7 @@ def test_progress_png_written_by_run_and_report(study):
 
 
 def fingerprint_in_subprocess(path: str) -> dict:
-    code = "import json; from ratchet.fingerprint import machine_fingerprint as f; print(json.dumps(f()))"
+    code = "import json; from ratchet.job.fingerprint import machine_fingerprint as f; print(json.dumps(f()))"
     env = {**os.environ, "PATH": path, "PYTHONPATH": str(ROOT / "src")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     import json
@@ -204,7 +204,7 @@ def test_fingerprint_is_stable_hostname_free_and_imports_nothing_heavy():
     assert machine_fingerprint() == fp
     fp["cpu"] = "changed by a caller"
     assert machine_fingerprint()["cpu"] != "changed by a caller"  # a copy each time
-    code = ("import sys; from ratchet.fingerprint import machine_fingerprint as f; f(); "
+    code = ("import sys; from ratchet.job.fingerprint import machine_fingerprint as f; f(); "
             "print('torch' in sys.modules, 'numpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})

@@ -1,4 +1,4 @@
-"""ratchet.isolate: candidate code runs in a child process the evaluator only talks to.
+"""ratchet.evaluator.isolate: candidate code runs in a child process the evaluator only talks to.
 
 Real child processes, real shared memory; nothing mocked. Each test states what an
 evaluator author relies on.
@@ -16,8 +16,8 @@ import time
 import numpy as np
 import pytest
 
-from ratchet import isolate
-from ratchet.isolate import CandidateError, CandidateProcess, CandidateTimeout
+from ratchet.evaluator import isolate
+from ratchet.evaluator.isolate import CandidateError, CandidateProcess, CandidateTimeout
 
 CANDIDATE = '''
 import json, os, sys, time
@@ -164,7 +164,7 @@ def test_timeout_kills_the_whole_process_group(cand_path):
 def test_a_killed_evaluator_leaves_no_candidate_behind(cand_path):
     script = (
         "import os, sys\n"
-        "from ratchet.isolate import CandidateProcess\n"
+        "from ratchet.evaluator.isolate import CandidateProcess\n"
         "import threading, time\n"
         f"proc = CandidateProcess({str(cand_path)!r}).start()\n"
         "print(proc.proc.pid, flush=True)\n"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from helpers import config_text
 
-from ratchet import judge
-from ratchet.config import loads_config
-from ratchet.jobspec import JobResult
+from ratchet.driver import judge
+from ratchet.driver.config import loads_config
+from ratchet.job.jobspec import JobResult
 
 
 def config(extra: str = "", task_extra: str = ""):

@@ -47,7 +47,7 @@ def _kernel_repo(tmp_path):
     """examples/kernel-cpu's kernel and knobs in a real git repo; returns (repo, config)."""
     from helpers import ROOT, git, make_repo
 
-    from ratchet.config import load_config
+    from ratchet.driver.config import load_config
 
     example = ROOT / "examples" / "kernel-cpu"
     repo = make_repo(tmp_path / "r", {
@@ -59,7 +59,7 @@ def _kernel_repo(tmp_path):
 
 def _commit_knobs(repo, git, base, **values):
     """A commit on `base` with kernel.py's knobs set to `values` (what a candidate is)."""
-    from ratchet import gitrepo
+    from ratchet.job import gitrepo
 
     source = gitrepo.show(repo, base, "kernel.py")
     for name, value in values.items():
@@ -82,7 +82,7 @@ def _values(proposal):
 
 
 def test_tuner_never_reproposes_the_baseline_after_the_incumbent_moved(tmp_path):
-    from ratchet.ledger import Candidate
+    from ratchet.driver.ledger import Candidate
 
     repo, config, git = _kernel_repo(tmp_path)
     base = git(repo, "rev-parse", "HEAD")
@@ -106,7 +106,7 @@ def test_tuner_never_reproposes_the_baseline_after_the_incumbent_moved(tmp_path)
 def test_tuner_compares_file_contents_not_only_recorded_params(tmp_path):
     """A candidate recorded under other knobs (the config grew a knob) is still the same
     experiment as a proposal that produces the same bytes."""
-    from ratchet.ledger import Candidate
+    from ratchet.driver.ledger import Candidate
 
     repo, config, git = _kernel_repo(tmp_path)
     base = git(repo, "rev-parse", "HEAD")
@@ -127,7 +127,7 @@ def test_tuner_compares_file_contents_not_only_recorded_params(tmp_path):
     assert len(values) == len(set(values)) == 9
     for repeat in [(1, False), (16, False), (256, True)]:
         assert repeat not in values
-    from ratchet import gitrepo
+    from ratchet.job import gitrepo
     earlier = {gitrepo.show(repo, c.commit_sha, "kernel.py") for c in history}
     assert not earlier & {p.files["kernel.py"] for p in proposals}
 
@@ -135,7 +135,7 @@ def test_tuner_compares_file_contents_not_only_recorded_params(tmp_path):
 def test_tune_without_knobs_is_a_proposer_error_not_a_config_error():
     from helpers import config_text
 
-    from ratchet.config import loads_config
+    from ratchet.driver.config import loads_config
     from ratchet.proposers import ProposerError
     from ratchet.proposers.tune import TuneProposer
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ratchet.ledger import SCHEMA_VERSION, Kind, Ledger, LedgerError, Status
+from ratchet.driver.ledger import SCHEMA_VERSION, Kind, Ledger, LedgerError, Status
 
 V0 = Path(__file__).parent / "data" / "ledger-v0.db"
 

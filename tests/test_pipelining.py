@@ -14,8 +14,8 @@ from pathlib import Path
 
 from helpers import ROOT, config_text, git, make_repo, ratchet
 
-from ratchet.ledger import Candidate, Ledger, slot_seconds, throughput
-from ratchet.slots import WaitingLine
+from ratchet.driver.ledger import Candidate, Ledger, slot_seconds, throughput
+from ratchet.job.slots import WaitingLine
 
 BUILD = '''
 import json, os, time
@@ -37,7 +37,7 @@ json.dump({"cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
 '''
 
 EVALUATE = '''
-from ratchet.channel import report
+from ratchet.evaluator.channel import report
 import solution
 report({"score": (solution.X - 1.25) ** 2 + solution.Y ** 2 + solution.Z ** 2})
 '''
@@ -161,7 +161,7 @@ def test_waiting_line_is_first_come_first_served_and_forgets_the_dead(tmp_path):
     assert (first.ahead(), second.ahead()) == (0, 1)
     # a waiter killed while in line: its ticket's lock goes with it, and the line moves on
     code = (f"import sys, time; sys.path.insert(0, {str(ROOT / 'src')!r}); "
-            "from pathlib import Path; from ratchet.slots import WaitingLine; "
+            "from pathlib import Path; from ratchet.job.slots import WaitingLine; "
             f"held = WaitingLine(Path({str(tmp_path)!r}), 'gpu'); "
             "print('in line', flush=True); time.sleep(60)")
     dead = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

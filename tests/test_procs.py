@@ -16,7 +16,7 @@ def test_no_children_sees_a_child_and_its_absence():
     say) are not this test's to see, let alone to kill."""
     code = textwrap.dedent("""
         import subprocess
-        from ratchet import procs
+        from ratchet.job import procs
         alone = procs._no_children()
         child = subprocess.Popen(["sleep", "30"])
         try:
@@ -38,7 +38,7 @@ def test_a_subreaper_kills_a_daemonised_grandchild():
     code = textwrap.dedent("""
         import subprocess, time
         import psutil
-        from ratchet import procs
+        from ratchet.job import procs
         assert procs.become_subreaper()
         subprocess.run(["sh", "-c", "setsid sleep 30 >/dev/null 2>&1 &"], check=True)
         time.sleep(0.2)  # the orphan is ours now

@@ -7,10 +7,10 @@ import pytest
 from helpers import score_repo
 
 from ratchet import proposers
-from ratchet.candidate import Proposal
-from ratchet.config import ConfigError, load_config
+from ratchet.driver.candidate import Proposal
+from ratchet.driver.config import ConfigError, load_config
+from ratchet.driver.study import Study
 from ratchet.proposers import ProposalContext, Proposer, register_proposer
-from ratchet.study import Study
 
 BEST = b'"""Editable."""\n\nX = 1.25\nSLEEP = 0.0\n\n\ndef score():\n    return (X - 1.25) ** 2\n'
 

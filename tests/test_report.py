@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from helpers import config_text, git, make_repo, ratchet
 
-from ratchet.ledger import Ledger
+from ratchet.driver.ledger import Ledger
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(
@@ -228,8 +228,8 @@ def test_report_renders_every_candidate_and_keeps_candidate_text_inert(tmp_path)
 
 
 def test_report_without_matplotlib_is_tables_only_and_reads_dispatch_json(tmp_path, monkeypatch):
-    from ratchet.report import write_report
-    from ratchet.study import Study
+    from ratchet.driver.report import write_report
+    from ratchet.driver.study import Study
 
     repo = study_repo(tmp_path / "r")
     proc = ratchet(repo, "run", "--rounds", "1")
@@ -309,7 +309,7 @@ def test_report_shows_success_shares_by_proposer_and_idea_and_the_roofline(hando
 
 def test_report_shows_each_results_machine(handoff):
     """Each result records the machine that measured it (JobResult.fingerprint), shown in the report."""
-    from ratchet.fingerprint import fingerprint_key, machine_fingerprint, software_key
+    from ratchet.job.fingerprint import fingerprint_key, machine_fingerprint, software_key
 
     dom, raw = report_rows(handoff.repo)
     machines = section(raw, "Machines")

@@ -10,7 +10,7 @@ import psutil
 import pytest
 from helpers import ROOT, config_text, job_result, make_repo, results_tsv
 
-from ratchet.ledger import Ledger
+from ratchet.driver.ledger import Ledger
 
 SLOW_SOLUTION = '''
 """Editable."""

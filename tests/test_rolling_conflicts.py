@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from helpers import config_text, git, make_repo, ratchet
 
-from ratchet.ledger import Ledger
+from ratchet.driver.ledger import Ledger
 
 EVALUATE = '''
-from ratchet.channel import report
+from ratchet.evaluator.channel import report
 import solution
 report({"score": (solution.X - 1.25) ** 2})
 '''

@@ -10,8 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from ratchet.jobspec import JobSpec, Slot
-from ratchet.slots import lease_slot
+from ratchet.job.jobspec import JobSpec, Slot
+from ratchet.job.slots import lease_slot
 
 # another process holds the slot's lock, then lets it go and says when
 HOLDER = """

@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 from helpers import ROOT, config_text, make_repo
 
-from ratchet.ledger import Ledger
-from ratchet.study import Study
+from ratchet.driver.ledger import Ledger
+from ratchet.driver.study import Study
 
 # the evaluator writes down its process's ancestry (no sandbox: the whole tree is visible)
 EVALUATE = '''
@@ -87,7 +87,7 @@ def test_every_job_runs_in_a_spare_forked_by_one_server(tmp_path):
         chain = json.loads((repo / ".ratchet" / "jobs" / f"demo-{cand.id}-0" / "work" /
                             "ancestry.json").read_text())
         # evaluator <- sh <- worker (a forked spare) <- spare server <- this driver
-        at = next(i for i, p in enumerate(chain) if "ratchet.worker" in p["cmdline"])
+        at = next(i for i, p in enumerate(chain) if "ratchet.job.worker" in p["cmdline"])
         worker, server, driver = chain[at], chain[at + 1], chain[at + 2]
         assert "--spare-server" in worker["cmdline"] and "--spare-server" in server["cmdline"]
         assert driver["pid"] == os.getpid()
@@ -155,7 +155,7 @@ def test_a_dead_server_costs_only_speed(tmp_path):
     chains = [json.loads((repo / ".ratchet" / "jobs" / f"demo-{c.id}-0" / "work" /
                           "ancestry.json").read_text()) for c in cands if c.round == 3]
     parents = {next(chain[i + 1]["pid"] for i, p in enumerate(chain)
-                    if "ratchet.worker" in p["cmdline"]) for chain in chains}
+                    if "ratchet.job.worker" in p["cmdline"]) for chain in chains}
     assert parents and not parents & set(killed)
     assert len(cands) == 6 and all(c.status in ("keep", "discard") for c in cands), \
         [(c.id, c.status, c.reasons) for c in cands]
@@ -165,7 +165,7 @@ def test_a_stuck_server_is_waited_for_once_then_replaced(tmp_path):
     """A server that owes spares and does not answer (here: stopped) costs one wait; it is
     killed, its idle spares go with it, and the next placement starts a new server."""
     from ratchet.backends.spares import SpareServer
-    from ratchet.jobspec import worker_env
+    from ratchet.job.jobspec import worker_env
 
     def server_pids() -> set[int]:
         return {p.pid for p in servers_of(tmp_path)

@@ -16,7 +16,7 @@ import pytest
 from cli_shell import sh, user_env
 from helpers import ROOT
 
-from ratchet.config import load_config, loads_config
+from ratchet.driver.config import load_config, loads_config
 
 README = ROOT / "README.md"
 

@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 
 from ratchet import vocab
-from ratchet.ledger import Ledger
+from ratchet.driver.ledger import Ledger
 from ratchet.vocab import JobState, Kind, Status
 
 
@@ -36,7 +36,7 @@ def test_open_and_verdicts_split_every_status_once():
 
 
 def test_the_ledgers_lists_are_the_vocabularys():
-    from ratchet import ledger
+    from ratchet.driver import ledger
 
     assert set(ledger.OPEN) == vocab.OPEN
     assert set(ledger.VERDICTS) == vocab.VERDICTS

@@ -16,11 +16,13 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ratchet import __version__, backends, gitrepo, infra, proposers, views
-from ratchet.config import CONFIG_FILE, Config, load_config
+from ratchet import __version__, backends, proposers
+from ratchet.driver import infra, views
+from ratchet.driver.config import CONFIG_FILE, Config, load_config
+from ratchet.driver.ledger import Candidate
+from ratchet.driver.study import Progress, Study
 from ratchet.errors import UserError
-from ratchet.ledger import Candidate
-from ratchet.study import Progress, Study
+from ratchet.job import gitrepo
 from ratchet.vocab import Kind, Status
 
 # Every string we print is literal text: help, errors, descriptions and reasons often
@@ -106,8 +108,8 @@ def _study_config(top: Path, on_disk: Config) -> tuple[Config, str | None]:
     """The config a study runs with, and where it comes from: the one pinned when the study
     started, else the one committed in HEAD (where a new study starts). An uncommitted
     edit never takes effect: candidates are evaluated against committed files only."""
-    from ratchet.config import loads_config
-    from ratchet.ledger import Ledger
+    from ratchet.driver.config import loads_config
+    from ratchet.driver.ledger import Ledger
 
     db = top / ".ratchet" / "ledger.db"
     if db.exists():
@@ -322,7 +324,7 @@ def run(
 
 
 def _print_summary(study: Study) -> None:
-    from ratchet.ledger import Ledger
+    from ratchet.driver.ledger import Ledger
 
     ledger = Ledger(study.state_dir / "ledger.db")
     cands = ledger.candidates()
@@ -436,7 +438,7 @@ def status(
         created = ledger.get("created")
         wall = (max((c.finished_at or 0) for c in cands) - created) if cands and created else 0.0
         hypotheses = sum(1 for c in cands if c.kind == Kind.CANDIDATE and c.is_judged)
-        from ratchet.ledger import throughput  # duty cycle and the limit, from the ledger
+        from ratchet.driver.ledger import throughput  # duty cycle and the limit, from the ledger
 
         busy = throughput(cands, study.busy_slots)
         summary = {
@@ -592,7 +594,7 @@ def idea(
 @app.command()
 def report(repo: RepoOption = Path(".")) -> None:
     """Write the HTML report under .ratchet/report/."""
-    from ratchet.report import write_report
+    from ratchet.driver.report import write_report
 
     with open_study(repo) as study:
         path = write_report(study)
@@ -605,8 +607,8 @@ def report(repo: RepoOption = Path(".")) -> None:
 
 def _write_progress(study: Study) -> None:
     """progress.png next to results.tsv (a view of the ledger, like results.tsv)."""
-    from ratchet.ledger import Ledger
-    from ratchet.progress import write_progress_png
+    from ratchet.driver.ledger import Ledger
+    from ratchet.driver.progress import write_progress_png
 
     ledger = Ledger(study.state_dir / "ledger.db")
     try:
@@ -627,7 +629,7 @@ def log_(
     repo: RepoOption = Path("."),
 ) -> None:
     """One line per candidate, like git log --oneline: id, commit, status, metric, gain, description."""
-    from ratchet.history import HistoryError, log_line, select
+    from ratchet.driver.history import HistoryError, log_line, select
 
     with open_study(repo) as study:
         try:
@@ -645,7 +647,7 @@ def diff_(
     repo: RepoOption = Path("."),
 ) -> None:
     """The diff from A to B: two candidates, or a candidate and the incumbent or baseline."""
-    from ratchet.history import HistoryError, diff
+    from ratchet.driver.history import HistoryError, diff
 
     with open_study(repo) as study:
         try:
@@ -666,7 +668,7 @@ def export_(
     repo: RepoOption = Path("."),
 ) -> None:
     """Create branch NAME from the study start: one commit per kept step (HEAD untouched)."""
-    from ratchet.export import ExportError, StudyView, export
+    from ratchet.driver.export import ExportError, StudyView, export
 
     with open_study(repo) as study:
         view = StudyView(study.repo, study.ledger, study.name, study.config.metric.name,

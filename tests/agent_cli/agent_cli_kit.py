@@ -72,7 +72,7 @@ class SandboxLevel:
 
 def sandbox_level(name: str, tmp_path: Path) -> SandboxLevel:
     """`bwrap`, or `pidns` as on a machine without bubblewrap: a PATH whose bwrap fails."""
-    from ratchet import sandbox
+    from ratchet.job import sandbox
 
     if name == "bwrap":
         if not sandbox.bwrap_works():

@@ -14,7 +14,7 @@ from agent_cli_kit import AGENTS_BIN, cli
 from agent_server import AgentServer, Say, Turn
 from helpers import git, score_repo
 
-from ratchet.config import load_config
+from ratchet.driver.config import load_config
 from ratchet.proposers import ProposalContext
 from ratchet.proposers.agent import AgentProposer
 from ratchet.proposers.agent_clis import failure_reason

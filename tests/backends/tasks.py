@@ -140,7 +140,7 @@ def make_task(root: Path, *, backend: str, extra: str = "", parallel: int = 3, r
 
 def summary(repo: Path) -> list[tuple]:
     """(candidate, status, metric, knob.py content) for every candidate, from the ledger."""
-    from ratchet.ledger import Ledger
+    from ratchet.driver.ledger import Ledger
 
     ledger = Ledger(repo / ".ratchet" / "ledger.db")
     try:
@@ -166,9 +166,9 @@ def check_holdout_everywhere(tmp_path: Path, monkeypatch, *, backend: str, extra
     4 distinct draws from 5 values with 3 overfit ones: at least one is rejected."""
     import os
 
-    from ratchet.backends.remote import holdout_root
-    from ratchet.sandbox import bwrap_works
-    from ratchet.study import Study
+    from ratchet.driver.study import Study
+    from ratchet.job.node import holdout_root
+    from ratchet.job.sandbox import bwrap_works
 
     roots = [str(holdout_root()), *map(str, scan)]
     if bwrap_works():  # the driver's own copy: hidden from candidates by the sandbox only

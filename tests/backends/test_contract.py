@@ -22,7 +22,7 @@ from ray_cluster import ray_cluster  # noqa: F401  (session fixture, used by the
 from tasks import make_task
 
 from ratchet.backends import Backend
-from ratchet.study import Study
+from ratchet.driver.study import Study
 
 FAKES = Path(__file__).parent / "fakes"
 HANG = 12  # the task's evaluator sleeps an hour for X = 12
@@ -56,7 +56,7 @@ ENGINES = [pytest.param(_local, id="local"), pytest.param(_slurm, id="slurm-fake
 def job_of(study: Study, x: int):
     """A recorded candidate setting X, and its job spec (the study's own)."""
     study.ensure_started()
-    from ratchet import gitrepo
+    from ratchet.job import gitrepo
 
     pinned = study.ledger.get("pinned")
     commit = gitrepo.commit_files(study.repo, pinned, {"knob.py": f"X = {x}\n".encode()},

@@ -16,10 +16,10 @@ from pydantic import BaseModel, ConfigDict
 from ratchet import backends
 from ratchet.backends import make_backend, register_backend
 from ratchet.backends.local import LocalBackend
-from ratchet.config import Backend as BackendSection
-from ratchet.config import ConfigError, load_config
-from ratchet.jobspec import JobSpec
-from ratchet.study import Study
+from ratchet.driver.config import Backend as BackendSection
+from ratchet.driver.config import ConfigError, load_config
+from ratchet.driver.study import Study
+from ratchet.job.jobspec import JobSpec
 
 
 class RecordingSettings(BaseModel):

@@ -19,7 +19,7 @@ import pytest
 from ray_cluster import ray_cluster  # noqa: F401  (session fixture)
 from tasks import check_holdout_everywhere, make_task, summary
 
-from ratchet.study import Study, StudyError
+from ratchet.driver.study import Study, StudyError
 
 pytestmark = pytest.mark.ray
 RATCHET = [str(Path(sys.executable).parent / "ratchet")]
@@ -186,7 +186,7 @@ def test_job_mode_places_one_ray_job_per_candidate(tmp_path, ray_cluster):  # no
 
 def test_prep_across_nodes_needs_a_shared_location():
     from ratchet.backends.ray import check_shared_prep
-    from ratchet.prep import PrepError
+    from ratchet.job.prep import PrepError
 
     check_shared_prep(1)  # a single node sees the driver's cache
     with pytest.raises(PrepError, match=r"cluster of 3 nodes needs \[backend.ray\] data_uri"):
@@ -196,7 +196,7 @@ def test_prep_across_nodes_needs_a_shared_location():
 @pytest.mark.parametrize("mode", ["actors", "job"])
 def test_node_count_of_the_test_cluster(tmp_path, ray_cluster, mode):  # noqa: F811
     from ratchet.backends import make_backend
-    from ratchet.config import load_config
+    from ratchet.driver.config import load_config
 
     repo = make_task(tmp_path, backend="ray", name=f"nodes-{mode}",
                      extra=ray_section(tmp_path, ray_cluster, mode=f'"{mode}"'))
@@ -209,8 +209,8 @@ def test_node_count_of_the_test_cluster(tmp_path, ray_cluster, mode):  # noqa: F
 
 def test_a_slot_that_left_when_idle_is_replaced_without_losing_the_job(tmp_path, ray_cluster):  # noqa: F811
     from ratchet.backends import make_backend
-    from ratchet.config import load_config
-    from ratchet.jobspec import JobSpec
+    from ratchet.driver.config import load_config
+    from ratchet.job.jobspec import JobSpec
 
     repo = make_task(tmp_path, backend="ray", parallel=1, rounds=2, sleep=0.1, prep=False,
                      name=f"idle-{uuid.uuid4().hex[:6]}",

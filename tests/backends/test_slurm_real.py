@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tasks import check_holdout_everywhere, make_task, summary
 
-from ratchet.study import Study
+from ratchet.driver.study import Study
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("RATCHET_TEST_SLURM") != "1" or not shutil.which("sbatch"),

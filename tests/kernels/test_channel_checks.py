@@ -13,9 +13,9 @@ import os
 import subprocess
 import sys
 
-from ratchet import worker
-from ratchet.jobspec import CHANNEL_LIMIT, collect_metrics
-from ratchet.procs import CappedLog
+from ratchet.job import worker
+from ratchet.job.jobspec import CHANNEL_LIMIT, collect_metrics
+from ratchet.job.procs import CappedLog
 
 REPORT = ("import sys\nfrom ratchet import channel\n"
           "channel.report({'correct': True, 'speedup': 1.25, 'reason': 'ok'})\n"

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import ratchet.kernels as rk
-from ratchet import sandbox
-from ratchet.isolate import CandidateProcess
+import ratchet.evaluator.kernels as rk
+from ratchet.evaluator.isolate import CandidateProcess
+from ratchet.job import sandbox
 
 LEVELS = ["bwrap", "pidns", "none"]
 
@@ -307,7 +307,7 @@ def peak_cores():
 WIDEN_RUN = '''
 import json, os, sys
 import numpy as np
-import ratchet.kernels as rk
+import ratchet.evaluator.kernels as rk
 os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 def make(shape, dtype, rng):
     return (rng.random((shape["rows"], shape["cols"]), dtype=np.float32) - 0.5) * 8

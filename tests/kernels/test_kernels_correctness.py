@@ -12,8 +12,8 @@ import kernel_cases as kc
 import numpy as np
 import pytest
 
-from ratchet.kernels import CandidateProcess, check, tolerance
-from ratchet.kernels.correctness import _compare
+from ratchet.evaluator.kernels import CandidateProcess, check, tolerance
+from ratchet.evaluator.kernels.correctness import _compare
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ratchet.kernels import (
+from ratchet.evaluator.kernels import (
     Dispatcher,
     bucket_of,
     build_dispatch_table,
@@ -15,7 +15,7 @@ from ratchet.kernels import (
     next_pow2,
     write_dispatch,
 )
-from ratchet.kernels.dispatch import dispatch_markdown
+from ratchet.evaluator.kernels.dispatch import dispatch_markdown
 
 
 def rec(impl, cols, time_s, ok=True, rows=64):

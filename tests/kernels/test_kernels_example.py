@@ -80,10 +80,10 @@ def test_kernel_writes_into_the_buffer_it_is_given_and_falls_back_to_torch():
 
 def test_evaluator_end_to_end_in_the_triton_interpreter(tmp_path):
     """evaluate.py with the real Triton kernel on CPU (TRITON_INTERPRET=1): every step but
-    CUDA graphs runs, through ratchet.kernels; the numbers mean nothing, the flow does."""
+    CUDA graphs runs, through ratchet.evaluator.kernels; the numbers mean nothing, the flow does."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
-    from ratchet.kernels import Peaks, device_name, save_peaks
+    from ratchet.evaluator.kernels import Peaks, device_name, save_peaks
 
     # cached peaks (generous, so no floor can trip) spare the run a measurement
     save_peaks(Peaks(device=device_name("cpu"), bandwidth_Bps=1e12, flops={"float32": 1e13}, overhead_s=1e-6), tmp_path / "cache" / "peaks.json")
@@ -131,7 +131,7 @@ def test_evaluator_flow_with_a_stand_in_kernel(tmp_path):
     `triton` package satisfies the evaluator's own availability check; the candidate child
     never sees it: it ignores PYTHONPATH)."""
     pytest.importorskip("torch")
-    from ratchet.kernels import Peaks, device_name, save_peaks
+    from ratchet.evaluator.kernels import Peaks, device_name, save_peaks
 
     example = tmp_path / "ex"
     example.mkdir()

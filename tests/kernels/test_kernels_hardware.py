@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 
-from ratchet.kernels import (
+from ratchet.evaluator.kernels import (
     MODEL_MD_TEMPLATE,
     hardware_context,
     hardware_markdown,
     llc_bytes,
     write_model_md,
 )
-from ratchet.kernels.hardware import _parse_size
+from ratchet.evaluator.kernels.hardware import _parse_size
 
 
 def test_context_reads_this_machine():

@@ -15,7 +15,7 @@ import kernel_cases as kc
 import numpy as np
 import pytest
 
-from ratchet.kernels import compare, quiesce
+from ratchet.evaluator.kernels import compare, quiesce
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads /proc (Linux)")
 
@@ -45,7 +45,7 @@ SPIN = """
 import json, os, time
 os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
 import torch
-from ratchet.kernels import compare, quiesce
+from ratchet.evaluator.kernels import compare, quiesce
 torch.set_num_threads(2)
 x = torch.randn(256, 4096)
 for _ in range(20):

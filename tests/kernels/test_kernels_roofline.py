@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from ratchet.kernels import (
+from ratchet.evaluator.kernels import (
     Peaks,
     assess,
     evaluate,
@@ -78,7 +78,7 @@ def test_gpu_limit_is_110_percent_of_the_measured_peak():
 
 def test_honest_library_calls_are_never_impossible_on_cpu(tmp_path):
     """Peaks measured the robust way (best of rounds) keep numpy and torch under the floor."""
-    from ratchet.kernels import bench, measure_peaks
+    from ratchet.evaluator.kernels import bench, measure_peaks
 
     peaks = measure_peaks(copy_bytes=32 << 20, matmul_n=256, reps=3, rounds=3, cache_path=tmp_path / "p.json")
 
@@ -128,7 +128,7 @@ def test_cache_location_follows_ratchet_cache(monkeypatch, tmp_path):
 
 
 def test_hardware_md_includes_cached_peaks(tmp_path):
-    from ratchet.kernels import save_peaks
+    from ratchet.evaluator.kernels import save_peaks
 
     save_peaks(DEV, tmp_path / "peaks.json")
     out = write_hardware_md(tmp_path / "hardware.md", cache_path=tmp_path / "peaks.json")

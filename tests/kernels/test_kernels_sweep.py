@@ -9,7 +9,7 @@ import kernel_cases as kc
 import numpy as np
 import pytest
 
-from ratchet.kernels import (
+from ratchet.evaluator.kernels import (
     CandidateProcess,
     Peaks,
     PerShape,
@@ -20,7 +20,7 @@ from ratchet.kernels import (
     results_from_sweeps,
     sweep,
 )
-from ratchet.kernels.dispatch import build_dispatch_table
+from ratchet.evaluator.kernels.dispatch import build_dispatch_table
 
 QUICK = {"max_time_s": 0.15, "min_reps": 3, "warmup": 1}
 # Shapes where a Python loop over rows loses by several times, so the verdicts below hold
@@ -173,8 +173,8 @@ def test_emit_failure_reports_correct_false_and_the_reason(capsys):
 
 
 def test_import_of_the_sweep_module_gives_the_module():
-    import ratchet.kernels as rk
-    import ratchet.kernels.sweep as sweep_module
+    import ratchet.evaluator.kernels as rk
+    import ratchet.evaluator.kernels.sweep as sweep_module
 
     assert sweep_module.SweepReport is rk.SweepReport and callable(sweep_module.sweep)
     assert callable(rk.sweep)  # rk.sweep(...) still runs a sweep

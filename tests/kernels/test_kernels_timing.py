@@ -12,7 +12,7 @@ import kernel_cases as kc
 import numpy as np
 import pytest
 
-from ratchet.kernels import CandidateProcess, bench, compare
+from ratchet.evaluator.kernels import CandidateProcess, bench, compare
 
 SMALL = {"rows": 64, "cols": 100}
 QUICK = {"max_time_s": 0.3, "min_reps": 3, "warmup": 1}

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ratchet.kernels import CandidateProcess, bench, check, compare  # noqa: E402
+from ratchet.evaluator.kernels import CandidateProcess, bench, check, compare  # noqa: E402
 
 SHAPES = [{"rows": 4, "cols": 50}, {"rows": 16, "cols": 300}]
 
@@ -141,7 +141,7 @@ def test_wrapping_the_library_the_baseline_calls_changes_nothing(cand):
 
 def test_device_side_comparison_agrees_with_the_host_one():
     """CUDA outputs are compared on the device (_compare_torch); same verdicts as on the host."""
-    from ratchet.kernels.correctness import _compare, _compare_torch
+    from ratchet.evaluator.kernels.correctness import _compare, _compare_torch
 
     rng = np.random.default_rng(3)
     want = rng.standard_normal((16, 33))

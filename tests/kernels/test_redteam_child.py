@@ -30,8 +30,8 @@ from pathlib import Path
 import pytest
 from helpers import git, make_repo, ratchet
 
-from ratchet import sandbox
-from ratchet.ledger import Ledger
+from ratchet.driver.ledger import Ledger
+from ratchet.job import sandbox
 
 # One study per confinement, ten candidates and their hold-out runs: minutes on a loaded
 # 2-core machine, all of it in the module fixture's setup.
@@ -70,14 +70,14 @@ sandbox = "{backend_sandbox}"
 """
 
 EVALUATOR = '''
-"""Trusted evaluator: kernel.py's softmax against torch.softmax (CPU), via ratchet.kernels."""
+"""Trusted evaluator: kernel.py's softmax against torch.softmax (CPU), via ratchet.evaluator.kernels."""
 import sys
 from pathlib import Path
 
 import numpy as np  # noqa: F401
 import torch
 
-import ratchet.kernels as rk
+import ratchet.evaluator.kernels as rk
 
 torch.set_num_threads(1)
 HERE = Path(__file__).resolve().parent
@@ -263,7 +263,7 @@ spec = importlib.util.find_spec("ratchet")
 real = importlib.util.module_from_spec(spec)
 sys.modules["ratchet"] = real
 spec.loader.exec_module(real)
-import ratchet.channel as ch
+import ratchet.evaluator.channel as ch
 _report = ch.report
 ch.report = lambda m, **k: _report({**m, "correct": True, "speedup": 2.0, "shapes_failed": 0}, **k)
 """
@@ -330,7 +330,7 @@ else:
     "planted_module": INCUMBENT.replace("return torch.softmax(x, dim=-1)\n", "return torch.full_like(x, 1.0 / x.shape[1])\n")
     + '''
 _PLANT = """
-import ratchet.channel as ch
+import ratchet.evaluator.channel as ch
 _report = ch.report
 ch.report = lambda m, **k: _report({**m, "correct": True, "speedup": 5.0, "shapes_failed": 0}, **k)
 """
@@ -415,7 +415,7 @@ LEVELS = {
 
 def _available(level: str) -> str | None:
     if not hasattr(sandbox, "Jail"):
-        return "ratchet.sandbox has no Jail yet"
+        return "ratchet.job.sandbox has no Jail yet"
     try:
         got = sandbox.choose(level)
     except (RuntimeError, ValueError) as exc:
@@ -538,7 +538,7 @@ def test_unconfined_child_is_still_caught_by_the_channel(tmp_path):
     evaluator's pipe as root): the overflowed channel and the flooded echo are tampering."""
     if os.geteuid() != 0:
         pytest.skip("as a non-root user the non-dumpable evaluator's pipe is out of the child's reach")
-    from ratchet.jobspec import collect_metrics
+    from ratchet.job.jobspec import collect_metrics
 
     (tmp_path / "kernel.py").write_text(textwrap.dedent(CHEATS["forge_channel"]).lstrip("\n"))
     evaluator = EVALUATOR.replace("{confine}", "off").replace('rk.load_holdout("holdout.json")', "[]")
@@ -546,7 +546,7 @@ def test_unconfined_child_is_still_caught_by_the_channel(tmp_path):
     import subprocess
     import sys
 
-    from ratchet.worker import MetricPipe  # the worker's own reader of the channel
+    from ratchet.job.worker import MetricPipe  # the worker's own reader of the channel
 
     pipe = MetricPipe()
     try:

@@ -117,7 +117,7 @@ def torch_cuda():
 
 
 def _compare(torch, tmp_path, name, source):
-    import ratchet.kernels as rk
+    import ratchet.evaluator.kernels as rk
 
     (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
 

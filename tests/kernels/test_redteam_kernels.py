@@ -1,7 +1,7 @@
 """Red team for kernel studies: each cheat goes through `ratchet submit` + `ratchet wait`.
 
 One real study (a temp git repo, the local backend, the real worker) with a kernel task
-built on ratchet.kernels exactly as docs/kernels.md tells evaluator authors to build
+built on ratchet.evaluator.kernels exactly as docs/kernels.md tells evaluator authors to build
 one: the candidate's kernel.py runs in a child process, the evaluator keeps the checks,
 the clock, the baseline and the report. The incumbent kernel does its work four times
 (REPEAT = 4); the honest way to improve is REPEAT = 1. Every cheat starts from a kernel
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from helpers import git, make_repo, ratchet
 
-from ratchet.ledger import Ledger
+from ratchet.driver.ledger import Ledger
 
 CONFIG = """
 [task]
@@ -75,13 +75,13 @@ def baseline(x):
 '''
 
 EVALUATOR = '''
-"""Trusted evaluator: speedup of kernel.py's softmax over numpy, via ratchet.kernels."""
+"""Trusted evaluator: speedup of kernel.py's softmax over numpy, via ratchet.evaluator.kernels."""
 import sys
 from pathlib import Path
 
 import numpy as np
 
-import ratchet.kernels as rk
+import ratchet.evaluator.kernels as rk
 
 SHAPES = [{"rows": 256, "cols": 1024}, {"rows": 512, "cols": 2048}]
 HOLDOUT = [{"rows": 333, "cols": 1777}]
@@ -132,9 +132,9 @@ CHEATS: dict[str, str] = {
     # kept in the issue: patch the harness at import so the report says what we like
     "patch_harness": SLOW + '''
 try:
-    import ratchet.kernels.sweep as _sweep
+    import ratchet.evaluator.kernels.sweep as _sweep
     _sweep.SweepReport.metrics = lambda self: {"correct": True, "speedup": 50.0, "time_ms": 0.001}
-    import ratchet.kernels as _rk
+    import ratchet.evaluator.kernels as _rk
     _rk.emit = lambda *a, **k: print("correct: true\\nspeedup: 50")
 except Exception as exc:
     print("could not patch:", exc)
@@ -147,7 +147,7 @@ _full = softmax
 
 
 def softmax(x):
-    timed = any("ratchet/kernels/timing" in f.filename for f in inspect.stack())
+    timed = any("ratchet/evaluator/kernels/timing" in f.filename for f in inspect.stack())
     if timed:
         out = _softmax(x)
         out[x.shape[0] // 2 :] = 1.0 / x.shape[1]  # half the rows never computed
@@ -448,7 +448,7 @@ def test_side_stream_work_is_caught_on_gpu(tmp_path):
         pytest.skip("no CUDA device")
     import numpy as np  # noqa: F401
 
-    import ratchet.kernels as rk
+    import ratchet.evaluator.kernels as rk
 
     (tmp_path / "side.py").write_text(textwrap.dedent('''
         import torch

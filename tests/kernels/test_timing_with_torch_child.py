@@ -46,7 +46,7 @@ os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
 TIMING = PRELUDE + """
 import numpy as np
 import torch
-from ratchet.kernels import CandidateProcess, bench, compare
+from ratchet.evaluator.kernels import CandidateProcess, bench, compare
 
 torch.set_num_threads(2)  # the default on 2 cores, stated: the multi-threaded case is the point
 SHAPE = {"rows": 64, "cols": 512}
@@ -78,7 +78,7 @@ print(json.dumps({"alone": alone, "beside": beside, "speedups": speedups}))
 # CPU seconds the process's other threads burn in the 0.3 s after `action` (a pool left spinning).
 SPIN = PRELUDE + """
 import numpy as np
-from ratchet.kernels.correctness import verify_outputs
+from ratchet.evaluator.kernels.correctness import verify_outputs
 
 me = str(os.getpid())
 tick = os.sysconf("SC_CLK_TCK")

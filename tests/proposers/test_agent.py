@@ -12,10 +12,10 @@ import psutil
 import pytest
 from conftest import context_for, git, ledger_of, make_repo
 
-from ratchet.config import load_config
+from ratchet.driver.config import load_config
+from ratchet.driver.study import Study
 from ratchet.proposers import ProposerError
 from ratchet.proposers.agent import AgentProposer
-from ratchet.study import Study
 
 FAKE_AGENT = r'''
 import os, pathlib, re, subprocess, sys, time

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ratchet.config import loads_config
+from ratchet.driver.config import loads_config
 from ratchet.proposers.agent import AgentSettings
 from ratchet.proposers.context import ContextSettings, validate_section
 from ratchet.proposers.llm import load_settings

@@ -13,11 +13,11 @@ import pytest
 from conftest import context_for, edit, git, ledger_of, make_repo
 from llm_server import Answer
 
-from ratchet.config import load_config
-from ratchet.ledger import Candidate
+from ratchet.driver.config import load_config
+from ratchet.driver.ledger import Candidate
+from ratchet.driver.study import Study, StudyError
 from ratchet.proposers import ProposerError
 from ratchet.proposers.llm import LLMProposer
-from ratchet.study import Study, StudyError
 
 
 def llm_toml(server, provider: str = "openai", **settings) -> str:
@@ -286,7 +286,7 @@ def test_a_fresh_driver_asks_its_first_round_early_and_never_loads_torch(tmp_pat
     server.respond_with(lambda request: edit(4, "lower VALUE to 4"))
     script = (
         "import sys, json\n"
-        "from ratchet.study import Study\n"
+        "from ratchet.driver.study import Study\n"
         f"study = Study({str(repo)!r})\n"
         "try:\n"
         "    study.run(rounds=1)\n"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from conftest import context_for, git, ledger_of, make_repo
 
-from ratchet.config import load_config
+from ratchet.driver.config import load_config
+from ratchet.driver.study import Study
 from ratchet.proposers.patches import PatchesProposer
-from ratchet.study import Study
 
 
 def make_patch(repo, old: str, new: str, path: str = "solution.py") -> str:

@@ -1,7 +1,7 @@
 """Red team: cheats aimed at the metric channel, through `ratchet submit` + `ratchet wait`.
 
 Two evaluators for the same task: the plain one from test_redteam (prints `name: value`,
-the documented interface, unprotected) and one that reports through `ratchet.channel`
+the documented interface, unprotected) and one that reports through `ratchet.evaluator.channel`
 (the pipe only the trusted evaluator holds) and checks correctness in a child process.
 Each cheat must be caught with either; an honest control is kept with either.
 """
@@ -15,11 +15,11 @@ import textwrap
 import pytest
 from helpers import git, ratchet
 
-from ratchet.ledger import Ledger
+from ratchet.driver.ledger import Ledger
 from redteam.test_redteam import FAST_SOLUTION, cheat, judge, new_study
 
 CHANNEL_EVALUATE = """
-from ratchet import channel  # first: claims the metric channel before any child starts
+from ratchet.evaluator import channel  # first: claims the metric channel before any child starts
 
 import json, os, subprocess, sys, time
 clock = time.perf_counter

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from helpers import git, make_repo, ratchet
 
-from ratchet import sandbox
-from ratchet.ledger import Ledger
+from ratchet.driver.ledger import Ledger
+from ratchet.job import sandbox
 
 
 def blocked(reasons: str) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from ratchet import cli
-from ratchet.study import Study
+from ratchet.driver.study import Study
 
 
 class RollingStudy(Study):

@@ -26,7 +26,7 @@ import pytest
 from common import deterministic_repo, ledger, start_run, wait_no_processes
 from helpers import git, job_result, results_tsv
 
-from ratchet.jobspec import RESULT_MARKER
+from ratchet.job.jobspec import RESULT_MARKER
 
 LABELS = ["proposed", "recorded", "submit-recorded", "spawned", "submitted",
           "result-recorded", "verdicts", "judged"]

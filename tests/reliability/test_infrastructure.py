@@ -13,9 +13,9 @@ import pytest
 from common import deterministic_repo, ledger, processes_under, start_run, wait_until
 from helpers import config_text, make_repo
 
-from ratchet import jobs as jobs_module
 from ratchet.backends.local import LocalBackend
-from ratchet.study import Study, StudyError
+from ratchet.driver import jobs as jobs_module
+from ratchet.driver.study import Study, StudyError
 
 
 class FlakyBackend:

@@ -26,8 +26,8 @@ import psutil
 import pytest
 from helpers import git, make_repo, ratchet
 
-from ratchet import sandbox
-from ratchet.ledger import Ledger
+from ratchet.driver.ledger import Ledger
+from ratchet.job import sandbox
 from ratchet.proposers.agent import agent_contained
 
 ATTACKER = r'''

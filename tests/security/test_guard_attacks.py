@@ -21,8 +21,9 @@ import time
 import pytest
 from helpers import GIT_ENV, ROOT, git, ratchet, score_repo
 
-from ratchet import infra, sandbox
-from ratchet.ledger import Ledger
+from ratchet.driver import infra
+from ratchet.driver.ledger import Ledger
+from ratchet.job import sandbox
 
 # imported by the evaluator, so it runs where candidate code runs
 TAMPERING_SOLUTION = '''

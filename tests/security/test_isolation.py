@@ -13,8 +13,8 @@ import uuid
 import pytest
 from helpers import config_text, make_repo, ratchet
 
-from ratchet import sandbox
-from ratchet.ledger import Ledger
+from ratchet.driver.ledger import Ledger
+from ratchet.job import sandbox
 
 # The evaluator itself is the attacker's stand-in here: it runs where candidate code runs
 # (same sandbox, same environment) and reports what it could see.
@@ -31,10 +31,10 @@ for pid in os.listdir("/proc"):
     except OSError:
         continue
     seen += 1
-    workers += b"ratchet.worker" in cmd
+    workers += b"ratchet.job.worker" in cmd
     if secret in env:
         leaks.append(cmd.decode(errors="replace")[:120])
-        if b"ratchet.worker" in cmd:
+        if b"ratchet.job.worker" in cmd:
             worker_leaks.append(pid)
 json.dump({"leaks": leaks}, open(os.path.join(os.environ["RATCHET_WORKDIR"], "scan.json"), "w"))
 print("correct: true")

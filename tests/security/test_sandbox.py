@@ -1,4 +1,4 @@
-"""The one sandbox (ratchet.sandbox + the warden) at every level this machine offers.
+"""The one sandbox (ratchet.job.sandbox + the warden) at every level this machine offers.
 
 Each test runs a real untrusted party through `sandbox.Jail` or `sandbox.command` and checks
 what an attacker with the source would try: read the trusted side's environment, outlive
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ratchet import sandbox
-from ratchet.sandbox import Jail, Level, Policy
+from ratchet.job import sandbox
+from ratchet.job.sandbox import Jail, Level, Policy
 
 LEVELS = [level for level, works in ((Level.BWRAP, sandbox.bwrap_works()),
                                      (Level.PIDNS, sandbox.unshare_prefix() is not None),

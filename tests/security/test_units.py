@@ -7,8 +7,8 @@ import os
 import subprocess
 import sys
 
-from ratchet import sandbox
-from ratchet.jobspec import (
+from ratchet.job import sandbox
+from ratchet.job.jobspec import (
     CHANNEL,
     STDOUT,
     JobResult,
@@ -17,7 +17,7 @@ from ratchet.jobspec import (
     scrub_env,
     worker_env,
 )
-from ratchet.prep import data_digest, ensure_intact, make_readonly
+from ratchet.job.prep import data_digest, ensure_intact, make_readonly
 
 
 def reading(channel=b"", log="", filed=None):
@@ -147,7 +147,7 @@ def test_each_isolation_level_hides_other_processes(tmp_path):
 def test_gpu_memory_is_read_for_the_phase_processes(tmp_path):
     """A stand-in nvidia-smi (the real one needs a GPU) reports 2 GiB for the phase's pid
     and 5 GiB for an unrelated one: only the phase's count."""
-    from ratchet.procs import PeakMemory
+    from ratchet.job.procs import PeakMemory
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
     fake = tmp_path / "nvidia-smi"

@@ -34,7 +34,7 @@ from ratchet.vocab import JobState
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from ratchet.config import Backend as BackendSection
+    from ratchet.driver.config import Backend as BackendSection
 
 __all__ = ["Backend", "BackendError", "BackendPlugin", "JobState", "backends", "make_backend",
            "register_backend"]
@@ -94,7 +94,7 @@ def make_backend(kind: str, state_dir: Path, backend: BackendSection) -> Backend
     config was loaded, or its defaults)."""
     plugin = backends().get(kind)
     if plugin is None:
-        from ratchet.config import ConfigError
+        from ratchet.driver.config import ConfigError
 
         raise ConfigError(f"backend {kind!r} is not known (expected {' | '.join(backends())})")
     settings: Any = backend.settings(kind)

@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 
 from ratchet.errors import InfrastructureError
-from ratchet.jobspec import JobResult, JobSpec
+from ratchet.job.jobspec import JobResult, JobSpec
 from ratchet.vocab import JobState  # pending | running | done | lost
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from ratchet.backends import BackendError
-from ratchet.jobspec import JobResult
-from ratchet.seal import KeyStore
+from ratchet.job.jobspec import JobResult
+from ratchet.job.seal import KeyStore
 from ratchet.vocab import JobState
 
 log = logging.getLogger("ratchet.backends")
@@ -35,7 +35,7 @@ def engine_call(call: Callable[[], T], what: str, *,
                 transient: tuple[type[BaseException], ...], note: Callable[[str], None]) -> T:
     """One engine call, tried once: a transient failure is noted and becomes BackendError.
 
-    Retries have one owner: the study (`ratchet.jobs.Jobs.call`) retries a failed backend
+    Retries have one owner: the study (`ratchet.driver.jobs.Jobs.call`) retries a failed backend
     call with backoff and reports it. Retrying here as well multiplied the calls (up to
     48 for one Ray submit).
     """
@@ -62,7 +62,7 @@ class RecordStore:
     def __init__(self, root: Path) -> None:
         self.root = root / "jobs"
         self.root.mkdir(parents=True, exist_ok=True)
-        self.keys = KeyStore(root.parent)  # each job's result key (see ratchet.seal)
+        self.keys = KeyStore(root.parent)  # each job's result key (see ratchet.job.seal)
         self.backend_log = root / "backend.log"
 
     def dir(self, job_id: str) -> Path:

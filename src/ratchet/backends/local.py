@@ -1,6 +1,6 @@
 """The local backend: one worker process per job on this machine, slots leased by flock.
 
-Each job is `python -m ratchet.worker .ratchet/jobs/<id>` in its own session. The
+Each job is `python -m ratchet.job.worker .ratchet/jobs/<id>` in its own session. The
 worker itself leases a slot (one lock file per slot), so slot accounting survives a
 driver restart and is shared by `ratchet submit` calls from different processes; a
 worker that dies releases its slot with its file descriptors.
@@ -21,12 +21,12 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel, ConfigDict
 
-from ratchet import seal
 from ratchet.backends import Backend, JobState, register_backend
 from ratchet.backends.spares import Spare, SpareServer, running
-from ratchet.config import Backend as BackendSection
-from ratchet.faults import fault_point
-from ratchet.jobspec import JobResult, JobSpec, Slot, scrub_env, worker_env
+from ratchet.driver.config import Backend as BackendSection
+from ratchet.job import seal
+from ratchet.job.faults import fault_point
+from ratchet.job.jobspec import JobResult, JobSpec, Slot, scrub_env, worker_env
 
 
 def visible_gpus() -> list[str]:
@@ -132,7 +132,7 @@ class LocalBackend(Backend):
     # -- Backend hooks: jobs run on this machine -------------------------------------------
 
     def sandbox_mode(self, setting: str) -> str:
-        from ratchet import sandbox
+        from ratchet.job import sandbox
 
         return sandbox.choose(setting)  # decided once here rather than by every worker
 
@@ -173,7 +173,7 @@ class LocalBackend(Backend):
             spare.kill()
         with (job_dir / "worker.log").open("ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "ratchet.worker", str(job_dir), "--key-stdin"],
+                [sys.executable, "-m", "ratchet.job.worker", str(job_dir), "--key-stdin"],
                 env=worker_env(dict(os.environ)),
                 stdin=subprocess.PIPE,
                 stdout=log,
@@ -275,7 +275,7 @@ class LocalBackend(Backend):
         while time.monotonic() < deadline and self._alive(job_id):
             time.sleep(0.05)
         if self._alive(job_id):
-            from ratchet.procs import kill_tree
+            from ratchet.job.procs import kill_tree
 
             kill_tree(pid)
         self._reap(job_id)
@@ -305,7 +305,7 @@ class LocalBackend(Backend):
             return None  # never placed: nothing to look for
         for proc in psutil.process_iter(["cmdline", "create_time"]):
             cmdline = proc.info["cmdline"] or []
-            if "ratchet.worker" in cmdline and job_dir in cmdline:
+            if "ratchet.job.worker" in cmdline and job_dir in cmdline:
                 with contextlib.suppress(OSError):
                     (self.job_dir(job_id) / "pid.json").write_text(json.dumps(
                         {"pid": proc.pid, "created": proc.info["create_time"]}))

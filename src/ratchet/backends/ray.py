@@ -13,7 +13,7 @@ Both keep ratchet's deterministic job ids (a restarted driver reattaches), ratch
 deadlines (queue timeout, task.timeout + grace) and the hold-out as a follow-up job that
 alone carries the hold-out data.
 
-The cluster's nodes must be able to run `python -m ratchet.worker`: install ratchet in
+The cluster's nodes must be able to run `python -m ratchet.job.worker`: install ratchet in
 the cluster's Python (or point `python` at an interpreter that has it).
 """
 
@@ -26,8 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.backends import Backend, register_backend
 from ratchet.backends.engine import RecordStore
-from ratchet.config import Backend as BackendSection
-from ratchet.config import Duration
+from ratchet.driver.config import Backend as BackendSection
+from ratchet.driver.config import Duration
 
 
 class RayConfig(BaseModel):
@@ -57,7 +57,7 @@ def check_shared_prep(nodes: int) -> None:
     single-node cluster sees: refuse before anything runs rather than have every job
     rejected for "modified" data it could not find."""
     if nodes > 1:
-        from ratchet.prep import PrepError
+        from ratchet.job.prep import PrepError
 
         raise PrepError(f"[prep] on a Ray cluster of {nodes} nodes needs [backend.ray] "
                         "data_uri (a path every node mounts): this machine's prep cache is "

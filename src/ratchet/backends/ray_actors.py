@@ -37,9 +37,10 @@ from ratchet.backends.engine import (
     stopped_result,
 )
 from ratchet.backends.ray import RayConfig, check_shared_prep
-from ratchet.backends.ray_slots import SlotRunner
-from ratchet.backends.remote import HOLDOUT_TAR, forward_env, holdout_tar
-from ratchet.jobspec import JobResult, JobSpec
+from ratchet.backends.remote import forward_env, holdout_tar
+from ratchet.job.jobspec import JobResult, JobSpec
+from ratchet.job.node import HOLDOUT_TAR
+from ratchet.job.ray_slots import SlotRunner
 
 
 class RayActors(Backend):
@@ -412,7 +413,7 @@ class RayActors(Backend):
                 key: str, env_allow: list[str], timeout_s: float) -> tuple[str, str] | None:
         """One Ray task prepares into the shared `data_uri` (atomic; reused if there)."""
         from ratchet.backends.remote import shared_prep
-        from ratchet.prep import PrepError
+        from ratchet.job.prep import PrepError
 
         if not self.cfg.data_uri:
             check_shared_prep(self.node_count())
@@ -443,7 +444,7 @@ class RayActors(Backend):
 
 
 def _git_archive(repo: Path, commit: str) -> bytes:
-    from ratchet import gitrepo
+    from ratchet.job import gitrepo
 
     proc = subprocess.run(gitrepo.git_argv(repo, "archive", "--format=tar", commit),
                           capture_output=True, check=False, env=gitrepo.git_env())
@@ -457,8 +458,8 @@ def _prep_task(root: str, key: str, command: str, snapshot: bytes, env_allow: li
     """Runs on a node: unpack the pinned snapshot, prepare once into root/key."""
     import shutil
 
-    from ratchet.backends.remote import prep_into
-    from ratchet.prep import PrepError
+    from ratchet.job.node import prep_into
+    from ratchet.job.prep import PrepError
 
     scratch = Path(tempfile.mkdtemp(prefix="ratchet-prep-"))
     try:

@@ -4,7 +4,7 @@
   restarted driver reattaches to a job that still runs instead of placing it twice.
 - `working_dir` is a `git archive` of the pinned candidate commit with the spec in
   `.ratchet-job/` (and, for a hold-out follow-up job only, the hold-out data); the
-  entrypoint is the trusted worker behind `ratchet.backends.remote`, which prints the
+  entrypoint is the trusted worker behind `ratchet.job.node`, which prints the
   worker's result marker as the job log's last line (the candidate's output is echoed
   with a `| ` prefix, never as a marker).
 - GPUs/CPUs per job come from `[backend.ray] num_gpus / num_cpus`; Ray sets
@@ -26,7 +26,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from ratchet import gitrepo
 from ratchet.backends import Backend, BackendError, JobState
 from ratchet.backends.engine import (
     DEADLINE_GRACE_S,
@@ -39,15 +38,15 @@ from ratchet.backends.engine import (
 )
 from ratchet.backends.ray import RayConfig, check_shared_prep
 from ratchet.backends.remote import (
-    HOLDOUT_TAR,
-    SPEC_DIR,
     forward_env,
     holdout_tar,
     parse_prep_output,
     parse_result,
     shared_prep,
 )
-from ratchet.jobspec import JobResult, JobSpec
+from ratchet.job import gitrepo
+from ratchet.job.jobspec import JobResult, JobSpec
+from ratchet.job.node import HOLDOUT_TAR, SPEC_DIR
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
@@ -182,7 +181,7 @@ class RayJobs(Backend):
             (work / SPEC_DIR).mkdir(exist_ok=True)
             spec.write(work / SPEC_DIR / "spec.json")
             self.store.keys.write_for_worker(spec.job_id, work / SPEC_DIR)
-            entry = (f"{shlex.quote(self.cfg.python)} -m ratchet.backends.remote job "
+            entry = (f"{shlex.quote(self.cfg.python)} -m ratchet.job.node job "
                      f"--spec {SPEC_DIR}/spec.json --workdir .")
             if holdout_tar(spec, work / SPEC_DIR / HOLDOUT_TAR):  # the hold-out job only
                 entry += f" --holdout {SPEC_DIR}/{HOLDOUT_TAR}"
@@ -299,7 +298,7 @@ class RayJobs(Backend):
 
     def prepare(self, *, study: str, repo: Path, command: str, pinned_commit: str,
                 key: str, env_allow: list[str], timeout_s: float) -> tuple[str, str] | None:
-        from ratchet.prep import PrepError
+        from ratchet.job.prep import PrepError
 
         if not self.cfg.data_uri:
             check_shared_prep(self.node_count())
@@ -310,7 +309,7 @@ class RayJobs(Backend):
                             here=self.cfg.prep == "local")
         if ready is not None:
             return ready
-        entry = [self.cfg.python, "-m", "ratchet.backends.remote", "prep", "--root", str(root),
+        entry = [self.cfg.python, "-m", "ratchet.job.node", "prep", "--root", str(root),
                  "--key", key, "--command", command, "--timeout", str(timeout_s),
                  "--workdir", "."]
         for name in env_allow:

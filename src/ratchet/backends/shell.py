@@ -10,7 +10,7 @@ can be overridden in `[backend.shell]`):
   bucket upload, a push of the SHA to a remote ref...).
 - **submit** runs the submit template; the engine id is parsed from its output
   (`id_regex`) or found by name in a list command (`id_command`), retried while it
-  appears late. The job runs `python -m ratchet.backends.remote job ...`: the trusted
+  appears late. The job runs `python -m ratchet.job.node job ...`: the trusted
   worker on the staged snapshot, its result marker last in the engine's log.
 - **status** maps the engine's state through `states` to pending / running /
   succeeded / failed / cancelled (unknown: running). A job the engine no longer knows
@@ -38,7 +38,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ratchet import gitrepo
 from ratchet.backends import Backend, BackendError, JobState, register_backend
 from ratchet.backends.engine import (
     DEADLINE_GRACE_S,
@@ -51,16 +50,17 @@ from ratchet.backends.engine import (
 )
 from ratchet.backends.presets import PRESETS
 from ratchet.backends.remote import (
-    HOLDOUT_TAR,
     forward_env,
     holdout_tar,
     parse_prep_output,
     parse_result,
     shared_prep,
 )
-from ratchet.config import Backend as BackendSection
-from ratchet.config import ConfigError, Duration, SectionError, section
-from ratchet.jobspec import JobResult, JobSpec
+from ratchet.driver.config import Backend as BackendSection
+from ratchet.driver.config import ConfigError, Duration, SectionError, section
+from ratchet.job import gitrepo
+from ratchet.job.jobspec import JobResult, JobSpec
+from ratchet.job.node import HOLDOUT_TAR
 
 
 class EngineState(StrEnum):
@@ -318,7 +318,7 @@ class ShellBackend(Backend):
 
     def _job_command(self, name: str, holdout: bool) -> str:
         stage = f"{self.remote_root}/{name}"
-        command = (f"{shlex.quote(self.cfg.python)} -m ratchet.backends.remote job "
+        command = (f"{shlex.quote(self.cfg.python)} -m ratchet.job.node job "
                    f"--spec {shlex.quote(stage + '/spec.json')} "
                    f"--archive {shlex.quote(stage + '/snapshot.tar')} "
                    f"--job-dir {shlex.quote(stage + '/job')}")
@@ -560,7 +560,7 @@ class ShellBackend(Backend):
 
     def prepare(self, *, study: str, repo: Path, command: str, pinned_commit: str,
                 key: str, env_allow: list[str], timeout_s: float) -> tuple[str, str] | None:
-        from ratchet.prep import PrepError
+        from ratchet.job.prep import PrepError
 
         if not self.cfg.data_dir:
             return None
@@ -573,7 +573,7 @@ class ShellBackend(Backend):
         # one prep job on the engine; it returns at once if another already prepared
         name = f"{study}-prep-{key}-{int(time.time())}"
         stage = f"{self.remote_root}/{name}"
-        argv = [self.cfg.python, "-m", "ratchet.backends.remote", "prep", "--root", str(root),
+        argv = [self.cfg.python, "-m", "ratchet.job.node", "prep", "--root", str(root),
                 "--key", key, "--command", command, "--timeout", str(timeout_s),
                 "--archive", f"{stage}/snapshot.tar"]
         for env_name in env_allow:

@@ -2,7 +2,7 @@
 
 A job starts in milliseconds when a worker is already up with its modules loaded. Each
 standby worker used to be a new interpreter (~85 ms of CPU here, spent while other
-candidates are being timed); now one server process (`python -m ratchet.worker
+candidates are being timed); now one server process (`python -m ratchet.job.worker
 --spare-server`) loads once and forks a spare per request, for about a millisecond each.
 
 The hand-over keeps the standby protocol: the driver writes the job's pid.json (the
@@ -76,7 +76,7 @@ class SpareServer:
             self._end_server(grace_s=0)  # a dead one: its pipes are closed
             with self.log.open("ab") as log:  # the server's own errors, if any
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "ratchet.worker", "--spare-server"],
+                    [sys.executable, "-m", "ratchet.job.worker", "--spare-server"],
                     env=self.env,  # never the driver's keys
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ratchet.candidate import Proposal
-from ratchet.config import Config
+from ratchet.driver.candidate import Proposal
+from ratchet.driver.config import Config
+from ratchet.driver.ledger import Candidate
 from ratchet.errors import UserError
-from ratchet.ledger import Candidate
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Proposer:
     name: str = "proposer"
     # Can it write what the driver trusts (ledger, refs, .git)? Only a proposer that runs
     # untrusted code outside a filesystem sandbox can; its proposals are then never made
-    # while candidates run, and are checked in a window of their own (scheduler.py).
+    # while candidates run, and are checked in a window of their own (driver/proposals.py).
     contained: bool = True
 
     def warm_up(self) -> None:

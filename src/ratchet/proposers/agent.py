@@ -41,11 +41,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ratchet import gitrepo, sandbox, sanitize
-from ratchet.candidate import Proposal
-from ratchet.config import CONFIG_FILE, Config, Duration
-from ratchet.ledger import Candidate
-from ratchet.procs import CappedLog
+from ratchet.driver import sanitize
+from ratchet.driver.candidate import Proposal
+from ratchet.driver.config import CONFIG_FILE, Config, Duration
+from ratchet.driver.ledger import Candidate
+from ratchet.job import gitrepo, sandbox
+from ratchet.job.procs import CappedLog
 from ratchet.proposers import ProposalContext, Proposer, ProposerError, scratch
 from ratchet.proposers.agent_clis import PRESETS, failure_reason
 from ratchet.proposers.context import (

@@ -27,10 +27,11 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ratchet import gitrepo, sanitize
-from ratchet.config import CONFIG_FILE, Config, matches_any, misspelling
-from ratchet.ledger import Candidate
-from ratchet.paths import protected_by
+from ratchet.driver import sanitize
+from ratchet.driver.config import CONFIG_FILE, Config, matches_any, misspelling
+from ratchet.driver.ledger import Candidate
+from ratchet.driver.paths import protected_by
+from ratchet.job import gitrepo
 from ratchet.proposers import ProposalContext, ProposerError
 
 CHARS_PER_TOKEN = 4
@@ -250,8 +251,8 @@ def warm_context(settings: ContextSettings) -> None:
 def hardware_text() -> str:
     """This machine, described once per process (the kernel harness's facts if present)."""
     try:
-        from ratchet.kernels.hardware import hardware_markdown
-        from ratchet.kernels.roofline import cached_peaks
+        from ratchet.evaluator.kernels.hardware import hardware_markdown
+        from ratchet.evaluator.kernels.roofline import cached_peaks
 
         try:
             peaks = [p.to_dict() for p in cached_peaks()]

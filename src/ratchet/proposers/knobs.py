@@ -77,7 +77,7 @@ def set_knob(source: bytes, name: str, value: object, file: str = "<file>") -> b
 def knob_values(repo, commit: str, keys) -> dict[str, object]:
     """Each `"file.py:NAME"` knob's literal in `commit`; KnobError names the first that is
     not there (a missing file, no `NAME = <literal>`), phrased for `tune.knobs`."""
-    from ratchet import gitrepo
+    from ratchet.job import gitrepo
 
     values = {}
     for key in keys:

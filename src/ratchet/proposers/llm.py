@@ -36,9 +36,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ratchet.candidate import Proposal
-from ratchet.config import CONFIG_FILE, Config, Duration
-from ratchet.ledger import Candidate
+from ratchet.driver.candidate import Proposal
+from ratchet.driver.config import CONFIG_FILE, Config, Duration
+from ratchet.driver.ledger import Candidate
 from ratchet.proposers import ProposalContext, Proposer, ProposerError, bounded_http
 from ratchet.proposers.context import (
     build_context,

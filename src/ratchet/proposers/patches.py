@@ -23,11 +23,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from ratchet import gitrepo
-from ratchet.candidate import Proposal
-from ratchet.config import Config
+from ratchet.driver.candidate import Proposal
+from ratchet.driver.config import Config
+from ratchet.driver.ledger import Candidate
 from ratchet.errors import RatchetError
-from ratchet.ledger import Candidate
+from ratchet.job import gitrepo
 from ratchet.proposers import ProposalContext, Proposer, ProposerError
 from ratchet.proposers.context import validate_section
 

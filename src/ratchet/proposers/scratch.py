@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ratchet import gitrepo, paths
+from ratchet.driver import paths
+from ratchet.job import gitrepo
 from ratchet.proposers import agent_clis
 
 # tool state, caches and byte code: never part of a change, whatever `editable` says

@@ -26,10 +26,10 @@ from optuna.distributions import (
 )
 from optuna.trial import TrialState, create_trial
 
-from ratchet import gitrepo
-from ratchet.candidate import Proposal
-from ratchet.config import Config, Knob, matches_any
-from ratchet.ledger import Candidate
+from ratchet.driver.candidate import Proposal
+from ratchet.driver.config import Config, Knob, matches_any
+from ratchet.driver.ledger import Candidate
+from ratchet.job import gitrepo
 from ratchet.proposers import ProposalContext, Proposer, ProposerError
 from ratchet.proposers.knobs import KnobError, format_value, knob_values, set_knob
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from ratchet import gitrepo
+from ratchet.job import gitrepo
 
 TEMPLATES = ("kernel", "train", "blank")
 

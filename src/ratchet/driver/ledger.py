@@ -1,0 +1,485 @@
+"""The ledger: SQLite (WAL) under .ratchet/, the single source of truth of a study.
+
+Every state change is committed before ratchet acts on it (write-ahead), so a driver
+killed at any moment resumes without losing or repeating work. `results.tsv` and the
+report are views rebuilt from it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import statistics
+import time
+from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ratchet.driver import sanitize
+from ratchet.vocab import Kind, Status
+
+# the vocabulary lives in ratchet.vocab (stdlib only, importable from every side)
+__all__ = ["Kind", "Status"]
+
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS candidates (
+    id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL UNIQUE,
+    round INTEGER NOT NULL,
+    kind TEXT NOT NULL DEFAULT 'candidate',   -- baseline | candidate | incumbent | submitted
+    parent TEXT,
+    commit_sha TEXT,
+    description TEXT NOT NULL DEFAULT '',
+    proposer TEXT,
+    params TEXT,
+    idea TEXT,
+    context_path TEXT,
+    status TEXT NOT NULL,
+    job_id TEXT,
+    attempt INTEGER NOT NULL DEFAULT 0,
+    metric REAL,
+    samples TEXT,
+    extra TEXT,
+    holdout REAL,
+    phases TEXT,
+    reasons TEXT,
+    failed_stage TEXT,
+    slot TEXT,
+    gain REAL,
+    margin REAL,
+    noise REAL,
+    queue_s REAL,
+    run_s REAL,
+    cost_usd REAL,
+    created_at REAL NOT NULL,
+    submitted_at REAL,
+    finished_at REAL,
+    judged_at REAL,
+    result TEXT
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    t REAL NOT NULL,
+    candidate TEXT,
+    kind TEXT NOT NULL,
+    data TEXT
+);
+CREATE TABLE IF NOT EXISTS ideas (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    text TEXT NOT NULL UNIQUE,
+    source TEXT NOT NULL DEFAULT 'cli',
+    status TEXT NOT NULL DEFAULT 'pending',   -- pending | tried
+    candidate TEXT,
+    outcome TEXT,
+    created_at REAL NOT NULL
+);
+"""
+
+# statuses a candidate moves through; the rest are verdicts
+OPEN = (Status.PROPOSED, Status.COMMITTED, Status.SUBMITTED, Status.INTERRUPTED,
+        Status.FINISHED)
+VERDICTS = (Status.KEEP, Status.DISCARD, Status.CRASH, Status.REJECTED, Status.CANCELLED,
+            Status.REFERENCE)
+JSON_COLUMNS = ("params", "samples", "extra", "phases", "result")
+UNTRUSTED_TEXT = ("description", "reasons")  # sanitised on the way in and out
+
+# Schema migrations, in order: MIGRATIONS[i] takes a ledger from user_version i to i + 1.
+# A ledger written by an older ratchet is brought up to date when it is opened (the
+# columns it lacks are added, with their defaults); one written by a newer ratchet is
+# refused with one line instead of being misread.
+MIGRATIONS: tuple[str, ...] = (
+    # v1: a confirmation measurement names the candidate it confirms
+    "ALTER TABLE candidates ADD COLUMN confirms TEXT",
+    # v2: the verdict's reason code (judge.Reason) beside its text, matched by code
+    "ALTER TABLE candidates ADD COLUMN code TEXT",
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class LedgerError(Exception):
+    """The ledger cannot be used by this ratchet (one line naming the cause)."""
+
+
+@dataclass
+class Candidate:
+    id: str
+    seq: int
+    round: int
+    status: str
+    kind: str = "candidate"
+    parent: str | None = None
+    commit_sha: str | None = None
+    description: str = ""
+    proposer: str | None = None
+    params: dict[str, Any] | None = None
+    idea: str | None = None
+    context_path: str | None = None
+    job_id: str | None = None
+    attempt: int = 0
+    metric: float | None = None
+    samples: list[float] | None = None
+    extra: dict[str, Any] | None = None
+    holdout: float | None = None
+    phases: list[dict[str, Any]] | None = None
+    reasons: str | None = None
+    failed_stage: str | None = None
+    slot: str | None = None
+    gain: float | None = None
+    margin: float | None = None
+    noise: float | None = None
+    queue_s: float | None = None
+    run_s: float | None = None
+    cost_usd: float | None = None
+    created_at: float = field(default_factory=time.time)
+    submitted_at: float | None = None
+    finished_at: float | None = None
+    judged_at: float | None = None
+    result: dict[str, Any] | None = None
+    confirms: str | None = None  # a confirmation row: the id of the candidate it confirms
+    code: str | None = None  # the verdict's reason code (judge.Reason)
+
+    @property
+    def short(self) -> str:
+        return (self.commit_sha or "")[:7]
+
+    @property
+    def is_judged(self) -> bool:
+        return self.status in VERDICTS
+
+
+@dataclass
+class Incumbent:
+    """The one incumbent record: the kept commit and every evaluation of it (its own,
+    co-runs, confirmations, the A/A floor), pooled: `metric` is their mean, never one
+    re-measure. Read and written whole (`Ledger.incumbent`, `Ledger.incumbent_meta`), and
+    the guard's trusted keys are derived from it, so no list of its fields can disagree.
+    """
+
+    commit: str | None = None
+    id: str | None = None
+    metric: float | None = None
+    samples: list[float] = field(default_factory=list)
+    holdout: float | None = None
+    sem: float | None = None
+
+    def pooled(self, value: float) -> Incumbent:
+        """This record with one more evaluation of its commit."""
+        samples = [*self.samples, value]
+        return Incumbent(commit=self.commit, id=self.id, metric=statistics.fmean(samples),
+                         samples=samples, holdout=self.holdout, sem=self.sem)
+
+
+# the meta key of each field of the incumbent record
+INCUMBENT_KEYS = {"commit": "incumbent", "id": "incumbent_id", "metric": "incumbent_metric",
+                  "samples": "incumbent_samples", "holdout": "incumbent_holdout",
+                  "sem": "incumbent_sem"}
+
+
+class Ledger:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.db = sqlite3.connect(str(path), timeout=30, isolation_level=None)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")  # durable before we act on it
+        self.db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Bring an older ledger's schema to SCHEMA_VERSION (PRAGMA user_version).
+
+        A fresh ledger gets SCHEMA (the v0 tables) and then every migration, so old and
+        new ledgers always end up with the same columns.
+        """
+        with self.transaction():
+            version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise LedgerError(
+                    f"{self.path} was written by a newer ratchet (schema {version}, this one "
+                    f"reads up to {SCHEMA_VERSION}); upgrade ratchet to resume this study")
+            for step in MIGRATIONS[version:]:
+                self.db.execute(step)
+            if version != SCHEMA_VERSION:
+                self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- meta ---------------------------------------------------------------------------
+
+    def get(self, key: str, default: Any = None) -> Any:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return json.loads(row["value"]) if row else default
+
+    def set(self, **values: Any) -> None:
+        with self.transaction():
+            for key, value in values.items():
+                self.db.execute(
+                    "INSERT INTO meta (key, value) VALUES (?, ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    (key, json.dumps(value)),
+                )
+
+    def incumbent(self) -> Incumbent:
+        record = Incumbent(**{f: self.get(k) for f, k in INCUMBENT_KEYS.items()})
+        record.samples = list(record.samples or [])
+        return record
+
+    @staticmethod
+    def incumbent_meta(record: Incumbent) -> dict[str, Any]:
+        """The meta keys that store `record` (pass to `set`)."""
+        return {k: getattr(record, f) for f, k in INCUMBENT_KEYS.items()}
+
+    # -- candidates -----------------------------------------------------------------------
+
+    def transaction(self):
+        return _Transaction(self.db)
+
+    def new_candidate(
+        self, round: int, kind: str = "candidate", status: str = "proposed", **fields: Any
+    ) -> Candidate:
+        with self.transaction():
+            row = self.db.execute("SELECT COALESCE(MAX(seq), -1) + 1 AS n FROM candidates")
+            seq = max(0, row.fetchone()["n"])
+            cand = Candidate(id=f"c{seq:04d}", seq=seq, round=round, kind=kind,
+                             status=status, **fields)
+            data = _to_row(cand)
+            cols = ", ".join(data)
+            marks = ", ".join("?" for _ in data)
+            self.db.execute(f"INSERT INTO candidates ({cols}) VALUES ({marks})",
+                            tuple(data.values()))
+            self._event(cand.id, status, {"description": cand.description})
+        return cand
+
+    def new_confirmation(self, cand: Candidate, commit: str | None, description: str,
+                         parent: str | None) -> Candidate:
+        """One side of a confirmation pair of `cand`: a row of its own (id r0001, r0002,
+        ...), outside the candidates' numbering, so ids, seeds and the tuner's asks stay
+        what they would be without it (its seq counts down from -1)."""
+        with self.transaction():
+            row = self.db.execute("SELECT COALESCE(MIN(seq), 0) - 1 AS n FROM candidates "
+                                  "WHERE seq < 0")
+            seq = row.fetchone()["n"]
+            made = Candidate(id=f"r{-seq:04d}", seq=seq, round=cand.round, kind=Kind.CONFIRM,
+                             status=Status.COMMITTED, parent=parent, commit_sha=commit,
+                             description=description, confirms=cand.id)
+            data = _to_row(made)
+            self.db.execute(f"INSERT INTO candidates ({', '.join(data)}) VALUES "
+                            f"({', '.join('?' for _ in data)})", tuple(data.values()))
+            self._event(made.id, Status.COMMITTED, {"description": description})
+        return made
+
+    def update(self, cand_id: str, event: str | None = None, **fields: Any) -> None:
+        data = _to_row_partial(fields)
+        with self.transaction():
+            sets = ", ".join(f"{k} = ?" for k in data)
+            self.db.execute(f"UPDATE candidates SET {sets} WHERE id = ?",
+                            (*data.values(), cand_id))
+            if event:
+                self._event(cand_id, event, {k: v for k, v in fields.items()
+                                             if k in ("status", "job_id", "reasons", "metric")})
+
+    def candidate(self, cand_id: str) -> Candidate | None:
+        row = self.db.execute("SELECT * FROM candidates WHERE id = ?", (cand_id,)).fetchone()
+        return _from_row(row) if row else None
+
+
+    def row(self, cand_id: str) -> Candidate:
+        """A candidate the caller knows was recorded (a missing one is a bug, not a user
+        error): `candidate` without the None."""
+        cand = self.candidate(cand_id)
+        if cand is None:
+            raise LookupError(f"{cand_id}: not in the ledger")
+        return cand
+    def candidates(self, round: int | None = None, status: str | None = None,
+                   confirmations: bool = False) -> list[Candidate]:
+        """Candidates in order; a confirmation's re-measures (kind confirm) only when asked
+        for: they belong to their candidate, and views list them with it."""
+        query, args = "SELECT * FROM candidates WHERE 1=1", list[object]()
+        if not confirmations:
+            query += " AND kind != ?"
+            args.append(Kind.CONFIRM.value)
+        if round is not None:
+            query += " AND round = ?"
+            args.append(round)
+        if status is not None:
+            query += " AND status = ?"
+            args.append(status)
+        return [_from_row(r) for r in self.db.execute(query + " ORDER BY seq", args)]
+
+    def evaluations(self, exclude_confirming: AbstractSet[str] = frozenset()
+                    ) -> dict[str, list[float]]:
+        """Every judged evaluation of every commit, by commit: its own run, the baseline's
+        A/A floor, co-run references, confirmation pairs. One pooled estimate per commit
+        is made of these (stats.estimate). A crash, a rejection or a run stopped early
+        measured nothing to trust; the pairs of candidates being judged now
+        (`exclude_confirming`) join through their confirmation."""
+        out: dict[str, list[float]] = {}
+        for cand in self.candidates(confirmations=True):
+            if (cand.metric is None or not cand.commit_sha
+                    or cand.confirms in exclude_confirming
+                    or cand.status not in (Status.KEEP, Status.DISCARD, Status.REFERENCE)
+                    or (cand.extra or {}).get("stopped_early")):
+                continue
+            out.setdefault(cand.commit_sha, []).append(cand.metric)
+        return out
+
+    def verdicts(self) -> dict[str, tuple[str, float | None]]:
+        """{id: (status, metric)} of every judged candidate: two columns, read without
+        decoding every candidate's result (the guard takes them before and after rounds)."""
+        marks = ", ".join("?" * len(VERDICTS))
+        rows = self.db.execute(
+            f"SELECT id, status, metric FROM candidates WHERE status IN ({marks})", VERDICTS)
+        return {row["id"]: (row["status"], row["metric"]) for row in rows}
+
+    def status_counts(self) -> dict[str, int]:
+        rows = self.db.execute("SELECT status, COUNT(*) AS n FROM candidates GROUP BY status")
+        return {row["status"]: row["n"] for row in rows}
+
+    def find(self, ref: str) -> Candidate | None:
+        """By id (c0003), job id, or commit prefix (>= 4 hex digits)."""
+        cand = self.candidate(ref)
+        if cand:
+            return cand
+        row = self.db.execute("SELECT * FROM candidates WHERE job_id = ?", (ref,)).fetchone()
+        if row:
+            return _from_row(row)
+        if len(ref) >= 4:
+            rows = self.db.execute(
+                "SELECT * FROM candidates WHERE commit_sha LIKE ? ORDER BY seq DESC", (ref + "%",)
+            ).fetchall()
+            if rows:
+                return _from_row(rows[0])
+        return None
+
+    def events(self, cand_id: str | None = None) -> Iterator[sqlite3.Row]:
+        if cand_id:
+            yield from self.db.execute("SELECT * FROM events WHERE candidate = ? ORDER BY id",
+                                       (cand_id,))
+        else:
+            yield from self.db.execute("SELECT * FROM events ORDER BY id")
+
+    def event(self, kind: str, cand_id: str | None = None, **data: Any) -> None:
+        with self.transaction():
+            self._event(cand_id, kind, data)
+
+    def _event(self, cand_id: str | None, kind: str, data: dict[str, Any]) -> None:
+        self.db.execute("INSERT INTO events (t, candidate, kind, data) VALUES (?, ?, ?, ?)",
+                        (time.time(), cand_id, kind, json.dumps(data, default=str)))
+
+    # -- ideas ----------------------------------------------------------------------------
+
+    def add_idea(self, text: str, source: str = "cli") -> bool:
+        text = text.strip()
+        if not text:
+            return False
+        with self.transaction():
+            cur = self.db.execute(
+                "INSERT OR IGNORE INTO ideas (text, source, created_at) VALUES (?, ?, ?)",
+                (text, source, time.time()),
+            )
+        return cur.rowcount > 0
+
+    def pending_ideas(self) -> list[sqlite3.Row]:
+        return list(self.db.execute("SELECT * FROM ideas WHERE status = 'pending' ORDER BY id"))
+
+    def mark_idea(self, text: str, candidate: str, outcome: str | None = None) -> None:
+        with self.transaction():
+            self.db.execute(
+                "UPDATE ideas SET status = 'tried', candidate = ?, outcome = COALESCE(?, outcome)"
+                " WHERE text = ?",
+                (candidate, outcome, text),
+            )
+
+    def ideas(self) -> list[sqlite3.Row]:
+        return list(self.db.execute("SELECT * FROM ideas ORDER BY id"))
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self.outer = False
+
+    def __enter__(self):
+        self.outer = not self.db.in_transaction
+        if self.outer:
+            self.db.execute("BEGIN IMMEDIATE")
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self.outer:
+            return
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def _to_row(cand: Candidate) -> dict[str, Any]:
+    return _to_row_partial(dict(cand.__dict__))
+
+
+def _to_row_partial(fields: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: (json.dumps(v, default=str) if k in JSON_COLUMNS and v is not None
+            else _clean(k, v))
+        for k, v in fields.items()
+    }
+
+
+def _clean(key: str, value: Any) -> Any:
+    """Words a proposer or a candidate wrote lose escapes and control characters on the
+    way in and out (a row written behind the driver's back included): what the terminal,
+    results.tsv, the report and prompts show comes from here."""
+    if not isinstance(value, str) or key not in UNTRUSTED_TEXT:
+        return value
+    return sanitize.line(value) if key == "description" else sanitize.text(value)
+
+
+def _from_row(row: sqlite3.Row) -> Candidate:
+    data = {k: _clean(k, v) for k, v in dict(row).items()}
+    for key in JSON_COLUMNS:
+        if data.get(key) is not None:
+            data[key] = json.loads(data[key])
+    return Candidate(**data)
+
+
+@dataclass
+class Throughput:
+    """How busy the slots were, and the most a study of these jobs could do."""
+
+    slots: int
+    jobs: int  # candidates that ran (have a run time)
+    wall_s: float  # first job placed -> last job finished
+    busy_s: float  # sum of the jobs' phase times (what held a slot / the accelerator)
+    duty: float | None  # busy_s / (slots x wall_s): 1.0 = never an idle slot
+    mean_run_s: float | None
+    limit_per_hour: float | None  # slots x 3600 / mean run time: candidates/hour at duty 1
+    per_hour: float | None  # what was achieved: jobs x 3600 / wall_s
+
+
+def slot_seconds(cand: Candidate) -> float:
+    """The time a candidate's phases held its slot: builds on a CPU build slot excluded."""
+    if not cand.phases:
+        return cand.run_s or 0.0
+    return sum(p.get("seconds") or 0.0 for p in cand.phases if not p.get("off_slot"))
+
+
+def throughput(cands: list[Candidate], slots: int) -> Throughput:
+    """Duty cycle and the limit, from the ledger alone (no clock of the driver's)."""
+    ran = [c for c in cands if c.run_s is not None and c.submitted_at is not None
+           and c.finished_at is not None]
+    if not ran or slots < 1:
+        return Throughput(slots, 0, 0.0, 0.0, None, None, None, None)
+    wall = (max(c.finished_at for c in ran if c.finished_at is not None)
+            - min(c.submitted_at for c in ran if c.submitted_at is not None))
+    busy = sum(slot_seconds(c) for c in ran)
+    mean = busy / len(ran)
+    return Throughput(
+        slots=slots, jobs=len(ran), wall_s=round(wall, 3), busy_s=round(busy, 3),
+        duty=round(busy / (slots * wall), 4) if wall > 0 else None,
+        mean_run_s=round(mean, 3),
+        limit_per_hour=round(slots * 3600 / mean, 1) if mean > 0 else None,
+        per_hour=round(len(ran) * 3600 / wall, 1) if wall > 0 else None)

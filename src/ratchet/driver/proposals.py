@@ -1,0 +1,243 @@
+"""Proposals, made ahead in a background thread: the proposer behind one worker thread,
+recording what it made (committed or rejected in one transaction), re-basing a proposal made
+on an older incumbent by a three-way merge, and dropping repeats.
+
+Proposals ahead: the proposer works while jobs run, so no slot waits for an LLM, an agent or
+the tuner when it could have been asked earlier. A proposal made ahead was made on the
+incumbent of its time; if the incumbent moves before it is used, its change is carried onto
+the new incumbent (re-based), and when that conflicts it is dropped and the proposer is asked
+again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+from ratchet.driver.candidate import (
+    Proposal,
+    make_commit,
+    materialise,
+    rebase,
+    scope_violations,
+    study_ref,
+)
+from ratchet.driver.config import Config
+from ratchet.driver.ledger import Candidate, Ledger
+from ratchet.job import gitrepo
+from ratchet.job.faults import fault_point
+from ratchet.proposers import ProposalContext, Proposer, make_proposer
+
+# -- proposals, made ahead in a background thread ----------------------------------------
+
+
+class Proposals:
+    """The proposer behind one worker thread: `observe` and `propose` calls run in order
+    there, never on the loop that polls jobs. Only the loop touches the ledger."""
+
+    def __init__(self, repo: Path, state_dir: Path, config: Config, ledger: Ledger,
+                 kind: str) -> None:
+        self.repo, self.state_dir, self.config, self.ledger = repo, state_dir, config, ledger
+        self.kind = kind
+        self.name = config.task.name
+        self._proposer: Proposer | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratchet-propose")
+        self._ahead: dict[object, tuple[str, Future]] = {}  # key -> (base commit, proposals)
+        self._checked: dict[tuple[str, str], list[str]] = {}  # (parent, commit) -> problems
+        self._trees: dict[str, str] = {}  # commit -> its tree (a commit's tree never changes)
+
+    @property
+    def proposer(self) -> Proposer:
+        if self._proposer is None:
+            self._proposer = make_proposer(self.kind, self.config, self.ledger.candidates())
+        return self._proposer
+
+    def warm_up(self) -> None:
+        """The proposer loads its clients and shared context on its thread, first in line
+        (a failure here shows again, with its cause, at the first propose)."""
+        self._pool.submit(_quietly, self.proposer.warm_up)
+
+    def close(self) -> None:
+        for _, future in self._ahead.values():
+            future.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def context(self, round_no: int, incumbent: str, history: list[Candidate],
+                incumbent_metric: float | None,
+                taken: Iterable[Proposal] = ()) -> ProposalContext:
+        """What the proposer sees. `taken`: proposals made but not recorded yet; their
+        ideas are still pending in the ledger, and must not be handed out twice."""
+        self.import_ideas()
+        busy = {p.idea for p in taken if p.idea}
+        return ProposalContext(
+            repo=self.repo, state_dir=self.state_dir, config=self.config, study=self.name,
+            round=round_no, incumbent=incumbent, incumbent_metric=incumbent_metric,
+            history=history, ideas=[row["text"] for row in self.ledger.pending_ideas()
+                                    if row["text"] not in busy])
+
+    def import_ideas(self) -> None:
+        """People's ideas.md joins the ideas table (new bullets only)."""
+        from ratchet.driver.ideas import import_ideas
+
+        import_ideas(self.repo, self.ledger)
+
+    def ask(self, k: int, ctx: ProposalContext) -> Future:
+        proposer = self.proposer  # built here: its errors belong to the caller
+        return self._pool.submit(proposer.propose, k, ctx)
+
+    def ask_ahead(self, key: object, base: str, k: int, ctx: ProposalContext | None,
+                  future: Future | None = None) -> None:
+        """Start proposing for `key` now (or keep `future` as that request)."""
+        if key not in self._ahead:
+            if future is None:
+                if ctx is None:
+                    raise ValueError("ask_ahead needs a context or a future")
+                proposer = self.proposer
+                future = self._pool.submit(self._propose_and_build, proposer, k, ctx, base)
+            self._ahead[key] = (base, future)
+
+    def _propose_and_build(self, proposer: Proposer, k: int, ctx: ProposalContext,
+                           base: str) -> list[Proposal]:
+        """Propose, then build the commits on `base` too (git plumbing, off the loop):
+        when the incumbent has not moved, recording them costs no git work."""
+        proposals = proposer.propose(k, ctx)
+        built = []
+        for i, proposal in enumerate(proposals):
+            if not proposal.error and not proposal.commit:
+                with contextlib.suppress(gitrepo.GitError):  # recording reports it
+                    commit = make_commit(self.repo, base, proposal, f"ahead {ctx.round}.{i}")
+                    proposal = replace(proposal, commit=commit, files={})
+                    self._checked[(base, commit)] = scope_violations(
+                        self.repo, self.config, base, commit)
+            built.append(proposal)
+        return built
+
+    def take_ahead(self, key: object) -> tuple[str, Future] | None:
+        return self._ahead.pop(key, None)
+
+    def has_ahead(self, key: object) -> bool:
+        return key in self._ahead
+
+    def observe(self, cand: Candidate) -> None:
+        if self._proposer is not None:
+            self._pool.submit(_quietly, self._proposer.observe, cand)
+
+    def on(self, base: str, incumbent: str, proposals: list[Proposal]) -> tuple[
+            list[Proposal], list[Proposal]]:
+        """Carry proposals made on `base` onto `incumbent`: (re-based, conflicting)."""
+        if base == incumbent:
+            return proposals, []
+        moved = [(p, rebase(self.repo, p, base, incumbent) or self._retune(p, incumbent))
+                 for p in proposals]
+        return [m for _, m in moved if m is not None], [p for p, m in moved if m is None]
+
+    def _retune(self, proposal: Proposal, incumbent: str) -> Proposal | None:
+        """Settings of declared knobs (`tune.knobs`) are re-applied on the new incumbent,
+        where a text merge of the same line would conflict."""
+        from ratchet.proposers.knobs import KnobError, set_knob
+
+        knobs = self.config.tune.knobs
+        params = proposal.params or {}
+        if proposal.error or not params or not set(params) <= set(knobs):
+            return None
+        files: dict[str, bytes | None] = {}
+        try:
+            for key, value in params.items():
+                file, _, name = key.rpartition(":")
+                source = files.get(file) or gitrepo.show(self.repo, incumbent, file)
+                files[file] = set_knob(source, name, value, file)
+        except (KnobError, gitrepo.GitError):
+            return None
+        return replace(proposal, files=files, commit=None)
+
+    def record(self, round_no: int, incumbent: str, proposals: list[Proposal],
+               rows: list[dict], proposer: str | None = None,
+               stale: tuple[str, list[Proposal]] | None = None) -> list[Candidate]:
+        """Commit every proposal on the incumbent (`stale` ones on the older commit they
+        were made on), then record them and `rows` (baseline or reference) in one
+        transaction: a crash between leaves no half-proposed batch."""
+        base_seq = next_seq(self.ledger) + len(rows)
+        items = [(incumbent, p) for p in proposals] + (
+            [(stale[0], p) for p in stale[1]] if stale else [])
+        with ThreadPoolExecutor(max_workers=min(4, max(1, len(items)))) as pool:
+            built = list(pool.map(
+                lambda item: materialise(self.repo, self.state_dir, self.config, item[1][1],
+                                         item[1][0], f"c{base_seq + item[0]:04d}",
+                                         proposer or self.kind, dict(self._checked)),
+                enumerate(items)))
+        rows = [*rows, *self._reject_repeats(built)]
+        fault_point("proposed")
+        created = []
+        with self.ledger.transaction():
+            for fields in rows:
+                fields = dict(fields)
+                kind = fields.pop("kind", "candidate")
+                created.append(self.ledger.new_candidate(round_no, kind=kind, **fields))
+        fault_point("recorded")
+        self.clear_planted([c.id for c in created if c.commit_sha])
+        refs = "".join(f"update {study_ref(self.name, c.id)} {c.commit_sha}\n"
+                       for c in created if c.commit_sha and c.kind == "candidate")
+        if refs:  # every candidate keeps a ref, kept or not (one git call for all)
+            gitrepo.git(self.repo, "update-ref", "--stdin", input=refs.encode())
+        for cand, fields in zip(created, rows, strict=True):
+            if cand.idea:  # a proposal that failed outright is that idea's outcome
+                self.ledger.mark_idea(cand.idea, cand.id,
+                                      "rejected" if cand.status == "rejected" else None)
+            if cand.status == "rejected":
+                self.ledger.event("rejected", cand.id, reasons=fields.get("reasons"))
+        return created
+
+    def clear_planted(self, ids: list[str]) -> None:
+        """Refs nested under a new candidate's ref name (refs/ratchet/<study>/c0002/x) were
+        never written by ratchet and would keep its own ref from being written: removed."""
+        if not ids:
+            return
+        prefixes = tuple(f"{study_ref(self.name, i)}/" for i in ids)
+        listed = gitrepo.git(self.repo, "for-each-ref", "--format=%(refname)",
+                             f"refs/ratchet/{self.name}/").splitlines()
+        planted = [ref for ref in listed if ref.startswith(prefixes)]
+        if planted:
+            gitrepo.git(self.repo, "update-ref", "--stdin",
+                        input="".join(f"delete {ref}\n" for ref in planted).encode())
+            self.ledger.event("tampering", None, planted_refs=planted)
+
+    def _reject_repeats(self, built: list[dict]) -> list[dict]:
+        """No candidate repeats an earlier one (whoever proposed either): the same tree is
+        the same experiment. A repeat is recorded as rejected and never run."""
+        earlier = [c for c in self.ledger.candidates() if c.commit_sha]
+        fresh = [f for f in built if f.get("status") == "committed" and f.get("commit_sha")]
+        if not fresh:
+            return built
+        shas = [c.commit_sha for c in earlier] + [f["commit_sha"] for f in fresh]
+        unknown = [sha for sha in dict.fromkeys(shas) if sha not in self._trees]
+        if unknown:  # one git call for the tree ids not seen before
+            self._trees.update(zip(unknown, gitrepo.git(
+                self.repo, "rev-parse", *(f"{sha}^{{tree}}" for sha in unknown)).split(),
+                strict=True))
+        trees = [self._trees[sha] for sha in shas]
+        seen = {tree: cand.id for tree, cand in zip(trees, earlier, strict=False)}
+        position = {id(f): len(earlier) + i for i, f in enumerate(fresh)}
+        out = []
+        for fields in built:
+            if id(fields) in position:
+                tree = trees[position[id(fields)]]
+                if tree in seen:
+                    fields = {**fields, "status": "rejected",
+                              "reasons": f"same files as {seen[tree]} (a repeat is not run)"}
+                else:
+                    seen[tree] = "another proposal of this batch"
+            out.append(fields)
+        return out
+
+
+def _quietly(call: Callable, *args) -> None:
+    with contextlib.suppress(Exception):  # a proposer's bookkeeping never stops the study
+        call(*args)
+
+
+def next_seq(ledger: Ledger) -> int:
+    row = ledger.db.execute("SELECT COALESCE(MAX(seq), -1) + 1 AS n FROM candidates")
+    return row.fetchone()["n"]

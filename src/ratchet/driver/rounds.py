@@ -1,0 +1,173 @@
+"""The rounds policy: propose K from the incumbent, run them, judge them together, promote
+the best, repeat. While a round runs, the next round's proposals are already being made.
+
+The proposals for round R are always made from the same view of the ledger: round R-1 in
+flight (verdicts hidden) on its own incumbent. Whether they were made ahead or after a
+restart, a resumed study proposes exactly what an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import replace
+
+from ratchet.driver.candidate import (
+    Proposal,
+)
+from ratchet.driver.ledger import Candidate
+from ratchet.driver.settle import OPEN_STATES, Loop, without_verdict
+from ratchet.job.faults import fault_point
+from ratchet.proposers import ProposalContext
+
+# the next round's proposals are asked for once every job of the round is in a phase, or
+# this long after the round started (a backend that does not tell phases)
+AHEAD_AFTER_S = 0.5
+
+
+def started_all(running: list[tuple[str, str, float, str]]) -> bool:
+    """Every job still running is in a named phase (past its queue and checkout)."""
+    return all(": " in state for *_, state in running)
+
+
+class Rounds:
+    def __init__(self, loop: Loop, target: int) -> None:
+        self.loop, self.target = loop, target
+        loop.target = target
+
+    def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self.loop.finish(self.target)
+
+    def _run(self) -> None:
+        loop, led = self.loop, self.loop.ledger
+        while not loop.stop.soft:
+            round_no = led.get("round")
+            open_now = any(not c.is_judged for c in led.candidates(round=round_no))
+            if round_no > self.target and not open_now:
+                break
+            cands = led.candidates(round=round_no)
+            if not cands:
+                if round_no > self.target:
+                    break
+                cands = self.propose(round_no)
+                if not cands:
+                    loop.log(f"round {round_no}: the proposer has nothing new to try; stopping")
+                    break
+            else:
+                loop.ensure_refs(cands)
+            self.run_group(cands, round_no)
+            if loop.stop.hard:
+                break
+            loop.check_baseline([c.id for c in cands])
+            fault_point("judged")
+            if all(led.row(c.id).status not in OPEN_STATES for c in cands):
+                led.set(round=round_no + 1)
+
+    def view(self, round_no: int) -> tuple[str, ProposalContext]:
+        """Round R's proposer input: round R-1 in flight on its own incumbent."""
+        led = self.loop.ledger
+        history = led.candidates()
+        previous = [c for c in history if c.round == round_no - 1]
+        base = previous[0].parent if previous and previous[0].parent else led.get("incumbent")
+        shown = [c for c in history if c.round < round_no - 1] + [without_verdict(c) for c in previous]
+        metric = next((c.metric for c in reversed(shown)
+                       if c.status == "keep" and c.commit_sha == base), None)
+        return base, self.loop.proposals.context(round_no, base, shown, metric)
+
+    def slots_for_proposals(self) -> int:
+        """K, less the baseline's slot in the study's first round."""
+        baseline = any(c.kind == "baseline" for c in self.loop.ledger.candidates())
+        return self.loop.parallel - (0 if baseline else 1)
+
+    def ask_ahead(self, round_no: int) -> None:
+        """While round R runs, round R+1's proposals are made (same view as after R)."""
+        loop = self.loop
+        if round_no > self.target or loop.stop.soft or loop.ledger.candidates(round=round_no):
+            return
+        if not loop.proposals.proposer.contained:
+            return  # it could tamper: it proposes between rounds, in a window of its own
+        k = self.slots_for_proposals()
+        if k > 0:
+            base, ctx = self.view(round_no)
+            loop.proposals.ask_ahead(("round", round_no, k), base, k, ctx)
+
+    def start_early(self) -> None:
+        """Before start-up work (workers, prep): the first proposals are asked for now."""
+        self.ask_ahead(self.loop.ledger.get("round"))
+
+    def ask(self, k: int, ctx: ProposalContext) -> Future:
+        """Ask now (nothing of this round was asked ahead). A proposer that could tamper
+        runs here, on this thread, with no job running and nothing asked ahead; each of
+        its untrusted steps runs `alone`, in a window of its own, so what changes meanwhile
+        is that step's doing and only its proposal is rejected for it."""
+        loop = self.loop
+        proposer = loop.proposals.proposer
+        if proposer.contained:
+            return loop.proposals.ask(k, ctx)
+        done: Future = Future()
+        done.set_result(proposer.propose(k, replace(ctx, alone=self.alone)))
+        return done
+
+    def alone(self, step: Callable[[], object]) -> tuple[object, bool]:
+        guard = self.loop.guard
+        before = guard.snapshot()
+        result = step()
+        return result, guard.check(before, [])
+
+    def propose(self, round_no: int) -> list[Candidate]:
+        loop, led = self.loop, self.loop.ledger
+        incumbent = led.get("incumbent")
+        rows = loop.fixed_rows(incumbent)
+        k = loop.parallel - sum(1 for r in rows if r["kind"] == "baseline")
+        proposals: list[Proposal] = []
+        stale = None
+        if k:
+            ahead = loop.proposals.take_ahead(("round", round_no, k))
+            if ahead is None:
+                base, ctx = self.view(round_no)
+                ahead = (base, self.ask(k, ctx))
+            base, future = ahead
+            proposals, conflicting = loop.proposals.on(base, incumbent, future.result())
+            if conflicting:  # they conflict with the new incumbent: ask again, on it
+                ctx = loop.proposals.context(round_no, incumbent, led.candidates(),
+                                             led.get("incumbent_metric"), taken=proposals)
+                proposals += self.ask(len(conflicting), ctx).result()
+                # a proposer with nothing else to offer: run them as made, on their base
+                stale = (base, conflicting[:max(0, k - len(proposals))])
+        created = loop.proposals.record(round_no, incumbent, proposals, rows,
+                                        stale=stale)
+        loop.write_views()
+        return created
+
+    def run_group(self, cands: list[Candidate], round_no: int) -> None:
+        loop = self.loop
+        trusted = loop.guard.snapshot()  # before any of them can run
+        loop.jobs.start(cands, lambda: loop.stop.hard)
+        started = time.monotonic()
+        asked = False
+
+        def report(running: list) -> None:
+            # the proposer works while the round runs, once its jobs are in their phases:
+            # asked at once, its git work would compete with the jobs' own start-up
+            nonlocal asked
+            if not asked and (started_all(running)
+                              or time.monotonic() - started >= AHEAD_AFTER_S):
+                asked = True
+                self.ask_ahead(round_no + 1)
+            loop.progress(round_no, self.target, running)
+
+        ids = [c.id for c in cands]
+        loop.jobs.wait(ids, report, lambda: loop.stop.hard)
+        if not asked:  # a round over before it was asked: the same view
+            self.ask_ahead(round_no + 1)
+        if loop.guard.check(trusted, ids):
+            loop.write_views()
+        if not loop.stop.hard:
+            loop.settle(ids)
+
+
+# -- rolling -------------------------------------------------------------------------------

@@ -1,0 +1,347 @@
+"""The loop both policies share, and what happens after a verdict (the "tell" side):
+settling a judged group (the judge's verdicts, the incumbent's pooled record, refs, the
+integrity guard's snapshot) and confirming a would-be keep on fresh pairs beside the
+incumbent.
+
+Two policies drive it (driver/rounds.py, driver/rolling.py); proposals come from
+driver/proposals.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+
+from ratchet.driver import judge
+from ratchet.driver.candidate import (
+    study_ref,
+)
+from ratchet.driver.config import Config
+from ratchet.driver.integrity import Guard
+from ratchet.driver.jobs import Jobs
+from ratchet.driver.ledger import Candidate, Kind, Ledger, Status
+from ratchet.driver.proposals import Proposals
+from ratchet.driver.views import reported_errors
+from ratchet.errors import UserError
+from ratchet.job import gitrepo
+from ratchet.job.faults import fault_point
+from ratchet.job.jobspec import JobResult
+
+# a candidate row that still has work to do (proposed ones are never left over: a
+# proposal is recorded committed or rejected in one transaction)
+OPEN_STATES: tuple[str, ...] = (Status.COMMITTED, Status.SUBMITTED, Status.INTERRUPTED,
+                                Status.FINISHED)
+
+
+class ScheduleError(UserError):
+    """The study cannot go on (e.g. the baseline failed); one line naming the cause."""
+
+
+@dataclass
+class StopFlag:
+    """Ctrl-C once: finish judging what runs, start nothing new. Twice: cancel jobs."""
+
+    count: int = 0
+
+    def request(self) -> None:
+        self.count += 1
+
+    @property
+    def soft(self) -> bool:
+        return self.count >= 1
+
+    @property
+    def hard(self) -> bool:
+        return self.count >= 2
+
+
+def without_verdict(cand: Candidate) -> Candidate:
+    """A candidate as it looked while it ran: no verdict, no measurement."""
+    return replace(cand, status=Status.SUBMITTED, metric=None, samples=None, extra=None,
+                   holdout=None, reasons=None, gain=None, margin=None, noise=None,
+                   judged_at=None, finished_at=None, result=None)
+
+
+# -- the loop's parts ----------------------------------------------------------------------
+
+
+@dataclass
+class Loop:
+    """What both policies work with; made by the Study, which stays a thin front."""
+
+    repo: Path
+    config: Config
+    ledger: Ledger
+    jobs: Jobs
+    guard: Guard
+    proposals: Proposals
+    stop: StopFlag
+    parallel: int
+    report: Callable[[int, int, list], None]
+    write_views: Callable[[], None]
+    log: Callable[[str], None]
+    name: str = ""
+    snapshot: dict = field(default_factory=dict)
+    # what the last settle wrote to trusted state: (meta, verdicts by id)
+    written: tuple[dict, dict] = field(default_factory=lambda: ({}, {}))
+    # log lines about a judged round, held until its block is on screen (`progress`)
+    held: list[str] = field(default_factory=list)
+    target: int = 0  # the policy's rounds or candidates (the live view's denominator)
+    # candidates whose jobs run while a would-be keep is confirmed (rolling): any of them
+    # could tamper meanwhile, so a tampering check then names them all, not one
+    in_flight: list[str] = field(default_factory=list)
+
+    def progress(self, round_no: int, target: int, running: list) -> None:
+        """Report progress, then the lines held back: the view prints a judged round's
+        block when the next round's progress arrives, and a line about that round
+        (`keep ...`) reads after it, not above it."""
+        self.report(round_no, target, running)
+        self.release()
+
+    def release(self) -> None:
+        held, self.held = self.held, []
+        for line in held:
+            self.log(line)
+
+    def finish(self, target: int) -> None:
+        """The study stops: one last progress report shows the last judged round's block
+        before the lines held about it."""
+        if self.held:
+            with contextlib.suppress(Exception):  # already failing: the lines still count
+                self.report(self.ledger.get("round"), target, [])
+            self.release()
+
+    # -- judging (the ledger side of the pure judge) -------------------------------------
+
+    def settle(self, ids: list[str], on_keep: dict | None = None) -> str | None:
+        """Judge the finished candidates among `ids` together; promote the best improving
+        one. Verdicts and the new incumbent are one transaction, then the branch moves."""
+        # confirmation rows are measured by the confirmation of their candidate, not judged
+        finished = [c for c in (self.ledger.row(i) for i in ids)
+                    if c.status == Status.FINISHED and c.kind != Kind.CONFIRM]
+        unbound = self._reject_unbound(finished)
+        finished = [c for c in finished if c.id not in unbound]
+        if not finished:
+            if unbound:
+                self.written = ({}, unbound)
+            return None
+        led = self.ledger
+        incumbent = led.incumbent()
+        by_id = {c.id: c for c in finished}
+        pooled = measurements(led, exclude_confirming=set(by_id)).get(incumbent.commit or "")
+        if pooled:  # every judged evaluation of the incumbent's commit, from the rows
+            incumbent.samples, incumbent.metric = pooled, statistics.fmean(pooled)
+        confirming = Confirming(self, by_id, incumbent.commit)
+        entries = [judge.Entry(id=c.id, kind=c.kind, seq=c.seq, commit=c.commit_sha,
+                               result=JobResult.from_json(json.dumps(c.result)),
+                               based_on_incumbent=True if c.kind != "candidate" else
+                               partial(_descends, self.repo, c.commit_sha, incumbent.commit))
+                   for c in finished]
+        try:
+            decision = judge.judge_group(self.config, entries, incumbent,
+                                         holdout=lambda e: self.jobs.holdout(by_id[e.id]),
+                                         confirmation=confirming.confirmation())
+        except Interrupted:
+            return None  # nothing judged: a resume confirms on the same pairs
+        if self.config.acceptance.noise == "ignore" and decision.winner is not None:
+            self.held.append("warning: acceptance.noise = \"ignore\": this keep rests on one "
+                             "measurement, not on a confirmation beyond the noise")
+        new = decision.incumbent
+        meta: dict = {}
+        if new != incumbent:
+            meta.update(led.incumbent_meta(new))
+        if decision.winner is not None:
+            meta.update(incumbent=new.commit, **(on_keep or {}))
+        verdicts = dict(decision.verdicts)
+        for row_id, reason in confirming.used.items():  # the pairs measured, as references
+            verdicts[row_id] = judge.Verdict(Status.REFERENCE, [reason],
+                                             code=judge.Reason.REFERENCE)
+        now = time.time()
+        with led.transaction():
+            for cand_id, verdict in verdicts.items():
+                if led.row(cand_id).status == Status.REJECTED:
+                    continue  # rejected meanwhile (tampering while it was confirmed)
+                confirmation = verdict.confirmation
+                led.update(cand_id, f"judged:{verdict.status}", status=verdict.status,
+                           reasons="; ".join(r for r in verdict.reasons if r) or None,
+                           gain=verdict.gain, margin=verdict.margin, noise=verdict.noise,
+                           code=verdict.code, judged_at=now)
+                if confirmation is not None:
+                    led.event("confirmation", cand_id, step=confirmation.step,
+                              pairs=confirmation.pairs, t=confirmation.t,
+                              critical=confirmation.critical, reason=confirmation.reason)
+            if meta:
+                led.set(**meta)
+        fault_point("verdicts")
+        self.written = (meta, {**unbound, **{i: (led.row(i).status, led.row(i).metric)
+                                             for i in verdicts}})
+        for cand in finished:
+            if cand.idea:
+                led.mark_idea(cand.idea, cand.id, decision.verdicts[cand.id].status)
+            self.proposals.observe(led.row(cand.id))
+        self.jobs.clean_up(finished)
+        for cand_id, verdict in decision.verdicts.items():
+            if verdict.code in (judge.Reason.NOT_CONFIRMED, judge.Reason.NO_NOISE):
+                # it looked better once; the fresh pairs say the gain is inside the noise
+                self.held.append(f"{cand_id} not kept: its gain is inside the measured noise "
+                                 f"({verdict.reasons[-1]})")
+        if decision.winner is not None:
+            self.guard.repair_branch()  # moves the branch to the new incumbent
+            winner = led.row(decision.winner)
+            test = decision.verdicts[winner.id].confirmation
+            why = f" ({test.reason})" if test is not None else ""
+            self.held.append(f"keep {winner.id} {winner.short}: {winner.description}{why}")
+        self.write_views()
+        return decision.winner
+
+    def _reject_unbound(self, finished: list[Candidate]) -> dict[str, tuple]:
+        """The judge judges the commit a candidate's ref names; a ledger row naming another
+        commit was rewritten behind the driver's back (integrity.Guard.mismatched).
+        Returns the verdicts written, {id: (status, metric)}."""
+        written = {}
+        for cand_id, named in self.guard.mismatched(finished).items():
+            restore = {"commit_sha": named} if named else {}
+            self.ledger.update(cand_id, "judged:rejected", status="rejected",
+                               reasons="tampering: the ledger's commit is not the one its "
+                                       "ref names", judged_at=time.time(), **restore)
+            written[cand_id] = ("rejected", self.ledger.row(cand_id).metric)
+        return written
+
+    def check_baseline(self, ids: list[str]) -> None:
+        for cand in (self.ledger.row(i) for i in ids):
+            if cand.kind == "baseline" and cand.status in ("crash", "rejected"):
+                raise ScheduleError(
+                    f"the baseline (unmodified {cand.short}) failed, so nothing can be "
+                    f"compared: {cand.reasons} (see `ratchet logs {cand.id}`; fix the task, "
+                    f"commit, and start afresh: rm -rf .ratchet && git branch -D "
+                    f"ratchet/{self.name})")
+
+    def ensure_refs(self, cands: list[Candidate]) -> None:
+        """Resumed: the driver may have died before a candidate's ref was written."""
+        self.proposals.clear_planted([c.id for c in cands if c.commit_sha])
+        for cand in cands:
+            if cand.commit_sha and cand.kind == "candidate":
+                ref = study_ref(self.name, cand.id)
+                if gitrepo.try_rev_parse(self.repo, ref) != cand.commit_sha:
+                    gitrepo.update_ref(self.repo, ref, cand.commit_sha)
+
+    def fixed_rows(self, incumbent: str) -> list[dict]:
+        """The baseline (once per study), or a co-run reference of the incumbent."""
+        if not any(c.kind == Kind.BASELINE for c in self.ledger.candidates()):
+            # the baseline, and the rest of the A/A noise floor (acceptance.noise_floor)
+            floor = self.config.acceptance.noise_floor
+            return [dict(kind=Kind.BASELINE, parent=incumbent, commit_sha=incumbent,
+                         description="baseline", status=Status.COMMITTED)] + [
+                dict(kind=Kind.INCUMBENT, parent=incumbent, commit_sha=incumbent,
+                     status=Status.COMMITTED,
+                     description=f"baseline re-measured (noise floor {i + 2}/{floor})")
+                for i in range(floor - 1)]
+        if self.config.acceptance.co_run_incumbent and self.config.search.mode == "rounds":
+            return [dict(kind="incumbent", parent=incumbent, commit_sha=incumbent,
+                         status="committed", description="incumbent re-measured (reference)")]
+        return []
+
+
+class Confirming:
+    """Fresh pairs for the confirmation of a would-be keep: the candidate and the incumbent
+    measured side by side (two jobs placed together, on the same backend and slot kind),
+    one pair at a time as the sequential test asks.
+
+    Write-ahead like every job: a pair's two rows (kind confirm, `confirms` = the
+    candidate) are in the ledger before their jobs exist, so a resumed study measures the
+    pairs it had and only those it still needs: the same test on the same numbers.
+    """
+
+    def __init__(self, loop: Loop, group: dict[str, Candidate], incumbent: str | None) -> None:
+        self.loop, self.group, self.incumbent = loop, group, incumbent
+        self.used: dict[str, str] = {}  # confirmation row id -> its reference reason
+
+    def confirmation(self) -> judge.Confirmation:
+        led, name = self.loop.ledger, self.loop.config.metric.name
+        # the noise pool: every judged evaluation of every commit; the pairs of the
+        # candidates judged now join it through the confirmation itself
+        groups = measurements(led, exclude_confirming=set(self.group))
+        # the pairs of every earlier confirmation: (candidate, incumbent) in the order made
+        earlier: dict[str, list[Candidate]] = {}
+        for row in led.candidates(confirmations=True):
+            if row.confirms and row.confirms not in self.group \
+                    and row.status == Status.REFERENCE:
+                earlier.setdefault(row.confirms, []).append(row)
+        pairs = []
+        for rows in earlier.values():
+            rows.sort(key=lambda r: -r.seq)
+            got = [(c.metric, i.metric) for c, i in zip(rows[::2], rows[1::2], strict=False)
+                   if c.metric is not None and i.metric is not None]
+            if got:
+                pairs.append(got)
+        return judge.Confirmation(measure=self.measure, groups=groups,
+                                  reported=reported_errors(led, name), pairs=pairs)
+
+    def rows(self, cand_id: str) -> list[Candidate]:
+        rows = [c for c in self.loop.ledger.candidates(confirmations=True)
+                if c.confirms == cand_id]
+        return sorted(rows, key=lambda c: -c.seq)  # in the order made
+
+    def measure(self, entry: judge.Entry, need: int) -> list[tuple[float, float]] | str:
+        loop, led = self.loop, self.loop.ledger
+        cand = self.group[entry.id]
+        rows = self.rows(cand.id)
+        while len(rows) < 2 * need:
+            pair = len(rows) // 2 + 1
+            with led.transaction():  # both sides of a pair, or neither
+                rows += [led.new_confirmation(cand, commit, f"confirm {cand.id}: pair {pair}, "
+                                              f"{side}", parent=self.incumbent)
+                         for side, commit in (("candidate", cand.commit_sha),
+                                              ("incumbent", self.incumbent))]
+            fault_point("confirm-recorded")
+        rows = rows[:2 * need]
+        ids = [r.id for r in rows]
+        waiting = [r for r in rows if r.status not in (Status.FINISHED, Status.REFERENCE)]
+        if waiting:
+            trusted = loop.guard.snapshot()  # the candidate's code runs again
+            loop.jobs.start(waiting, lambda: loop.stop.hard)
+            loop.jobs.wait(ids, lambda running: loop.report(
+                led.get("round"), loop.target or led.get("round"), running),
+                lambda: loop.stop.hard)
+            if loop.guard.check(trusted, [cand.id, *loop.in_flight]):
+                return "tampering while it was re-measured"
+            if loop.stop.hard:
+                raise Interrupted("interrupted while confirming " + cand.id)
+            fault_point("confirm-measured")
+        pairs: list[tuple[float, float]] = []
+        for i in range(0, len(ids), 2):
+            c, inc = led.row(ids[i]), led.row(ids[i + 1])
+            for row in (c, inc):
+                self.used[row.id] = row.description
+            failed = [r for r in (c, inc) if r.metric is None or judge.outcome_status(
+                JobResult.from_json(json.dumps(r.result))) is not None]
+            if failed:
+                return f"confirmation run {failed[0].id} failed ({failed[0].reasons or 'no metric'})"
+            if c.metric is not None and inc.metric is not None:  # else in `failed` above
+                pairs.append((c.metric, inc.metric))
+        return pairs
+
+
+class Interrupted(Exception):
+    """Ctrl-C twice during a confirmation: nothing is judged; a resume measures on."""
+
+
+def measurements(ledger: Ledger, exclude_confirming: AbstractSet[str] = frozenset()
+                 ) -> dict[str, list[float]]:
+    return ledger.evaluations(exclude_confirming)
+
+
+def _descends(repo: Path, commit: str | None, ancestor: str | None) -> bool:
+    if not commit or not ancestor:
+        return False
+    proc = subprocess.run(gitrepo.git_argv(repo, "merge-base", "--is-ancestor", ancestor,
+                                           commit), capture_output=True, env=gitrepo.git_env())
+    return proc.returncode == 0

@@ -1,0 +1,405 @@
+"""The study: a thin front over the rooms that do the work (after Optuna's study.py).
+
+    Study ─► rounds | rolling (over settle.Loop) ─► Proposals (proposer, ahead, in a thread)
+                         │                 ─► jobs (spec, submit, poll, retry, hold-out)
+                         │                 ─► judge (pure verdicts) ─► ledger
+                         └─► integrity (pins, tamper checks)
+
+Write-ahead everywhere: a candidate is in the ledger before its job exists, a job id is
+recorded before it is submitted (ids are deterministic, so submitting again after a
+crash is a no-op), and verdicts and the new incumbent are committed in one transaction
+before the study branch moves. A killed driver therefore resumes by reading the ledger:
+it reattaches to running jobs, resubmits lost ones once, and never counts anything twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ratchet.backends import Backend
+from ratchet.driver import views
+from ratchet.driver.candidate import Proposal, study_branch
+from ratchet.driver.config import Config, load_config
+from ratchet.driver.integrity import Guard, check_commands, committed_config, pin_protected
+from ratchet.driver.jobs import Jobs
+from ratchet.driver.ledger import Candidate, Incumbent, Ledger, LedgerError
+from ratchet.driver.lock import StudyLock
+from ratchet.driver.proposals import Proposals
+from ratchet.driver.rolling import Rolling
+from ratchet.driver.rounds import Rounds
+from ratchet.driver.settle import Loop, StopFlag
+from ratchet.driver.views import write_results_tsv
+from ratchet.errors import UserError
+from ratchet.job import gitrepo, sandbox
+from ratchet.job.jobspec import JobSpec
+from ratchet.proposers import Proposer
+from ratchet.proposers.knobs import KnobError, knob_values
+from ratchet.vocab import Kind, Status
+
+STATE_DIR = ".ratchet"
+__all__ = ["Progress", "StopFlag", "Study", "StudyError"]
+
+
+class StudyError(UserError):
+    """A problem the user must fix; phrased as one line naming the cause."""
+
+
+@contextlib.contextmanager
+def _as_study_errors() -> Iterator[None]:
+    """The rooms raise their own user errors (errors.UserError); the Study API raises
+    them as one-line StudyErrors. No list: whatever a room marks as a user error."""
+    try:
+        yield
+    except StudyError:
+        raise
+    except UserError as exc:
+        raise StudyError(str(exc)) from None
+
+
+@dataclass
+class Progress:
+    round: int
+    rounds: int
+    running: list[tuple[str, str, float, str]] = field(default_factory=list)  # id, desc, s, state
+    best: float | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+    message: str = ""
+
+
+def _noop(_: Progress) -> None:
+    pass
+
+
+class Study:
+    def __init__(
+        self,
+        repo: Path,
+        config: Config | None = None,
+        *,
+        backend: str | None = None,
+        proposer: str | None = None,
+        parallel: int | None = None,
+        progress: Callable[[Progress], None] = _noop,
+        log: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        top = gitrepo.work_tree(repo)
+        if top is None:
+            raise StudyError(f"{repo}: not a git repository (run `git init` and commit first)")
+        self.repo = top
+        self.config = config or load_config(self.repo)
+        self.name = self.config.task.name
+        self.state_dir = self.repo / STATE_DIR
+        self.state_dir.mkdir(exist_ok=True)
+        try:
+            self.ledger = Ledger(self.state_dir / "ledger.db")
+        except LedgerError as exc:
+            raise StudyError(str(exc)) from None
+        self.backend_kind = backend or self.config.backend.kind
+        self.proposer_kind = proposer or self.config.search.proposer
+        self.parallel = parallel or self.config.search.parallel
+        self.branch = study_branch(self.name)
+        self.progress = progress
+        self.log = log
+        self.stop = StopFlag()
+        self._last_progress: Progress | None = None
+        self._best: tuple[tuple, float | None] = ((), None)  # (status counts, best so far)
+        self.lock = StudyLock(self.state_dir / "lock")
+        self.jobs = Jobs(self.repo, self.state_dir, self.config, self.ledger, self.backend_kind,
+                         log=log, on_trouble=self._show_trouble)
+        self.guard = Guard(self.repo, self.ledger, self.name, self.branch, log, self.config)
+        self.proposals = Proposals(self.repo, self.state_dir, self.config, self.ledger,
+                                   self.proposer_kind)
+
+    @property
+    def backend(self) -> Backend:
+        return self.jobs.backend
+
+    @property
+    def proposer(self) -> Proposer:
+        return self.proposals.proposer
+
+    def __enter__(self) -> Study:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.proposals.close()
+        self.jobs.close()
+        self.ledger.close()
+        self.lock.release()
+
+    # -- start-up (pinning, validation) -----------------------------------------------------
+
+    @property
+    def busy_slots(self) -> int:
+        """Jobs that can hold a slot at once: the duty cycle's denominator. Fewer than
+        `parallel` when candidates beyond the slots wait built (`task.build_on = "cpu"`)."""
+        slots = self.config.backend.slots
+        return min(self.parallel, slots) if slots else self.parallel
+
+    @property
+    def started(self) -> bool:
+        return self.ledger.get("pinned") is not None
+
+    def ensure_started(self, start: str = "HEAD") -> None:
+        """Pin the study's starting point (once): commit, protected files, branch."""
+        with _as_study_errors():
+            if self.started:
+                self.guard.verify_state()
+                self.guard.repair_branch()
+                return
+            head = gitrepo.try_rev_parse(self.repo, start)
+            if head is None:
+                if start != "HEAD":
+                    raise StudyError(f"cannot start the study from {start!r}: not a commit")
+                raise StudyError(f"{self.repo}: the repository has no commits; commit your "
+                                 "files first")
+            committed = committed_config(self.repo, head)
+            check_commands(self.repo, self.config, head)
+            check_editable(self.repo, self.config, head, self.log)
+            if gitrepo.is_dirty(self.repo):
+                self.log("warning: uncommitted changes are ignored; the study starts from "
+                         f"HEAD {head[:7]}")
+            if gitrepo.try_rev_parse(self.repo, self.branch) not in (None, head):
+                raise StudyError(
+                    f"branch ratchet/{self.name} already exists but .ratchet/ledger.db has no "
+                    f"study; delete the branch (git branch -D ratchet/{self.name}) or rename "
+                    "task.name")
+            pins = pin_protected(self.repo, self.config, head)
+            gitrepo.exclude_locally(self.repo, [f"/{STATE_DIR}/", "/results.tsv"])
+            gitrepo.update_ref(self.repo, self.branch, head, reason="ratchet: study start")
+            self.ledger.set(study=self.name, pinned=head, pins=pins, round=1,
+                            config=committed, created=time.time(),
+                            **Ledger.incumbent_meta(Incumbent(commit=head)))
+            self.ledger.event("study-started", None, commit=head)
+
+    def _check_ideas_file(self) -> None:
+        from ratchet.driver.ideas import IDEAS_FILE, read_ideas_file
+
+        with _as_study_errors():
+            read_ideas_file(self.repo / IDEAS_FILE)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self, rounds: int | None = None, candidates: int | None = None) -> None:
+        """Run (or resume) the study: `rounds` of K, or in rolling mode `candidates`."""
+        with _as_study_errors():
+            self.lock.acquire()
+        target = rounds or self.config.search.rounds
+        self._check_ideas_file()  # bad input fails before anything is recorded
+        # built first: its config errors come before any record; then it loads its
+        # clients on its own thread while the workers start and the start is pinned
+        self.proposals.warm_up()
+        # workers start next: their interpreters load while this process pins the start
+        # and makes the first proposals (nothing is recorded by it)
+        self.jobs.warm_up()
+        head = None if self.started else gitrepo.try_rev_parse(self.repo, "HEAD")
+        if head is not None:  # the knobs must be in the start commit before it is pinned
+            try:  # (checked here, not at every start: `submit` never uses them)
+                knob_values(self.repo, head, self.config.tune.knobs)
+            except KnobError as exc:
+                raise StudyError(str(exc)) from None
+        self.ensure_started()
+        with _as_study_errors():
+            if self.config.search.mode == "rolling":
+                # the budget is a number of candidates (search.candidates, else rounds x K)
+                budget = (candidates or self.config.search.candidates
+                          or target * self.parallel)
+                policy: Rolling | Rounds = Rolling(self._loop(), budget)
+            else:
+                policy = Rounds(self._loop(), target)
+            policy.start_early()  # the proposer thinks while workers start and prep runs
+        if self.config.prep:
+            self.prepare()
+        with _as_study_errors():
+            policy.run()
+            self.guard.verify_state()  # the branch at the end, too: nothing planted late
+        self._write_views()  # a driver killed after the last verdict left them stale
+
+    def _loop(self) -> Loop:
+        return Loop(repo=self.repo, config=self.config, ledger=self.ledger, jobs=self.jobs,
+                    guard=self.guard, proposals=self.proposals, stop=self.stop,
+                    parallel=self.parallel, report=self._report,
+                    write_views=self._write_views, log=self.log, name=self.name)
+
+    # thin entry points kept for callers that drive single steps (tests, tools)
+    def _propose_round(self, round_no: int) -> list[Candidate]:
+        return Rounds(self._loop(), round_no).propose(round_no)
+
+    def job_spec(self, cand: Candidate) -> JobSpec:
+        return self.jobs.spec(cand)
+
+    def submit(self, cand: Candidate) -> str:
+        return self.jobs.submit(cand)
+
+    # -- agent-driven mode (`ratchet submit` / `ratchet wait`) --------------------------------
+
+    def submit_rev(self, rev: str, message: str | None = None,
+                   base: str | None = None) -> list[Candidate]:
+        """`ratchet submit REV`: record REV as a candidate and start its job at once.
+
+        The first submission starts the study from `base`; by default the checked-out
+        commit, or REV's parent when REV is what is checked out (the agent committed on
+        the current branch).
+        """
+        commit = gitrepo.try_rev_parse(self.repo, rev)
+        if commit is None:
+            raise StudyError(f"{rev!r} is not a commit in {self.repo}")
+        if base is None and gitrepo.try_rev_parse(self.repo, "HEAD") == commit:
+            # the agent committed on the current branch: start from its parent, or from
+            # the commit itself when it has none (a repository's first commit)
+            base = gitrepo.try_rev_parse(self.repo, f"{commit}^") or commit
+        self.ensure_started(base or "HEAD")
+        if self.config.prep:
+            self.prepare()
+        incumbent, round_no = self.ledger.get("incumbent"), self.ledger.get("round")
+        rows = self._loop().fixed_rows(incumbent)[:1]
+        rows = [r for r in rows if r["kind"] == Kind.BASELINE]
+        subject = gitrepo.git(self.repo, "log", "-1", "--format=%s", commit)
+        # submitting the start commit itself before anything ran makes it the baseline
+        proposals = [] if rows and commit == incumbent else [
+            Proposal(description=message or subject, commit=commit)]
+        made = self.proposals.record(round_no, incumbent, proposals, rows, proposer="submit")
+        for cand in made:
+            if cand.status == Status.COMMITTED:
+                with _as_study_errors():
+                    self.jobs.submit(cand)
+        self._write_views()
+        return [self.ledger.row(c.id) for c in made]
+
+    def wait_ids(self, ids: list[str]) -> list[Candidate]:
+        """`ratchet wait ID...`: wait, judge as a group (baseline first), promote the best.
+
+        Judging writes the study's verdicts and incumbent: it takes the study lock, so a
+        `ratchet run` going on meanwhile is waited for, never raced (its guard would take
+        our writes for tampering)."""
+        self.lock.acquire(on_wait=lambda holder: self.log(
+            f"the study is held by {holder} (a ratchet run); waiting for it to end"))
+        self.ensure_started()
+        cands = []
+        for ref in ids:
+            cand = self.ledger.find(ref)
+            if cand is None:
+                raise StudyError(f"no candidate {ref!r} in this study (see `ratchet status`)")
+            cands.append(cand)
+        # the baseline must be judged before anything is compared with it
+        baseline = [c for c in self.ledger.candidates() if c.kind == Kind.BASELINE
+                    and not c.is_judged and c.id not in ids]
+        group = [c.id for c in baseline + cands]
+        round_no = self.ledger.get("round")
+        with _as_study_errors():
+            trusted = self.guard.snapshot()
+            self.jobs.wait(group, lambda running: self._report(round_no, round_no, running),
+                           lambda: self.stop.hard)
+            if self.guard.check(trusted, group):
+                self._write_views()
+            if any(self.ledger.row(i).status == Status.FINISHED for i in group):
+                loop = self._loop()
+                loop.settle(group)
+                self.ledger.set(round=round_no + 1)
+                loop.release()
+        return [self.ledger.row(c.id) for c in cands]
+
+    def cancel(self, ref: str) -> Candidate:
+        cand = self.ledger.find(ref)
+        if cand is None:
+            raise StudyError(f"no candidate {ref!r} in this study")
+        if cand.is_judged:
+            raise StudyError(f"{cand.id} is already judged ({cand.status})")
+        self.jobs.cancel(cand)
+        self.ledger.update(cand.id, "cancelled", status=Status.CANCELLED,
+                           reasons="cancelled by the user", judged_at=time.time())
+        self._write_views()
+        return self.ledger.row(cand.id)
+
+    # -- prep -------------------------------------------------------------------------------
+
+    def prepare(self, force: bool = False) -> Path:
+        from ratchet.job.prep import prep_key, prepare
+
+        self.ensure_started()
+        if self.config.prep is None:
+            raise StudyError("ratchet.toml has no [prep] section "
+                             "(add `[prep] run = \"python prepare.py\"`)")
+        command = self.config.prep.run
+        with _as_study_errors():
+            # a backend whose nodes do not see this machine prepares once where they all
+            # see it (a prep job on the engine); None: the local cache below
+            shared = self.backend.prepare(
+                study=self.name, repo=self.repo, command=command,
+                pinned_commit=self.ledger.get("pinned"),
+                key=prep_key(command, self.ledger.get("pins", {})),
+                env_allow=list(self.config.task.env), timeout_s=self.config.task.timeout)
+            data: str | Path
+            if shared is not None:
+                data, digest = shared
+            else:
+                data, digest = prepare(self.repo, self.state_dir, command,
+                                       self.ledger.get("pinned"), self.ledger.get("pins", {}),
+                                       list(self.config.task.env), self.config.task.timeout,
+                                       force=force)
+        if self.ledger.get("data_digest") != digest or self.ledger.get("data_dir") != str(data):
+            self.ledger.set(data_dir=str(data), data_digest=digest)
+        return Path(data)
+
+    # -- views ------------------------------------------------------------------------------
+
+    def _write_views(self) -> None:
+        write_results_tsv(self.repo / "results.tsv", self.ledger, self.config.metric.name)
+
+    def _report(self, round_no: int, target: int, running: list) -> None:
+        counts = self.ledger.status_counts()  # polled every few ms: one cheap query
+        key = tuple(sorted(counts.items()))
+        if self._best[0] != key:  # the pooled best changes only with a verdict
+            self._best = (key, views.best_so_far(self.ledger, self.config.metric.goal))
+        self._last_progress = Progress(round=round_no, rounds=target, running=running,
+                                       best=self._best[1], counts=counts,
+                                       message=self.jobs.trouble)
+        self.progress(self._last_progress)
+
+    def _show_trouble(self, message: str) -> None:
+        last = self._last_progress or Progress(round=self.ledger.get("round") or 1,
+                                               rounds=self.ledger.get("round") or 1)
+        self.progress(replace(last, message=message))
+
+    def sandbox_status(self) -> str:
+        return sandbox.describe(self.config.backend.sandbox)
+
+    def agent_sandbox_status(self) -> str | None:
+        """What confines the coding agents, when the proposer is one (else None)."""
+        if self.proposer_kind != "agent":
+            return None
+        from ratchet.proposers.agent import describe_agent_sandbox
+
+        return describe_agent_sandbox(self.config)
+
+def check_editable(repo: Path, config: Config, head: str, log: Callable[[str], None]) -> None:
+    """`task.editable` must name files of the start commit: a misspelt glob would leave a
+    proposer nothing to change (an error when no glob matches a file; a warning for
+    each glob that matches none, since a glob may be meant for files a proposer adds)."""
+    from ratchet.driver.config import CONFIG_FILE, matches_any
+
+    listing = gitrepo.git(repo, "ls-tree", "-r", "--name-only", "-z", head)
+    paths = [p for p in listing.split("\0") if p]
+    unmatched = [g for g in config.task.editable if not any(matches_any(p, [g]) for p in paths)]
+    if not unmatched:
+        return
+
+    def hint(glob: str) -> str:
+        close = difflib.get_close_matches(glob, paths, n=1, cutoff=0.6)
+        return f" (did you mean {close[0]!r}?)" if close else ""
+
+    if len(unmatched) == len(config.task.editable):
+        glob = unmatched[0]
+        raise StudyError(f"task.editable: {glob!r} matches no file in commit {head[:7]}"
+                         f"{hint(glob)}; fix the glob in {CONFIG_FILE} or commit the file")
+    for glob in unmatched:
+        log(f"warning: task.editable: {glob!r} matches no file in commit {head[:7]}"
+            f"{hint(glob)}; a proposer may only add files there")

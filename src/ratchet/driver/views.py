@@ -1,0 +1,247 @@
+"""Views of the ledger: `results.tsv` (karpathy's columns) and the status summary."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ratchet import stats
+from ratchet.driver.ledger import Ledger, Status
+
+TSV_STATUSES = ("keep", "discard", "crash", "rejected")
+
+
+def _clean(text: str) -> str:
+    return " ".join(text.replace("\t", " ").split())
+
+
+def shorten(text: str, width: int) -> str:
+    """`text` on one line in at most `width` characters: cut at a space (never inside a
+    word or a number) and marked with an ellipsis when it had to be cut."""
+    text = _clean(text)
+    if len(text) <= width:
+        return text
+    cut = text[:width - 1]
+    space = cut.rfind(" ")
+    if space > width // 2:  # a word boundary not too far back
+        cut = cut[:space]
+    return cut.rstrip(" ,;:") + "…"
+
+
+def results_rows(ledger: Ledger, metric: str) -> list[list[str]]:
+    rows = [["commit", metric, "memory_gb", "status", "description"]]
+    for cand in ledger.candidates():
+        if cand.status not in TSV_STATUSES:
+            continue
+        value = cand.metric if cand.metric is not None and cand.status != "crash" else 0.0
+        memory = (cand.extra or {}).get("memory_gb", 0.0)
+        memory = memory if isinstance(memory, int | float) else 0.0
+        description = _clean(cand.description)
+        if cand.status in ("crash", "rejected") and cand.reasons:
+            description = f"{description} [{shorten(cand.reasons, 160)}]"
+        rows.append([cand.short or "-------", f"{value:.6f}", f"{memory:.1f}", cand.status,
+                     description])
+    return rows
+
+
+def write_results_tsv(path: Path, ledger: Ledger, metric: str) -> None:
+    """Rewritten whole and renamed into place, so a reader never sees half a file."""
+    text = "".join("\t".join(row) + "\n" for row in results_rows(ledger, metric))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------------------------------
+# what the CLI prints: plain strings, so they are tested without a terminal
+
+
+def fmt(value: object) -> str:
+    """A number as a person reads it: 5.717, not 5.716999999999999; None as a dash."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(fmt(v) for v in value) + "]"
+    return str(value)
+
+
+def status_line(round_no: int, rounds: int, best: float | None, metric: str,
+                counts: dict[str, int]) -> str:
+    """The live view's one line: where the study is and how it is doing."""
+    return (
+        f"round {min(round_no, rounds)}/{rounds}   best so far {metric} {fmt(best)}   "
+        f"kept {counts.get('keep', 0)}  discarded {counts.get('discard', 0)}  "
+        f"crashed {counts.get('crash', 0)}  rejected {counts.get('rejected', 0)}"
+    )
+
+
+def round_lines(cands: list, round_no: int, rounds: int, metric: str) -> list[str]:
+    """A judged round as it stays on screen: its number once, then one line per verdict."""
+    lines = [f"round {round_no}/{max(rounds, round_no)}"]
+    width = max((len(c.id) for c in cands), default=5)
+    for cand in cands:
+        what = cand.description or cand.kind
+        value = f"{metric} {fmt(cand.metric)}" if cand.metric is not None else ""
+        why = ""
+        if cand.reasons and cand.status != "keep":
+            reasons = _clean(cand.reasons)
+            if len(reasons) > 100:
+                reasons = f"{shorten(reasons, 100)} (ratchet show {cand.id})"
+            why = f"  ({reasons})"
+        lines.append(f"  {cand.id:<{width}} {cand.status:<9} {value:<22} {what}{why}")
+    return lines
+
+
+def rounds_done(ledger_round: int | None, cands: list) -> int:
+    """Rounds run so far: the ledger's counter points at the next round to run."""
+    if not ledger_round:
+        return 0
+    current = [c for c in cands if c.round == ledger_round]
+    return ledger_round if current else ledger_round - 1
+
+
+def show_lines(cand, metric: str, parent: str | None) -> list[str]:
+    """`ratchet show`'s header: what a candidate is, its verdict and its numbers.
+
+    `parent` is the commit it is compared against for a candidate, and the commit's own
+    git parent for the baseline (which is the study's start, not its own parent).
+    """
+    lines = [f"{cand.id} {cand.kind} round {cand.round}: {cand.description}"]
+    if cand.commit_sha is None:  # a proposal that never became a commit (its edit failed)
+        lines.append(f"no commit: the proposal was not applied  parent {parent or '—'}")
+    elif cand.kind in ("baseline", "incumbent"):
+        start = " (the study's starting point)" if cand.kind == "baseline" else ""
+        lines.append(f"commit {cand.commit_sha}{start}  git parent {parent or 'none'}")
+    else:
+        lines.append(f"commit {cand.commit_sha}  parent {parent or '—'}")
+    lines.append(f"status {cand.status}" + (f": {cand.reasons}" if cand.reasons else ""))
+    if cand.metric is not None:
+        numbers = [f"{metric} {fmt(cand.metric)}"]
+        if cand.samples and len(cand.samples) > 1:
+            numbers.append(f"samples {fmt(cand.samples)}")
+        for name in ("holdout", "gain", "margin", "noise"):
+            value = getattr(cand, name)
+            if value is not None:  # a number that was never measured is not printed
+                numbers.append(f"{name} {fmt(value)}")
+        lines.append("  ".join(numbers))
+    for phase in cand.phases or []:
+        lines.append(f"  phase {phase['name']:10} exit {phase['exit_code']}  "
+                     f"{phase['seconds']:.2f}s" + ("  TIMED OUT" if phase["timed_out"] else ""))
+    return lines
+
+
+def total_cost(cands: list) -> float:
+    """The whole bill: each job's cost (which includes its proposal's tokens) and the
+    tokens of proposals that never ran (rejected before running, duplicates)."""
+    total = 0.0
+    for cand in cands:
+        if cand.cost_usd is not None:
+            total += cand.cost_usd
+            continue
+        usage = (cand.params or {}).get("llm") if isinstance(cand.params, dict) else None
+        cost = usage.get("cost_usd") if isinstance(usage, dict) else None
+        total += float(cost) if isinstance(cost, int | float) else 0.0
+    return total
+
+
+# ---------------------------------------------------------------------------------------
+# headlines: pooled estimates, never one re-measure
+
+
+@dataclass(frozen=True)
+class Headline:
+    """Baseline -> incumbent, each the pooled estimate of every evaluation of its commit
+    with a 95% interval from the study's noise. The end-of-run line, `status --json`, the
+    report's cards and progress.png all read this one object."""
+
+    metric: str
+    goal: str
+    baseline: stats.Estimate | None
+    incumbent: stats.Estimate | None
+    incumbent_id: str | None
+    incumbent_commit: str | None
+    noise: stats.Noise
+    noise_ignored: bool = False
+
+    @property
+    def change(self) -> float | None:
+        """Relative change of the incumbent vs the baseline, + = better whatever the goal."""
+        if self.baseline is None or self.incumbent is None or not self.baseline.mean:
+            return None
+        gain = self.incumbent.mean - self.baseline.mean
+        if self.goal == "minimize":
+            gain = -gain
+        return gain / abs(self.baseline.mean)
+
+    def line(self) -> str | None:
+        if self.baseline is None or self.incumbent is None:
+            return None
+        change = self.change
+        better = "" if change is None else (
+            f", {abs(change) * 100:.1f}% {'better' if change >= 0 else 'worse'}")
+        return (f"{self.metric}: baseline {self.baseline.text()} -> incumbent "
+                f"{self.incumbent.text()}{better}")
+
+    def as_dict(self) -> dict:
+        return {"baseline": self.baseline.as_dict() if self.baseline else None,
+                "incumbent": self.incumbent.as_dict() if self.incumbent else None,
+                "change": self.change,
+                "noise": {"sigma": self.noise.sigma,
+                          "df": None if math.isinf(self.noise.df) else self.noise.df,
+                          "source": self.noise.source},
+                "noise_ignored": self.noise_ignored}
+
+
+def reported_errors(ledger: Ledger, metric: str) -> list[tuple[float, float]]:
+    """(sem, value) of every judged evaluation that reported its own error (the
+    evaluator's `<metric>_sem`, or the spread of the job's repeats)."""
+    from ratchet.driver.judge import reported_noise
+    from ratchet.job.jobspec import JobResult
+
+    out = []
+    for cand in ledger.candidates(confirmations=True):
+        if cand.result and cand.metric is not None and cand.status in (
+                Status.KEEP, Status.DISCARD, Status.REFERENCE):
+            sem = reported_noise(JobResult.from_json(json.dumps(cand.result)), metric)
+            if sem is not None:
+                out.append((sem, cand.metric))
+    return out
+
+
+def study_noise(ledger: Ledger, metric: str,
+                groups: dict[str, list[float]] | None = None) -> stats.Noise:
+    """The study's noise, as the judge pools it (judge.Confirmation.noise)."""
+    from ratchet.driver.judge import Confirmation  # the judge's own pooling, not a copy
+
+    groups = ledger.evaluations() if groups is None else groups
+    return Confirmation(measure=lambda *_: [], groups=groups,
+                        reported=reported_errors(ledger, metric)).noise()
+
+
+def headline(ledger: Ledger, metric: str, goal: str, noise_ignored: bool = False) -> Headline:
+    groups = ledger.evaluations()
+    noise = study_noise(ledger, metric, groups)
+    pinned, commit = ledger.get("pinned"), ledger.get("incumbent")
+    base = stats.estimate(groups.get(pinned or "", []), noise)
+    inc = stats.estimate(groups.get(commit or "", []), noise)
+    return Headline(metric, goal, base, inc, ledger.get("incumbent_id"), commit, noise,
+                    noise_ignored)
+
+
+def best_so_far(ledger: Ledger, goal: str) -> float | None:
+    """The best pooled estimate of any commit that was the incumbent (the start and every
+    keep): it never moves the wrong way when the incumbent is re-measured."""
+    groups = ledger.evaluations()
+    commits = [ledger.get("pinned")] + [c.commit_sha for c in ledger.candidates(
+        status=Status.KEEP)]
+    means = [sum(v) / len(v) for v in (groups.get(c or "") for c in commits) if v]
+    if not means:
+        return None
+    return min(means) if goal == "minimize" else max(means)
