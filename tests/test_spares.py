@@ -64,6 +64,15 @@ def servers_of(jobs_dir: Path) -> list[psutil.Process]:
     return found
 
 
+def started_by_us(proc: psutil.Process) -> bool:
+    """The process is a child of this test process (False once it has gone: a spare that
+    served its job exits at any moment)."""
+    try:
+        return proc.ppid() == os.getpid()
+    except psutil.Error:
+        return False
+
+
 def run_study(repo: Path, **kwargs) -> list:
     """Run the study in this process; its candidates as the ledger has them."""
     study = Study(repo, **kwargs)
@@ -145,7 +154,7 @@ def test_a_dead_server_costs_only_speed(tmp_path):
     def on_progress(progress) -> None:
         if progress.round == 2 and not killed:
             for proc in servers_of(repo / ".ratchet" / "jobs"):
-                if proc.parent() is not None and proc.parent().pid == os.getpid():
+                if started_by_us(proc):
                     proc.kill()  # the server itself, not a spare
                     killed.append(proc.pid)
 
@@ -168,8 +177,7 @@ def test_a_stuck_server_is_waited_for_once_then_replaced(tmp_path):
     from ratchet.job.jobspec import worker_env
 
     def server_pids() -> set[int]:
-        return {p.pid for p in servers_of(tmp_path)
-                if p.parent() is not None and p.parent().pid == os.getpid()}
+        return {p.pid for p in servers_of(tmp_path) if started_by_us(p)}
 
     spares = SpareServer(tmp_path, worker_env(dict(os.environ)), log=tmp_path / "spares.log",
                          wait_s=0.5)
