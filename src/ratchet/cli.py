@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sqlite3
@@ -600,6 +601,36 @@ def report(repo: RepoOption = Path(".")) -> None:
         path = write_report(study)
         console.print(f"wrote {path}")
         _write_progress(study)
+
+
+@app.command()
+def serve(
+    repo: RepoOption = Path("."),
+    host: Annotated[str, typer.Option(
+        help="address to listen on; other than loopback it needs --token")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="port (0: any free one)")] = 8765,
+    token: Annotated[str | None, typer.Option(
+        help="required to view the pages (default: $RATCHET_SERVE_TOKEN); needed "
+             "for any --host but loopback")] = None,
+) -> None:
+    """A live, read-only dashboard of the study in your browser (the report's views)."""
+    import os
+
+    from ratchet.serve import TOKEN_ENV, make_server, serve_forever, url_of
+
+    repo = repo.resolve()
+    top = gitrepo.work_tree(repo) if repo.is_dir() else None
+    if top is None:
+        fail(f"{repo}: not a git repository with a study (check --repo / -C)")
+    server, app = make_server(top, host, port, token or os.environ.get(TOKEN_ENV) or None)
+    # the address on stdout (a script reads it); flushed: the server runs until stopped
+    print(f"serving {url_of(app)} (read-only; Ctrl-C to stop)", flush=True)
+    def stop(signum, frame) -> None:  # noqa: ARG001
+        raise KeyboardInterrupt  # out of serve_forever, which closes the ledger
+
+    signal.signal(signal.SIGTERM, stop)
+    with contextlib.suppress(KeyboardInterrupt):
+        serve_forever(server, app)
 
 
 # -- hand-off: progress.png, log, diff, export (logic in progress / history / export) ------

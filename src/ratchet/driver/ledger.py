@@ -190,6 +190,27 @@ class Ledger:
         self.db.executescript(SCHEMA)
         self._migrate()
 
+    @classmethod
+    def readonly(cls, path: Path) -> Ledger:
+        """The ledger opened for reading only (`ratchet serve`): SQLite's `mode=ro` and
+        `query_only`, no schema, no migration, so nothing this connection does can change
+        the study. An older ledger reads as is (its missing columns take their defaults);
+        one from a newer ratchet is refused, as for writing."""
+        if not path.is_file():
+            raise LedgerError(f"{path}: no ledger here (run `ratchet run` first)")
+        self = cls.__new__(cls)
+        self.path = path
+        self.db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30,
+                                  isolation_level=None, check_same_thread=False)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA query_only = ON")
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            self.db.close()
+            raise LedgerError(f"{path} was written by a newer ratchet (schema {version}, this "
+                              f"one reads up to {SCHEMA_VERSION}); upgrade ratchet to view it")
+        return self
+
     def _migrate(self) -> None:
         """Bring an older ledger's schema to SCHEMA_VERSION (PRAGMA user_version).
 

@@ -1,0 +1,1153 @@
+"""The study's views as HTML: one set of functions for two outputs.
+
+`ratchet report` writes them to static files (`report.py`); `ratchet serve` sends them
+live (`serve.py`). Both call the functions here with a `Site` that says how links are
+made, so the static page and the live one can never disagree about a number.
+
+Headline numbers are the pooled estimates (`views.headline`: every evaluation of a
+commit with a 95% interval), never the latest re-measure.
+
+Every text a proposer or a candidate controls (descriptions, reasons, ideas, params,
+diffs, logs, the proposer's context, a dispatch.json in its tree) is untrusted: it goes
+through `_e` (HTML-escaped, quotes too). The pages' Content-Security-Policy (no script
+for the report; only the server's own nonce-tagged script for the live page) is the
+second wall, should an escape ever be missed.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ratchet import gitrepo, stats, views
+from ratchet.fingerprint import fingerprint_key, software_key
+from ratchet.history import Share, kept_steps, success_shares
+from ratchet.ledger import Candidate, Ledger, throughput
+from ratchet.svg import Chart
+from ratchet.vocab import OPEN, Kind, Status
+
+DIFF_LIMIT = 200_000  # characters of a diff shown; the rest is cut, and said so
+LOG_TAIL_BYTES = 6_000  # the end of each phase's log shown on a candidate's page
+CONTEXT_LIMIT = 40_000  # characters of the proposer's context shown
+# extra metrics that say how close a kernel is to its roofline bound, in percent
+# (ratchet.kernels' sweep prints `roofline_pct`; the others are common spellings)
+ROOFLINE_KEYS = ("roofline_pct", "pct_of_roofline", "pct_of_bound", "roofline_percent")
+# extra metrics a kernel evaluator (ratchet.kernels.sweep) reports, in display order
+KERNEL_KEYS = ("speedup", "time_ms", "min_speedup", "max_speedup", "roofline_pct",
+               "public_speedup", "holdout_speedup", "shapes", "shapes_failed",
+               "host_overhead_us", "timing_precise")
+
+# status -> colour; charts and table badges agree
+COLORS = {
+    "keep": "#2e7d32",
+    "discard": "#9e9e9e",
+    "crash": "#e65100",
+    "rejected": "#c62828",
+    "cancelled": "#bdbdbd",
+    "reference": "#6a1b9a",
+}
+OPEN_COLOR = "#1565c0"  # proposed / submitted / running: not judged yet
+REMEASURE_COLOR = "#5d4037"
+PHASE_COLORS = ["#1565c0", "#ef6c00", "#2e7d32", "#6a1b9a", "#00838f", "#ad1457", "#5d4037"]
+
+CSS = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #212121;
+       margin: 0 auto; padding: 20px 24px; max-width: 1400px; background: #fafafa; }
+h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 26px 0 8px; }
+h3 { font-size: 15px; margin: 14px 0 6px; }
+nav { margin: 0 0 14px; display: flex; gap: 16px; align-items: baseline; }
+nav a { color: #1565c0; text-decoration: none; font-weight: 600; }
+#live-state { color: #616161; font-size: 12px; margin-left: auto; }
+.sub { color: #616161; margin-bottom: 16px; }
+.cards { display: flex; flex-wrap: wrap; gap: 10px; }
+.card { background: #fff; border: 1px solid #e0e0e0; border-radius: 6px; padding: 8px 14px; min-width: 120px; }
+.card .v { font-size: 18px; font-weight: 600; } .card .k { color: #757575; font-size: 12px; }
+table { border-collapse: collapse; background: #fff; font-size: 13px; }
+th, td { border: 1px solid #e0e0e0; padding: 4px 8px; vertical-align: top; text-align: left; }
+th { background: #f5f5f5; position: sticky; top: 0; }
+th.sortable { cursor: pointer; } th.sorted-asc::after { content: " ▲"; } th.sorted-desc::after { content: " ▼"; }
+table.kv th { position: static; font-weight: 600; white-space: nowrap; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.text { max-width: 360px; overflow-wrap: anywhere; }
+tr.keep td { background: #f1f8e9; }
+.badge { display: inline-block; padding: 1px 7px; border-radius: 10px; color: #fff; font-size: 12px; }
+code, pre { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12px; }
+pre { background: #fff; border: 1px solid #e0e0e0; padding: 10px; overflow-x: auto; white-space: pre; max-height: 520px; }
+pre.log { white-space: pre-wrap; overflow-wrap: anywhere; }
+pre .add { color: #1b5e20; background: #e8f5e9; display: inline-block; min-width: 100%; }
+pre .del { color: #b71c1c; background: #ffebee; display: inline-block; min-width: 100%; }
+pre .hunk { color: #6a1b9a; }
+svg.chart { background: #fff; border: 1px solid #e0e0e0; max-width: 100%; height: auto; }
+svg .tick { font-size: 11px; fill: #616161; } svg .axis { font-size: 12px; fill: #424242; }
+svg .legend { font-size: 11px; fill: #424242; }
+.note { color: #616161; font-style: italic; }
+.warn { color: #b71c1c; font-weight: 600; }
+.scroll { overflow-x: auto; }
+.filters { margin: 6px 0 10px; display: flex; gap: 10px; }
+ul.reasons { margin: 4px 0; padding-left: 20px; }
+"""
+
+
+class StudyLike(Protocol):
+    """What the views read: a running `Study`, or serve's read-only view of one."""
+
+    repo: Path
+    name: str
+    state_dir: Path
+    ledger: Ledger
+
+    @property
+    def config(self) -> Any: ...
+
+    @property
+    def busy_slots(self) -> int: ...
+
+    def agent_sandbox_status(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class Site:
+    """How the views link: the live app's paths, or the static report's files.
+
+    `root` is the way from the page being written back to the report's folder ("" on
+    index.html, "../" on a candidate's page); the live app's paths are absolute.
+    """
+
+    live: bool
+    root: str = ""
+
+    def index(self) -> str:
+        return "/" if self.live else f"{self.root}index.html"
+
+    def candidates(self) -> str:
+        return "/candidates" if self.live else f"{self.root}index.html#candidates"
+
+    def candidate(self, cand_id: str) -> str:
+        return f"/c/{cand_id}" if self.live else f"{self.root}c/{cand_id}.html"
+
+    def log(self, cand: Candidate, phase: dict[str, Any], state_dir: Path) -> str | None:
+        """A link to a phase's whole log, only for a file under .ratchet/ (never elsewhere)."""
+        rel = log_under(phase.get("log"), state_dir)
+        if rel is None:
+            return None
+        if self.live:
+            return f"/log/{cand.id}/{phase_index(cand, phase)}"
+        return f"{self.root}../" + "/".join(rel.parts)
+
+
+LIVE = Site(live=True)
+
+
+def log_under(log: Any, state_dir: Path) -> Path | None:
+    """`log` relative to the study's state folder, or None when it lies elsewhere (a
+    phase record names its log; only files under .ratchet/ are ever shown)."""
+    if not isinstance(log, str) or not log:
+        return None
+    try:
+        return Path(os.path.realpath(log)).relative_to(Path(os.path.realpath(state_dir)))
+    except ValueError:
+        return None
+
+
+def phase_index(cand: Candidate, phase: dict[str, Any]) -> int:
+    return next(i for i, p in enumerate(cand.phases or []) if p is phase)
+
+
+# ---------------------------------------------------------------------------------------
+# the data every view reads: one look at the ledger
+
+
+@dataclass
+class Snapshot:
+    cands: list[Candidate]  # candidates, baseline and co-runs, by seq (no confirmation rows)
+    everything: list[Candidate]  # with the confirmation rows
+    head: views.Headline
+    groups: dict[str, list[float]]  # every judged evaluation, by commit
+    hosts: Machines
+    metric: str
+    goal: str
+    now: float = field(default_factory=time.time)
+
+    def estimate(self, commit: str | None) -> stats.Estimate | None:
+        """The pooled estimate of a commit: all its evaluations, with a 95% interval."""
+        return stats.estimate(self.groups.get(commit or "", []), self.head.noise)
+
+    def by_id(self, cand_id: str) -> Candidate | None:
+        return next((c for c in self.everything if c.id == cand_id), None)
+
+
+def snapshot(study: StudyLike) -> Snapshot:
+    ledger = study.ledger
+    metric, goal = study.config.metric.name, study.config.metric.goal
+    everything = ledger.candidates(confirmations=True)
+    cands = [c for c in everything if c.kind != Kind.CONFIRM]
+    head = views.headline(ledger, metric, goal, study.config.acceptance.noise == "ignore")
+    return Snapshot(cands, everything, head, ledger.evaluations(), Machines(cands), metric,
+                    goal)
+
+
+# ---------------------------------------------------------------------------------------
+# small helpers
+
+
+def _e(text: Any) -> str:
+    """HTML-escape anything (quotes too, so it is safe inside attributes)."""
+    return html.escape("" if text is None else str(text), quote=True)
+
+
+def _num(value: float | None, fmt: str = ".6g") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    try:
+        return format(float(value), fmt)
+    except (TypeError, ValueError):
+        return _e(value)
+
+
+def _badge(status: str) -> str:
+    color = COLORS.get(status, OPEN_COLOR)
+    return f'<span class="badge" style="background:{color}">{_e(status)}</span>'
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def table(head: Sequence[str], rows: Iterable[Sequence[str]], classes: Sequence[str] = (),
+          table_id: str = "", sortable: bool = False) -> str:
+    """Cells are HTML already (callers escape); head is plain text."""
+    tid = f' id="{_e(table_id)}"' if table_id else ""
+    th = ' class="sortable"' if sortable else ""
+    out = [f'<div class="scroll"><table{tid}><thead><tr>']
+    out += [f"<th{th}>{_e(h)}</th>" for h in head]
+    out.append("</tr></thead><tbody>")
+    for i, row in enumerate(rows):
+        cls = f' class="{_e(classes[i])}"' if i < len(classes) and classes[i] else ""
+        out.append(f"<tr{cls}>" + "".join(row) + "</tr>")
+    out.append("</tbody></table></div>")
+    return "".join(out)
+
+
+def kv_table(facts: Iterable[tuple[str, str]], kind: str = "text") -> str:
+    """Two columns, no header: a plain-text name, then a cell that is HTML already."""
+    rows = "".join(f"<tr><th>{_e(k)}</th>{td(v, kind)}</tr>" for k, v in facts)
+    return f'<div class="scroll"><table class="kv"><tbody>{rows}</tbody></table></div>'
+
+
+def td(text: Any, kind: str = "", sort: Any = None) -> str:
+    key = "" if sort is None else f' data-sort="{_e(sort)}"'
+    return f'<td class="{kind}"{key}>{text}</td>' if kind else f"<td{key}>{text}</td>"
+
+
+def card(key: str, value_html: str, name: str) -> str:
+    return (f'<div class="card" data-card="{_e(name)}"><div class="k">{_e(key)}</div>'
+            f'<div class="v">{value_html}</div></div>')
+
+
+def running_best(cands: Sequence[Candidate]) -> list[tuple[int, float]]:
+    """(seq, metric) of every keep, in order: the incumbent's value from then on."""
+    return [(c.seq, c.metric) for c in cands if c.status == Status.KEEP and c.metric is not None]
+
+
+def read_tail(path: Path, limit: int) -> tuple[str, int]:
+    """The last `limit` bytes of a file as text, and how many bytes came before them."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            data = f.read(limit)
+    except OSError:
+        return "", 0
+    return data.decode("utf-8", "replace"), max(0, size - limit)
+
+
+# ---------------------------------------------------------------------------------------
+# overview
+
+
+def header(study: StudyLike, snap: Snapshot, title: str) -> str:
+    """The title line and the headline cards: pooled estimates, 95% intervals."""
+    ledger, metric, goal, head = study.ledger, snap.metric, snap.goal, snap.head
+    inc = head.incumbent
+    cards = [card("candidates", str(len(snap.cands)), "candidates")]
+    if head.baseline is not None:
+        cards.append(card(f"baseline {metric}", _e(head.baseline.text()), "baseline"))
+    cards.append(card(f"incumbent {metric} ({goal})", _e(inc.text()) if inc else "—",
+                      "incumbent"))
+    if head.change is not None:  # + is better, whatever the goal
+        cards.append(card("change vs baseline", f"{head.change * 100:+.2f}% "
+                          f"({'better' if head.change >= 0 else 'worse'})", "change"))
+    noise = head.noise
+    cards.append(card("noise (1 evaluation)", "not measured" if not noise.known
+                      else f"σ {noise.sigma:.3g} ({_e(noise.source)})", "noise"))
+    cards.append(card("false-keep rate", f"{study.config.acceptance.rate:.3g}"
+                      + (' <b class="warn">noise ignored</b>' if head.noise_ignored else ""),
+                      "rate"))
+    incumbent = ledger.get("incumbent")
+    if incumbent:
+        cards.append(card("incumbent", f"{_e(ledger.get('incumbent_id') or '')} "
+                          f"<code>{_e(str(incumbent)[:7])}</code>", "incumbent-id"))
+    return (
+        f"<h1>{_e(title)}</h1>"
+        f'<div class="sub">{_e(str(study.repo))} · metric <code>{_e(metric)}</code>, goal '
+        f"{_e(goal)} · round {_e(views.rounds_done(ledger.get('round'), snap.cands))} · "
+        f"branch <code>ratchet/{_e(study.name)}</code></div>"
+        f'<div class="cards">{"".join(cards)}</div>'
+    )
+
+
+def agent_sandbox(study: StudyLike) -> str:
+    """What confined the coding agents (said loudly when nothing did)."""
+    describe = getattr(study, "agent_sandbox_status", None)
+    text = describe() if describe else None
+    if not text:
+        return ""
+    kind = "warn" if "UNSANDBOXED" in text else "note"
+    return f'<p class="{kind}">agents: {_e(text)}</p>'
+
+
+def metric_chart(snap: Snapshot) -> str:
+    """The metric of every candidate in proposal order; each commit's pooled 95% interval;
+    re-measures (co-runs, the A/A floor, confirmation pairs) as hollow diamonds at the
+    candidate whose commit they measured again; the running incumbent as a step line of
+    pooled estimates."""
+    cands, metric = snap.cands, snap.metric
+    measured = [c for c in cands if c.metric is not None]
+    if not measured:
+        return '<p class="note">no candidate has a metric yet.</p>'
+    values = [c.metric for c in measured if c.metric is not None]
+    chart = Chart(title=f"{metric} over candidates", xlabel="candidate, in the order proposed",
+                  ylabel=f"{metric} ({'lower' if snap.goal == 'minimize' else 'higher'} is better)",
+                  log_y=min(values) > 0 and max(values) / min(values) > 20)
+    first_at: dict[str, int] = {}
+    for c in cands:
+        if c.commit_sha:
+            first_at.setdefault(c.commit_sha, c.seq)
+    bars = [(c.seq, e) for c in measured if c.kind != Kind.INCUMBENT
+            and (e := snap.estimate(c.commit_sha)) is not None and e.low is not None]
+    if bars:
+        chart.intervals([x for x, _ in bars], [e.low or 0.0 for _, e in bars],
+                        [e.high or 0.0 for _, e in bars], "#90a4ae")
+    again = [r for r in snap.everything if r.metric is not None and r.commit_sha in first_at
+             and (r.kind == Kind.CONFIRM or r.kind == Kind.INCUMBENT)]
+    if again:
+        chart.points([first_at[r.commit_sha or ""] for r in again], [r.metric or 0.0 for r in again],
+                     REMEASURE_COLOR, shape="diamond", hollow=True, size=4,
+                     label=f"re-measured ({len(again)})",
+                     titles=[f"{r.id} {r.kind} of {r.confirms or r.commit_sha and r.short}: "
+                             f"{metric} {r.metric:.6g}" for r in again],
+                     attrs=[{"data-id": r.id, "data-remeasure": "1"} for r in again])
+    for status in dict.fromkeys(c.status for c in measured if c.kind != Kind.INCUMBENT):
+        pts = [c for c in measured if c.status == status and c.kind != Kind.INCUMBENT]
+        chart.points([c.seq for c in pts], [c.metric or 0.0 for c in pts],
+                     COLORS.get(status, OPEN_COLOR), label=f"{status} ({len(pts)})",
+                     size=6 if status == Status.KEEP else 4.5,
+                     titles=[f"{c.id} {c.status}: {metric} {c.metric:.6g} — {c.description}"
+                             for c in pts],
+                     attrs=[{"data-id": c.id, "data-metric": repr(c.metric)} for c in pts])
+    missing = [c for c in cands if c.metric is None and c.is_judged]
+    if missing:
+        chart.floor([c.seq for c in missing], COLORS["crash"], label=f"no {metric} ({len(missing)})",
+                    titles=[f"{c.id} {c.status}: {c.reasons or ''}" for c in missing],
+                    attrs=[{"data-id": c.id} for c in missing])
+    path = incumbent_path(snap)
+    if path:
+        last = max(c.seq for c in cands)
+        chart.step([x for x, _ in path] + [last], [y for _, y in path] + [path[-1][1]],
+                   COLORS["keep"], label="incumbent (pooled estimate)")
+    return chart.render()
+
+
+def incumbent_path(snap: Snapshot) -> list[tuple[int, float]]:
+    """(seq, pooled mean) of the start and of every keep since: the running incumbent."""
+    out = []
+    for c in snap.cands:
+        if c.kind == Kind.BASELINE or (c.status == Status.KEEP and c.kind == Kind.CANDIDATE):
+            est = snap.estimate(c.commit_sha)
+            value = est.mean if est is not None else c.metric
+            if value is not None:
+                out.append((c.seq, value))
+    return out
+
+
+def counts(cands: list[Candidate]) -> str:
+    by: dict[str, int] = {}
+    for c in cands:
+        by[c.status] = by.get(c.status, 0) + 1
+    order = [s for s in COLORS if s in by] + sorted(s for s in by if s not in COLORS)
+    if not order:
+        return '<p class="note">no candidates yet: run `ratchet run` or `ratchet submit`.</p>'
+    rows = [[td(_badge(s)), td(str(by[s]), "num")] for s in order]
+    return "<h2>Counts by status</h2>" + table(["status", "candidates"], rows)
+
+
+def job_state(study: StudyLike, cand: Candidate) -> dict[str, Any]:
+    """What the worker says of a running job (the local backend's state file): its phase
+    and when that phase began; {} where the engine keeps no such file."""
+    if not cand.job_id or "/" in cand.job_id or cand.job_id.startswith("."):
+        return {}
+    try:
+        data = json.loads((study.state_dir / "jobs" / cand.job_id / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def running_now(study: StudyLike, snap: Snapshot, site: Site) -> str:
+    """The jobs in flight (phase, time in it, elapsed, slot) and the proposer's work."""
+    in_flight = [c for c in snap.everything if c.status in OPEN]
+    out = ["<h2>Running now</h2>"]
+    jobs = [c for c in in_flight if c.status in (Status.SUBMITTED, Status.FINISHED)]
+    if jobs:
+        rows = []
+        for c in jobs:
+            state = job_state(study, c)
+            phase = state.get("phase") if c.status == Status.SUBMITTED else "judging"
+            since = state.get("t")
+            in_phase = snap.now - since if isinstance(since, int | float) else None
+            rows.append([
+                td(f'<a href="{_e(site.candidate(c.id))}">{_e(c.id)}</a>'),
+                td(_e(c.kind)),
+                td(_e(phase or state.get("state") or "queued")),
+                td(duration(in_phase), "num"),
+                td(duration(snap.now - c.submitted_at) if c.submitted_at else "", "num"),
+                td(_e(c.slot or "")),
+                td(_e(c.description), "text"),
+            ])
+        out.append(table(["candidate", "kind", "phase", "in phase", "elapsed", "slot",
+                          "description"], rows, table_id="running"))
+    else:
+        out.append('<p class="note" id="running-none">no job is running.</p>')
+    proposing = [c for c in in_flight if c.status in (Status.PROPOSED, Status.COMMITTED,
+                                                      Status.INTERRUPTED)]
+    proposer = study.config.search.proposer
+    if proposing:
+        items = "".join(f"<li>{_e(c.id)} {_e(c.status)}: {_e(c.description)}</li>"
+                        for c in proposing[:12])
+        out.append(f"<p>proposer <code>{_e(proposer)}</code>: {len(proposing)} "
+                   f"proposal{'s' * (len(proposing) != 1)} not placed yet</p><ul>{items}</ul>")
+    else:
+        out.append(f'<p class="note">proposer <code>{_e(proposer)}</code>: nothing waiting '
+                   "to be placed.</p>")
+    last = next(iter(study.ledger.db.execute(
+        "SELECT t, candidate, kind FROM events ORDER BY id DESC LIMIT 1")), None)
+    if last is not None:
+        out.append(f'<p class="note">last event: {_e(last["kind"])} {_e(last["candidate"] or "")} '
+                   f"{duration(max(0.0, snap.now - last['t']))} ago</p>")
+    return "".join(out)
+
+
+def costs(study: StudyLike, snap: Snapshot) -> str:
+    """Job time, duty and its limit, spend (and against a budget, where one is set)."""
+    cands = snap.cands
+    created = study.ledger.get("created")
+    run_s = sum(c.run_s or 0.0 for c in cands)
+    queue_s = sum(c.queue_s or 0.0 for c in cands)
+    finished = [c.finished_at for c in cands if c.finished_at]
+    wall = max(finished) - created if finished and created else None
+    judged = sum(1 for c in cands if c.kind == Kind.CANDIDATE and c.is_judged)
+    slots = study.busy_slots
+    facts = [
+        ("job hours", f"{run_s / 3600:.4f}"),
+        ("queue hours", f"{queue_s / 3600:.4f}"),
+        ("wall time", duration(wall) if wall and wall > 0 else ""),
+        ("candidates judged per hour", f"{judged / (wall / 3600):.1f}" if wall and wall > 0 else ""),
+    ]
+    busy = throughput(cands, slots)  # how busy the slots were, and the most they could do
+    if busy.duty is not None:
+        facts += [
+            (f"duty cycle ({slots} slot{'s' * (slots != 1)})", f"{busy.duty:.0%}"),
+            ("limit: candidates per hour at full duty", f"{busy.limit_per_hour:.0f}"),
+        ]
+    facts += spend_facts(study, snap)
+    return "<h2>Costs</h2>" + kv_table(facts, "num")
+
+
+def token_usage(cand: Candidate) -> dict[str, float]:
+    """The proposal's model usage as the proposer recorded it (params.llm)."""
+    usage = (cand.params or {}).get("llm") if isinstance(cand.params, dict) else None
+    if not isinstance(usage, dict):
+        return {}
+    return {k: float(v) for k, v in usage.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def spend_facts(study: StudyLike, snap: Snapshot) -> list[tuple[str, str]]:
+    """Spend: USD (jobs and tokens, as `ratchet status` counts it), tokens, and the
+    budget when the config has one. The hook for the spend issue's figures: a `budget`
+    section with `usd` / `tokens` limits is shown against what was spent."""
+    spent = views.total_cost(snap.cands)
+    tokens_in = sum(token_usage(c).get("input_tokens", 0.0) for c in snap.cands)
+    tokens_out = sum(token_usage(c).get("output_tokens", 0.0) for c in snap.cands)
+    facts = [("cost (USD)", f"{spent:.2f}")]
+    if tokens_in or tokens_out:
+        facts.append(("model tokens in / out", f"{tokens_in:,.0f} / {tokens_out:,.0f}"))
+    budget = getattr(study.config, "budget", None)
+    for name, spent_now, unit in (("usd", spent, "USD"), ("tokens", tokens_in + tokens_out, "tokens")):
+        limit = getattr(budget, name, None) if budget is not None else None
+        if isinstance(limit, int | float) and limit > 0:
+            facts.append((f"budget ({unit})", f"{spent_now:,.2f} of {limit:,.2f} "
+                          f"({spent_now / limit:.0%})"))
+    return facts
+
+
+def overview_sections(study: StudyLike, snap: Snapshot, site: Site) -> list[str]:
+    """The overview page, for the report's index.html and the live "/" alike."""
+    return [
+        agent_sandbox(study),
+        machine_warning(snap.hosts),
+        "<h2>Metric over candidates</h2>",
+        metric_chart(snap),
+        counts(snap.cands),
+        running_now(study, snap, site),
+        costs(study, snap),
+        tuner_view(study, snap),
+        training_view(study, snap),
+        kernel_view(study, snap),
+        "<h2>Success shares</h2>",
+        shares(snap.cands),
+        roofline(study, snap),
+        "<h2>Phase durations</h2>",
+        phase_chart(snap.cands),
+        phase_table(snap.cands),
+        "<h2>Incumbent</h2>",
+        incumbent(study, snap),
+        "<h2>Machines</h2>",
+        machines(snap.hosts),
+    ]
+
+
+# ---------------------------------------------------------------------------------------
+# the candidates table
+
+
+def candidate_table(study: StudyLike, snap: Snapshot, site: Site) -> str:
+    cands = snap.cands
+    if not cands:
+        return '<p class="note">no candidates.</p>'
+    head = ["id", "round", "commit", "status", snap.metric, "gain", "margin", "noise",
+            "hold-out", "phases", "proposer", "idea", "description", "reasons", "machine"]
+    rows, classes = [], []
+    for c in cands:
+        desc = _e(c.description)
+        if c.kind != Kind.CANDIDATE:
+            desc = f"<b>{_e(c.kind)}</b>" + (f": {desc}" if desc and desc != _e(c.kind) else "")
+        rows.append([
+            td(f'<a href="{_e(site.candidate(c.id))}"><span id="{_e(c.id)}">{_e(c.id)}</span></a>',
+               sort=c.seq),
+            td(_e(c.round), "num"),
+            td(f"<code>{_e(c.short)}</code>"),
+            td(_badge(c.status), sort=c.status),
+            td(_num(c.metric), "num", sort=c.metric if c.metric is not None else ""),
+            td(_num(c.gain, ".4g"), "num", sort=c.gain if c.gain is not None else ""),
+            td(_num(c.margin, ".4g"), "num", sort=c.margin if c.margin is not None else ""),
+            td(_num(c.noise, ".4g"), "num", sort=c.noise if c.noise is not None else ""),
+            td(_num(c.holdout), "num", sort=c.holdout if c.holdout is not None else ""),
+            td(phase_cell(c, study.state_dir, site), sort=sum(
+                float(p.get("seconds") or 0) for p in c.phases or [])),
+            td(_e(c.proposer or "")),
+            td(_e(c.idea or ""), "text"),
+            td(desc, "text"),
+            td(_e(c.reasons), "text"),
+            td(snap.hosts.cell(c)),
+        ])
+        classes.append("keep" if c.status == Status.KEEP else "")
+    return table(head, rows, classes, table_id="candidates", sortable=True)
+
+
+def candidate_filters(snap: Snapshot) -> str:
+    """The live table's filter controls (the live page's script reads them)."""
+    statuses = sorted({c.status for c in snap.cands})
+    options = "".join(f'<option value="{_e(s)}">{_e(s)}</option>' for s in statuses)
+    return ('<div class="filters"><input id="filter-text" type="search" '
+            'placeholder="filter: text in any column" size="36">'
+            f'<select id="filter-status"><option value="">any status</option>{options}'
+            "</select></div>")
+
+
+def phase_cell(cand: Candidate, state_dir: Path, site: Site) -> str:
+    parts = []
+    for p in cand.phases or []:
+        label = f"{p.get('name', '?')} {duration(p.get('seconds'))}"
+        if p.get("timed_out"):
+            label += " (timed out)"
+        elif p.get("exit_code") not in (0, None):
+            label += f" (exit {p.get('exit_code')})"
+        href = site.log(cand, p, state_dir)
+        parts.append(f'<a href="{_e(href)}">{_e(label)}</a>' if href else _e(label))
+    return "<br>".join(parts)
+
+
+# ---------------------------------------------------------------------------------------
+# one candidate
+
+
+def candidate_page(study: StudyLike, snap: Snapshot, cand: Candidate, site: Site) -> str:
+    """Everything about one candidate: verdict and every reason, numbers, diffs against
+    its parent and the incumbent, phases with log tails, the proposer's context."""
+    metric = snap.metric
+    est = snap.estimate(cand.commit_sha)
+    usage = token_usage(cand)
+    facts = [
+        ("status", _badge(cand.status)),
+        ("kind", _e(cand.kind)),
+        ("round", _e(cand.round)),
+        ("commit", f"<code>{_e(cand.commit_sha or 'none: the proposal was not applied')}</code>"),
+        ("parent", f"<code>{_e(cand.parent or '')}</code>"),
+        ("proposer", _e(cand.proposer or "")),
+        ("idea", _e(cand.idea or "")),
+        (metric, _num(cand.metric)),
+        (f"{metric}, pooled over its commit's evaluations", _e(est.text()) if est else ""),
+        ("samples", _e(views.fmt(cand.samples)) if cand.samples else ""),
+        ("gain", _num(cand.gain, ".4g")),
+        ("margin", _num(cand.margin, ".4g")),
+        ("noise", _num(cand.noise, ".4g")),
+        (f"hold-out {metric}", _num(cand.holdout)),
+        ("slot", _e(cand.slot or "")),
+        ("queued", duration(cand.queue_s)),
+        ("ran", duration(cand.run_s)),
+        ("cost (USD)", f"{cand.cost_usd:.4f}" if cand.cost_usd is not None else ""),
+    ]
+    if usage:
+        facts.append(("model usage", _e(", ".join(f"{k} {views.fmt(v)}" for k, v in usage.items()))))
+    if cand.confirms:
+        facts.append(("confirms", f'<a href="{_e(site.candidate(cand.confirms))}">{_e(cand.confirms)}</a>'))
+    params = {k: v for k, v in (cand.params or {}).items() if k != "llm"}
+    if params:
+        facts.append(("params", f"<code>{_e(json.dumps(params, default=str, sort_keys=True))}</code>"))
+    out = [f"<h1>{_e(cand.id)} {_badge(cand.status)}</h1>",
+           f'<p class="sub" id="description">{_e(cand.description)}</p>',
+           "<h2>Verdict</h2>", verdict(cand),
+           kv_table([(k, v) for k, v in facts if v]),
+           remeasures(snap, cand, site),
+           extra_metrics(cand),
+           "<h2>Diff against its parent</h2>", diff_section(study, cand.parent, cand.commit_sha),
+           "<h2>Diff against the incumbent</h2>",
+           diff_section(study, study.ledger.get("incumbent"), cand.commit_sha),
+           "<h2>Phases</h2>", phases(study, cand, site),
+           training_view(study, snap, only=cand),
+           "<h2>The context the proposer saw</h2>", context(study, cand)]
+    return "".join(out)
+
+
+def verdict(cand: Candidate) -> str:
+    if not cand.is_judged:
+        return f'<p id="verdict">not judged yet: {_e(cand.status)}</p>'
+    reasons = [r.strip() for r in re.split(r";\s+", cand.reasons or "") if r.strip()]
+    code = f" <code>{_e(cand.code)}</code>" if cand.code else ""
+    items = "".join(f"<li>{_e(r)}</li>" for r in reasons) or "<li>no reason recorded</li>"
+    return f'<div id="verdict"><p>{_badge(cand.status)}{code}</p><ul class="reasons">{items}</ul></div>'
+
+
+def remeasures(snap: Snapshot, cand: Candidate, site: Site) -> str:
+    """The confirmation pairs of this candidate, and every other measurement of its commit."""
+    rows = [r for r in snap.everything if r.id != cand.id and (
+        r.confirms == cand.id or (cand.commit_sha and r.commit_sha == cand.commit_sha))]
+    if not rows:
+        return ""
+    body = [[td(f'<a href="{_e(site.candidate(r.id))}">{_e(r.id)}</a>'), td(_e(r.kind)),
+             td(f"<code>{_e(r.short)}</code>"), td(_badge(r.status)), td(_num(r.metric), "num"),
+             td(_e(r.description), "text")] for r in rows]
+    return "<h3>Other measurements</h3>" + table(["id", "kind", "commit", "status", snap.metric,
+                                                   "what"], body)
+
+
+def extra_metrics(cand: Candidate) -> str:
+    extra = {k: v for k, v in (cand.extra or {}).items() if not isinstance(v, dict | list)}
+    if not extra:
+        return ""
+    return "<h3>Other metrics the evaluator reported</h3>" + kv_table(
+        [(k, _e(views.fmt(v))) for k, v in sorted(extra.items())], "num")
+
+
+def diff_section(study: StudyLike, base: str | None, head: str | None) -> str:
+    if not base or not head:
+        return '<p class="note">no commit to compare.</p>'
+    if base == head:
+        return '<p class="note">the same commit: no difference.</p>'
+    try:
+        text = gitrepo.diff_text(Path(study.repo), base, head)
+    except gitrepo.GitError as exc:
+        return f'<p class="note">diff unavailable: {_e(exc)}</p>'
+    return (f"<p><code>git diff {_e(base[:7])} {_e(head[:7])}</code></p>" + diff_html(text))
+
+
+def diff_html(diff: str) -> str:
+    cut = ""
+    if len(diff) > DIFF_LIMIT:
+        cut = f"\n… {len(diff) - DIFF_LIMIT} more characters not shown (see git diff)"
+        diff = diff[:DIFF_LIMIT]
+    lines = []
+    for line in diff.splitlines():
+        if line.startswith(("+++", "---")):
+            lines.append(f"<b>{_e(line)}</b>")
+        elif line.startswith("+"):
+            lines.append(f'<span class="add">{_e(line)}</span>')
+        elif line.startswith("-"):
+            lines.append(f'<span class="del">{_e(line)}</span>')
+        elif line.startswith("@@"):
+            lines.append(f'<span class="hunk">{_e(line)}</span>')
+        else:
+            lines.append(_e(line))
+    if not lines:
+        return '<p class="note">empty diff.</p>'
+    return f'<pre class="diff">{chr(10).join(lines)}{_e(cut)}</pre>'
+
+
+def phases(study: StudyLike, cand: Candidate, site: Site) -> str:
+    if not cand.phases:
+        return '<p class="note">no phase has run.</p>'
+    out = []
+    rows = [[td(f"<code>{_e(p.get('name'))}</code>"), td(_e(p.get("exit_code")), "num"),
+             td(duration(p.get("seconds")), "num"), td("yes" if p.get("timed_out") else ""),
+             td(_e(p.get("command")), "text")] for p in cand.phases]
+    out.append(table(["phase", "exit", "duration", "timed out", "command"], rows))
+    for p in cand.phases:
+        rel = log_under(p.get("log"), study.state_dir)
+        name = _e(p.get("name"))
+        if rel is None:
+            out.append(f'<h3>{name}</h3><p class="note">no log under .ratchet/.</p>')
+            continue
+        tail, before = read_tail(study.state_dir / rel, LOG_TAIL_BYTES)
+        href = site.log(cand, p, study.state_dir)
+        more = (f'<p class="note">the last {LOG_TAIL_BYTES} bytes; {before} before them: '
+                f'<a href="{_e(href)}">the whole log</a></p>' if before else "")
+        out.append(f'<h3>{name} log</h3>{more}<pre class="log" data-phase="{name}">'
+                   f"{_e(tail) or '(empty)'}</pre>")
+    return "".join(out)
+
+
+def context(study: StudyLike, cand: Candidate) -> str:
+    """The context file the proposer was given (only one under .ratchet/ is read)."""
+    rel = log_under(cand.context_path, study.state_dir)
+    if rel is None:
+        return '<p class="note">none recorded (tuner and submitted candidates have none).</p>'
+    try:
+        text = (study.state_dir / rel).read_text(errors="replace")
+    except OSError as exc:
+        return f'<p class="note">unreadable: {_e(exc)}</p>'
+    cut = f"\n… {len(text) - CONTEXT_LIMIT} more characters" if len(text) > CONTEXT_LIMIT else ""
+    return f'<pre class="log">{_e(text[:CONTEXT_LIMIT])}{_e(cut)}</pre>'
+
+
+# ---------------------------------------------------------------------------------------
+# research views: tuner, training, kernels (each shown only where its data exists)
+
+
+def tuner_view(study: StudyLike, snap: Snapshot) -> str:
+    """Metric against each knob's value, and Optuna's parameter importances."""
+    knobs = dict(getattr(study.config.tune, "knobs", {}) or {})
+    trials = [(c, c.params) for c in snap.cands if c.kind == Kind.CANDIDATE and c.metric is not None
+              and isinstance(c.params, dict) and c.status in (Status.KEEP, Status.DISCARD)
+              and all(k in c.params for k in knobs)]
+    if not knobs or not trials:
+        return ""
+    out = ["<h2>Tuner: metric against each knob</h2>"]
+    for key in knobs:
+        pts = [(v, c) for c, p in trials if isinstance(v := p.get(key), int | float)
+               and not isinstance(v, bool)]
+        if not pts:
+            continue
+        chart = Chart(title=f"{snap.metric} against {key}", xlabel=key, ylabel=snap.metric,
+                      width=460, height=260)
+        for status in (Status.DISCARD, Status.KEEP):
+            sel = [(v, c) for v, c in pts if c.status == status]
+            chart.points([v for v, _ in sel], [c.metric or 0.0 for _, c in sel],
+                         COLORS[status], label=f"{status} ({len(sel)})",
+                         titles=[f"{c.id}: {key}={v} {snap.metric} {c.metric:.6g}" for v, c in sel],
+                         attrs=[{"data-id": c.id} for _, c in sel])
+        out.append(f'<div style="display:inline-block;width:48%;min-width:380px">{chart.render()}</div>')
+    out.append(importance(knobs, trials, snap.goal))
+    return "".join(out)
+
+
+def importance(knobs: dict[str, Any], trials: list[tuple[Candidate, dict]], goal: str) -> str:
+    """Optuna's own importance evaluator over the tuner's trials, as recorded."""
+    if len(trials) < 3 or len(knobs) < 2:
+        return ('<p class="note">parameter importance needs at least 3 measured trials and '
+                "2 knobs.</p>")
+    try:
+        import optuna
+        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        dists: dict[str, Any] = {}
+        for key, knob in knobs.items():
+            if knob.choices is not None:
+                dists[key] = CategoricalDistribution(list(knob.choices))
+            elif knob.is_int:
+                dists[key] = IntDistribution(int(knob.low), int(knob.high), log=knob.log)
+            else:
+                dists[key] = FloatDistribution(float(knob.low), float(knob.high), log=knob.log)
+        study = optuna.create_study(direction=goal)
+        for cand, params in trials:
+            study.add_trial(optuna.trial.create_trial(
+                params={k: params[k] for k in knobs}, distributions=dists, value=cand.metric))
+        scores = optuna.importance.get_param_importances(study)
+    except Exception as exc:  # noqa: BLE001 - a view must never fail the page
+        return f'<p class="note">parameter importance unavailable: {_e(type(exc).__name__)}: {_e(exc)}</p>'
+    rows = [[td(f"<code>{_e(k)}</code>"), td(f"{v:.3f}", "num")] for k, v in scores.items()]
+    return ("<h3>Parameter importance (Optuna's default evaluator)</h3>"
+            + table(["knob", "importance"], rows, table_id="importance"))
+
+
+CURVE_STEP = re.compile(r"\bstep\s*[:=]?\s*(\d+)", re.IGNORECASE)
+CURVE_VALUES = re.compile(r"\b(loss|val_loss|train_loss|tok/s|tokens/s|tokens_per_s|tok_per_s)"
+                          r"\s*[:=]?\s*([-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)", re.IGNORECASE)
+
+
+def run_curve(study: StudyLike, cand: Candidate) -> dict[str, list[tuple[float, float]]]:
+    """The intermediate metrics a training run printed in its `run` log, per step:
+    lines such as `step 100 | loss 3.21 | tok/s 51234`. These are the candidate's own
+    output (shown, never judged), read from a log under .ratchet/ only."""
+    run = next((p for p in cand.phases or [] if p.get("name") == "run"), None)
+    rel = log_under(run.get("log") if run else None, study.state_dir)
+    if rel is None:
+        return {}
+    text, _ = read_tail(study.state_dir / rel, 400_000)
+    curves: dict[str, list[tuple[float, float]]] = {}
+    for line in text.splitlines():
+        step = CURVE_STEP.search(line)
+        if not step:
+            continue
+        for name, value in CURVE_VALUES.findall(line):
+            key = "tokens/s" if "/" in name or "per_s" in name else name.lower()
+            curves.setdefault(key, []).append((float(step.group(1)), float(value)))
+    return curves
+
+
+def training_view(study: StudyLike, snap: Snapshot, only: Candidate | None = None) -> str:
+    """Loss (and tokens/s) against step for each candidate, the incumbent's overlaid."""
+    if not study.config.task.run:
+        return ""
+    inc_id = study.ledger.get("incumbent_id")
+    incumbent = snap.by_id(inc_id) if inc_id else None
+    chosen = [only] if only is not None else [c for c in snap.cands if c.phases][-8:]
+    series = {c.id: run_curve(study, c) for c in chosen}
+    if incumbent is not None and incumbent.id not in series:
+        series[incumbent.id] = run_curve(study, incumbent)
+    names = list(dict.fromkeys(k for curves in series.values() for k in curves))
+    if not names:
+        return ""
+    out = ["<h2>Training: intermediate metrics per step</h2>",
+           '<p class="note">as each run printed them in its run log (the candidate\'s own '
+           "output, not a measurement of ratchet's); the incumbent dashed.</p>"]
+    for name in names:
+        chart = Chart(title=f"{name} against step", xlabel="step", ylabel=name, width=620,
+                      height=280)
+        for i, (cid, curves) in enumerate(series.items()):
+            pts = curves.get(name)
+            if not pts:
+                continue
+            is_inc = incumbent is not None and cid == incumbent.id
+            chart.line([s for s, _ in pts], [v for _, v in pts],
+                       COLORS["keep"] if is_inc else PHASE_COLORS[i % len(PHASE_COLORS)],
+                       label=f"{cid}{' (incumbent)' if is_inc else ''}", dash=is_inc,
+                       attrs={"data-id": cid, "data-series": name})
+        out.append(f'<div style="display:inline-block;width:49%;min-width:420px">{chart.render()}</div>')
+    return "".join(out)
+
+
+def kernel_view(study: StudyLike, snap: Snapshot) -> str:
+    """The incumbent's kernel figures (ratchet.kernels' sweep metrics), its per-shape
+    table where the evaluator filed one (`shapes_table`: a list of rows), and its
+    dispatch choices (dispatch.json)."""
+    inc_id = study.ledger.get("incumbent_id")
+    cand = snap.by_id(inc_id) if inc_id else None
+    extra = (cand.extra or {}) if cand else {}
+    figures = [(k, extra[k]) for k in KERNEL_KEYS if k in extra and k != snap.metric]
+    out = []
+    if cand is not None and len(figures) >= 2:
+        out.append(f"<h2>Kernel: the incumbent {_e(cand.id)}</h2>")
+        out.append(kv_table([(k, _e(views.fmt(v))) for k, v in figures], "num"))
+        rows = extra.get("shapes_table")
+        if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
+            cols = list(dict.fromkeys(k for r in rows for k in r))
+            out.append("<h3>Per shape</h3>" + table(
+                cols, [[td(_e(views.fmt(r.get(k)))) for k in cols] for r in rows[:500]]))
+    out.append(dispatch(study))
+    return "".join(out)
+
+
+def dispatch(study: StudyLike) -> str:
+    """dispatch.json from the incumbent's tree (else the repo root), as a table."""
+    incumbent = study.ledger.get("incumbent")
+    text, where = None, ""
+    if incumbent:
+        try:
+            text = gitrepo.show(Path(study.repo), incumbent, "dispatch.json").decode("utf-8", "replace")
+            where = f"dispatch.json in the incumbent {incumbent[:7]}"
+        except gitrepo.GitError:
+            text = None
+    root = Path(study.repo) / "dispatch.json"
+    if text is None and root.is_file():
+        text, where = root.read_text(errors="replace"), "dispatch.json in the repository root"
+    if text is None:
+        return ""
+    head = f"<h2>Dispatch table</h2><p>{_e(where)}</p>"
+    try:
+        data = json.loads(text)
+        buckets = data["buckets"]
+        rows = [[
+            td(f"<code>{_e(key)}</code>"),
+            td(_e(b.get("impl"))),
+            td(_num(b.get("speedup"), ".3f"), "num"),
+            td(_e(b.get("reason")), "text"),
+        ] for key, b in buckets.items()]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return head + f'<p class="note">could not read it: {_e(type(exc).__name__)}: {_e(exc)}</p>'
+    versions = data.get("versions") if isinstance(data.get("versions"), dict) else {}
+    tags = (f"device {_e(data.get('device') or 'unspecified')}; baseline <code>{_e(data.get('baseline'))}</code>; "
+            + ", ".join(f"{_e(k)} {_e(v)}" for k, v in versions.items()))
+    return head + f"<p>{tags}</p>" + table(["bucket", "impl", "speedup", "reason"], rows)
+
+
+# ---------------------------------------------------------------------------------------
+# shares, roofline, phases, incumbent, machines
+
+
+class Machines:
+    """Which machine measured each result, by hardware (`fingerprint_key`).
+
+    The baseline's machine is M1, the reference: a result measured on other hardware
+    is flagged wherever it is shown, because its metric is not comparable with the
+    baseline's or the incumbent's.
+    """
+
+    def __init__(self, cands: list[Candidate]) -> None:
+        self.fingerprints: dict[str, dict[str, str]] = {}
+        for c in cands:
+            fp = (c.result or {}).get("fingerprint")
+            if isinstance(fp, dict) and fp:
+                self.fingerprints[c.id] = {str(k): str(v) for k, v in fp.items()}
+        order = sorted(cands, key=lambda c: (c.kind != Kind.BASELINE, c.seq))
+        keys = [fingerprint_key(self.fingerprints[c.id]) for c in order if c.id in self.fingerprints]
+        self.labels = {key: f"M{i}" for i, key in enumerate(dict.fromkeys(keys), 1)}
+        self.reference = keys[0] if keys else None
+
+    def key(self, cand: Candidate) -> str | None:
+        fp = self.fingerprints.get(cand.id)
+        return fingerprint_key(fp) if fp else None
+
+    def elsewhere(self, cand: Candidate) -> bool:
+        """Measured on hardware other than the baseline's."""
+        key = self.key(cand)
+        return key is not None and key != self.reference
+
+    def cell(self, cand: Candidate) -> str:
+        key = self.key(cand)
+        if key is None:
+            return ""
+        label = f'<span title="{_e(key)}">{_e(self.labels[key])}</span>'
+        if self.elsewhere(cand):
+            label += ' <b class="warn">other hardware than the baseline: not comparable</b>'
+        return label
+
+
+def machine_warning(hosts: Machines) -> str:
+    if len(hosts.labels) < 2:
+        return ""
+    names = ", ".join(f"{label} ({key})" for key, label in hosts.labels.items())
+    return (f'<p class="warn">Results from {len(hosts.labels)} different machines: {_e(names)}. '
+            "A metric measured on other hardware than the baseline's is not comparable with it; "
+            "those rows are flagged in the candidate table (see Machines).</p>")
+
+
+def machines(hosts: Machines) -> str:
+    if not hosts.fingerprints:
+        return '<p class="note">no result records its machine (results from an older ratchet).</p>'
+    variants: dict[tuple[str, str], list[str]] = {}
+    for cand_id, fp in hosts.fingerprints.items():
+        variants.setdefault((fingerprint_key(fp), software_key(fp)), []).append(cand_id)
+    rows = []
+    for (key, software), ids in sorted(variants.items(), key=lambda kv: (hosts.labels[kv[0][0]], kv[1][0])):
+        shown = ", ".join(ids[:12]) + (f" … (+{len(ids) - 12})" if len(ids) > 12 else "")
+        rows.append([
+            td(_e(hosts.labels[key]) + (" (baseline's)" if key == hosts.reference else "")),
+            td(_e(key), "text"),
+            td(_e(software), "text"),
+            td(str(len(ids)), "num"),
+            td(_e(shown), "text"),
+        ])
+    out = table(["machine", "hardware", "driver and libraries", "results", "candidates"], rows)
+    same_hw = {k for k, _ in variants}
+    if len(variants) > len(same_hw):
+        out += ('<p class="warn">Software versions changed during the study on the same hardware: '
+                "a driver or library change can move timings by more than the noise.</p>")
+    return out
+
+
+def shares(cands: list[Candidate]) -> str:
+    """Kept / discarded / crashed / rejected shares by proposer and by idea."""
+    by_proposer = success_shares(cands, "proposer")
+    if not by_proposer:
+        return '<p class="note">no candidate proposed yet.</p>'
+    out = ["<h3>By proposer</h3>", share_table("proposer", by_proposer)]
+    by_idea = success_shares(cands, "idea")
+    if any(s.name != "(no queued idea)" for s in by_idea):
+        out += ["<h3>By idea</h3>", share_table("idea", by_idea)]
+    else:
+        out.append('<p class="note">no candidate came from a queued idea (ratchet idea, ideas.md).</p>')
+    return "".join(out)
+
+
+def share_table(name: str, rows_of: list[Share]) -> str:
+    def cell(share: Share, status: str) -> str:
+        n = share.counts.get(status, 0)
+        return td(f"{n} ({share.share(status) * 100:.0f}%)" if share.judged else str(n), "num")
+
+    rows = []
+    for share in rows_of:
+        reasons = sorted(share.reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+        rows.append([
+            td(_e(share.name), "text"),
+            td(str(sum(share.counts.values())), "num"),
+            cell(share, "keep"), cell(share, "discard"), cell(share, "crash"), cell(share, "rejected"),
+            td("<br>".join(f"{_e(r)} ×{n}" for r, n in reasons[:6]), "text"),
+        ])
+    return table([name, "candidates", "kept", "discarded", "crashed", "rejected",
+                  "crash and rejection reasons"], rows)
+
+
+def roofline_pct(cand: Candidate) -> float | None:
+    """The candidate's % of roofline, from the first extra metric that reports it."""
+    for key in ROOFLINE_KEYS:
+        value = (cand.extra or {}).get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+    return None
+
+
+def roofline(study: StudyLike, snap: Snapshot) -> str:
+    """The incumbent's % of roofline after each kept step: how far from the bound it is."""
+    baseline = next((c for c in snap.cands if c.kind == Kind.BASELINE), None)
+    path = ([baseline] if baseline is not None else []) + [s.cand for s in kept_steps(study.ledger)]
+    path = [c for c in path if roofline_pct(c) is not None]
+    if not path:
+        return ""
+    rows = []
+    for c in path:
+        pct = roofline_pct(c) or 0.0
+        rows.append([
+            td(_e(c.id) + (" (baseline)" if c.kind == Kind.BASELINE else "")),
+            td(_num(c.metric), "num"),
+            td(f"{pct:.1f}%", "num"),
+            td(f"{100 / pct:.2f}×" if pct > 0 else "", "num"),
+            td(_e(c.description), "text"),
+        ])
+    now = roofline_pct(path[-1]) or 0.0
+    first = roofline_pct(path[0]) or 0.0
+    summary = (f"The incumbent {_e(path[-1].id)} runs at <b>{now:.1f}%</b> of the roofline"
+               + (f" (started at {first:.1f}%)" if len(path) > 1 else "")
+               + (f": {100 / now:.2f}× from the bound." if now > 0 else "."))
+    return ("<h2>Roofline</h2>" f"<p>{summary}</p>"
+            + table(["step", snap.metric, "% of roofline", "distance to the bound", "description"], rows))
+
+
+def phase_chart(cands: list[Candidate]) -> str:
+    """Seconds per phase for each candidate that ran: one line per phase."""
+    ran = [c for c in cands if c.phases]
+    if not ran:
+        return ""
+    names = list(dict.fromkeys(str(p.get("name", "?")) for c in ran for p in c.phases or []))
+    chart = Chart(title="phase durations per candidate", xlabel="candidate, in the order proposed",
+                  ylabel="seconds", height=240)
+    for i, name in enumerate(names):
+        pts = [(c.seq, sum(float(p.get("seconds") or 0) for p in c.phases or []
+                           if str(p.get("name")) == name)) for c in ran
+               if any(str(p.get("name")) == name for p in c.phases or [])]
+        chart.points([x for x, _ in pts], [y for _, y in pts], PHASE_COLORS[i % len(PHASE_COLORS)],
+                     label=name, size=3.5, titles=[f"{name}: {y:.2f} s" for _, y in pts])
+    return chart.render()
+
+
+def phase_table(cands: list[Candidate]) -> str:
+    by_phase: dict[str, list[dict[str, Any]]] = {}
+    for c in cands:
+        for p in c.phases or []:
+            by_phase.setdefault(str(p.get("name", "?")), []).append(p)
+    if not by_phase:
+        return '<p class="note">no phase has run yet.</p>'
+    rows = []
+    for name, runs in by_phase.items():
+        secs = sorted(float(p.get("seconds") or 0.0) for p in runs)
+        mid = len(secs) // 2
+        median = secs[mid] if len(secs) % 2 else (secs[mid - 1] + secs[mid]) / 2
+        failed = sum(1 for p in runs if p.get("exit_code") not in (0, None) and not p.get("timed_out"))
+        rows.append([
+            td(f"<code>{_e(name)}</code>"),
+            td(str(len(runs)), "num"),
+            td(duration(median), "num"),
+            td(duration(sum(secs) / len(secs)), "num"),
+            td(duration(secs[-1]), "num"),
+            td(duration(sum(secs)), "num"),
+            td(str(sum(1 for p in runs if p.get("timed_out"))), "num"),
+            td(str(failed), "num"),
+        ])
+    return table(["phase", "runs", "median", "mean", "max", "total", "timed out", "failed"], rows)
+
+
+def incumbent(study: StudyLike, snap: Snapshot) -> str:
+    ledger = study.ledger
+    commit, pinned = ledger.get("incumbent"), ledger.get("pinned")
+    if not commit:
+        return '<p class="note">no incumbent yet.</p>'
+    inc_id = ledger.get("incumbent_id")
+    cand = snap.by_id(inc_id) if inc_id else None
+    est = snap.head.incumbent
+    facts = [
+        ("candidate", _e(inc_id or "")),
+        ("commit", f"<code>{_e(commit)}</code>"),
+        (f"{snap.metric} (pooled)", _e(est.text()) if est else ""),
+        (f"hold-out {snap.metric}", _num(ledger.get("incumbent_holdout"))),
+        ("description", _e(cand.description if cand else "")),
+        ("study start (pinned)", f"<code>{_e(pinned or '')}</code>"),
+    ]
+    out = [kv_table(facts)]
+    if pinned and pinned != commit:
+        out.append(f"<p>What the study kept: <code>git diff {_e(pinned[:7])} {_e(commit[:7])}</code></p>")
+        try:
+            out.append(diff_html(gitrepo.diff_text(Path(study.repo), pinned, commit)))
+        except gitrepo.GitError as exc:
+            out.append(f'<p class="note">diff unavailable: {_e(exc)}</p>')
+    else:
+        out.append('<p class="note">the incumbent is still the study start: nothing kept yet.</p>')
+    return "".join(out)
+
+
+# ---------------------------------------------------------------------------------------
+# the page around the views
+
+
+def nav(site: Site, live_state: str = "") -> str:
+    return (f'<nav><a href="{_e(site.index())}">overview</a>'
+            f'<a href="{_e(site.candidates())}">candidates</a>{live_state}</nav>')
+
+
+def page(title: str, body: str, csp: str, head_extra: str = "") -> str:
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+        f'<meta http-equiv="Content-Security-Policy" content="{_e(csp)}">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f'<meta name="referrer" content="no-referrer">\n'
+        f"<title>{_e(title)}</title>\n<style>{CSS}</style>{head_extra}</head>\n<body>\n"
+        f"{body}\n</body></html>\n"
+    )
+
+
+Render = Callable[[StudyLike, Snapshot, Site], str]

@@ -1,0 +1,533 @@
+"""`ratchet serve`: the study's views live in a browser, read-only.
+
+A small web app over the ledger, on the standard library's `http.server`: the pages are
+the views of `ratchet.pages` (the same functions the static report writes), and a page
+left open follows the study through server-sent events (`/events` says when the ledger
+moved; the page then fetches its own content again). No web framework: the app serves
+a handful of GET routes, the HTML is made by the views already, and the server needs no
+async, templates or sessions; a dependency would add install weight and a supply chain
+to a tool whose pages show code and logs, for nothing the stdlib lacks here.
+
+Read-only by construction: the ledger is opened with SQLite's `mode=ro` and
+`query_only` (`Ledger.readonly`), the study's config is read from the ledger, no
+`Study` is built (nothing takes the lock, writes views or touches git refs), and the
+server answers GET and HEAD only.
+
+Who may look: bound to 127.0.0.1 by default, where a request must name a loopback host
+(a web page elsewhere cannot reach it by DNS rebinding). Another address needs `--host`
+and a token (`--token` or RATCHET_SERVE_TOKEN): the pages show code and logs. The token
+comes in the URL once and then lives in an HttpOnly, SameSite=Strict cookie.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import http.server
+import ipaddress
+import json
+import secrets
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+from ratchet import pages, views
+from ratchet.config import CONFIG_FILE, Config, load_config, loads_config
+from ratchet.errors import UserError
+from ratchet.ledger import Ledger, LedgerError
+from ratchet.pages import LIVE, StudyLike
+from ratchet.vocab import Status
+
+TOKEN_ENV = "RATCHET_SERVE_TOKEN"
+TOKEN_COOKIE = "ratchet_token"
+MIN_TOKEN_CHARS = 16
+POLL_S = 0.5  # how often an open event stream looks at the ledger
+HEARTBEAT_S = 15.0  # a comment line on a quiet stream, so proxies and browsers keep it
+LOG_LIMIT = 8 << 20  # the most of one log /log/ sends (its tail)
+STRICT_CSP = "default-src 'none'; style-src 'unsafe-inline'; sandbox"
+
+
+class ServeError(UserError):
+    """`ratchet serve` cannot start as asked (one line: what, and how to fix it)."""
+
+
+# ---------------------------------------------------------------------------------------
+# the study, read-only
+
+
+class ReadOnlyStudy:
+    """What the views read, from the ledger alone (opened read-only) and the repo."""
+
+    def __init__(self, repo: Path) -> None:
+        self.repo = repo
+        self.state_dir = repo / ".ratchet"
+        db = self.state_dir / "ledger.db"
+        if not db.is_file():
+            raise ServeError(f"{repo}: no study here yet (no .ratchet/ledger.db); start it "
+                             "with `ratchet run`, then serve it")
+        try:
+            self.ledger = Ledger.readonly(db)
+        except LedgerError as exc:
+            raise ServeError(str(exc)) from None
+        pinned = self.ledger.get("config")
+        # the config the study runs with: pinned at its start (an edit since is not in force)
+        self.config: Config = (loads_config(pinned.encode(), f"{CONFIG_FILE} pinned at the "
+                                            "study's start") if pinned else load_config(repo))
+        self.name = self.config.task.name
+
+    @property
+    def busy_slots(self) -> int:
+        slots = self.config.backend.slots
+        parallel = self.config.search.parallel
+        return min(parallel, slots) if slots else parallel
+
+    def agent_sandbox_status(self) -> str | None:
+        if self.config.search.proposer != "agent":
+            return None
+        from ratchet.proposers.agent import describe_agent_sandbox
+
+        return describe_agent_sandbox(self.config)
+
+    def close(self) -> None:
+        self.ledger.close()
+
+
+def version(study: StudyLike) -> str:
+    """A short key that changes whenever what the pages show changes: an event, a
+    verdict, a job placed or finished, a phase begun."""
+    db = study.ledger.db
+    last_event = db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+    rows = db.execute("SELECT COUNT(*), TOTAL(judged_at), TOTAL(finished_at), "
+                      "TOTAL(submitted_at) FROM candidates").fetchone()
+    meta = db.execute("SELECT value FROM meta WHERE key IN ('incumbent', 'round', "
+                      "'incumbent_samples') ORDER BY key").fetchall()
+    running = db.execute("SELECT id, job_id FROM candidates WHERE status = ?",
+                         (Status.SUBMITTED.value,)).fetchall()
+    phases = [(r["id"], pages.job_state(study, _Row(r["job_id"])).get("phase")) for r in running]
+    key = json.dumps([last_event, list(rows), [m[0] for m in meta], phases], default=str)
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+@dataclass
+class _Row:
+    """The one field `pages.job_state` reads from a candidate."""
+
+    job_id: str | None
+
+
+# ---------------------------------------------------------------------------------------
+# the pages
+
+
+SCRIPT = r"""
+(() => {
+  const live = document.getElementById('live');
+  const state = document.getElementById('live-state');
+  let version = document.body.dataset.version;
+  let busy = false, again = null;
+  let sortCol = -1, sortDir = 1;
+
+  function cellKey(row, i) {
+    const cell = row.cells[i];
+    if (!cell) return '';
+    const key = cell.dataset.sort !== undefined ? cell.dataset.sort : cell.textContent.trim();
+    const n = Number(key);
+    return key !== '' && !Number.isNaN(n) ? n : key.toLowerCase();
+  }
+  function sortTable() {
+    const table = document.getElementById('candidates');
+    if (!table || sortCol < 0) return;
+    const body = table.tBodies[0];
+    const rows = Array.from(body.rows);
+    rows.sort((a, b) => {
+      const x = cellKey(a, sortCol), y = cellKey(b, sortCol);
+      if (x === '' && y !== '') return 1;
+      if (y === '' && x !== '') return -1;
+      return (x < y ? -1 : x > y ? 1 : 0) * sortDir;
+    });
+    rows.forEach(r => body.appendChild(r));
+    table.querySelectorAll('th').forEach((th, i) => {
+      th.classList.toggle('sorted-asc', i === sortCol && sortDir === 1);
+      th.classList.toggle('sorted-desc', i === sortCol && sortDir === -1);
+    });
+  }
+  function filterTable() {
+    const table = document.getElementById('candidates');
+    const text = document.getElementById('filter-text');
+    const status = document.getElementById('filter-status');
+    if (!table || !text || !status) return;
+    const want = text.value.trim().toLowerCase(), st = status.value;
+    const col = Array.from(table.tHead.rows[0].cells).findIndex(c => c.textContent === 'status');
+    let shown = 0;
+    for (const row of table.tBodies[0].rows) {
+      const ok = (!want || row.textContent.toLowerCase().includes(want)) &&
+                 (!st || row.cells[col].textContent.trim() === st);
+      row.hidden = !ok;
+      if (ok) shown++;
+    }
+    const count = document.getElementById('filter-count');
+    if (count) count.textContent = shown + ' shown';
+  }
+  function wire() {
+    const table = document.getElementById('candidates');
+    if (table) {
+      table.querySelectorAll('th').forEach((th, i) => th.addEventListener('click', () => {
+        sortDir = sortCol === i ? -sortDir : 1; sortCol = i; sortTable();
+      }));
+    }
+    sortTable(); filterTable();
+  }
+  for (const id of ['filter-text', 'filter-status']) {
+    const el = document.getElementById(id);
+    if (el) el.addEventListener('input', filterTable);
+  }
+  async function refresh(want) {
+    if (busy) { again = want; return; }
+    busy = true;
+    try {
+      const url = new URL(location.href);
+      url.searchParams.set('fragment', '1');
+      const reply = await fetch(url, {cache: 'no-store', credentials: 'same-origin'});
+      if (reply.ok) {
+        live.innerHTML = await reply.text();  // markup only: scripts in it never run
+        version = reply.headers.get('X-Ratchet-Version') || want;
+        document.body.dataset.version = version;
+        wire();
+        state.textContent = 'live · updated ' + new Date().toLocaleTimeString();
+      }
+    } catch (e) {
+      state.textContent = 'offline: ' + e;
+    } finally {
+      busy = false;
+      if (again !== null && again !== version) { const v = again; again = null; refresh(v); }
+    }
+  }
+  const events = new EventSource('/events');
+  events.onopen = () => { state.textContent = 'live'; };
+  events.onmessage = (e) => { if (e.data !== version) refresh(e.data); };
+  events.onerror = () => { state.textContent = 'reconnecting…'; };
+  wire();
+})();
+"""
+
+
+def csp(nonce: str) -> str:
+    """The live page runs only the server's own script (by nonce): no inline handler,
+    no script a candidate's text could smuggle in, nothing from elsewhere."""
+    return (f"default-src 'none'; script-src 'nonce-{nonce}'; connect-src 'self'; "
+            "img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'; "
+            "frame-ancestors 'none'")
+
+
+@dataclass(frozen=True)
+class View:
+    title: Callable[[StudyLike, pages.Snapshot], str]
+    body: Callable[[StudyLike, pages.Snapshot], str]
+    above: Callable[[pages.Snapshot], str] = lambda _snap: ""  # outside the live part
+
+
+def overview_view() -> View:
+    def body(study: StudyLike, snap: pages.Snapshot) -> str:
+        title = f"ratchet: {study.name}"
+        return "\n".join(s for s in [pages.header(study, snap, title),
+                                     *pages.overview_sections(study, snap, LIVE)] if s)
+
+    return View(title=lambda study, _s: f"ratchet: {study.name}", body=body)
+
+
+def candidates_view() -> View:
+    def body(study: StudyLike, snap: pages.Snapshot) -> str:
+        return (f"<h1>Candidates of {pages._e(study.name)}</h1>"
+                + pages.candidate_table(study, snap, LIVE))
+
+    return View(title=lambda study, _s: f"candidates: {study.name}", body=body,
+                above=lambda snap: pages.candidate_filters(snap)
+                + '<p class="note" id="filter-count"></p>')
+
+
+def candidate_view(cand_id: str) -> View:
+    def body(study: StudyLike, snap: pages.Snapshot) -> str:
+        cand = snap.by_id(cand_id)
+        if cand is None:
+            raise LookupError(cand_id)
+        return pages.candidate_page(study, snap, cand, LIVE)
+
+    return View(title=lambda study, _s: f"{cand_id}: {study.name}", body=body)
+
+
+# ---------------------------------------------------------------------------------------
+# the server
+
+
+class Dashboard:
+    """The study, the token, and one lock: SQLite connections are used by one thread at a
+    time, and the views read one consistent look at the ledger."""
+
+    def __init__(self, study: ReadOnlyStudy, token: str | None, host: str, loopback: bool,
+                 log: Callable[[str], None] = lambda _m: None) -> None:
+        self.study = study
+        self.token = token
+        self.host = host
+        self.loopback = loopback
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.log = log
+        self.port = 0
+
+    def version(self) -> str:
+        with self.lock:
+            return version(self.study)
+
+    def render(self, view: View, fragment: bool) -> tuple[str, str, str]:
+        """(html, version, policy) of a view: its live part alone, or the whole page."""
+        with self.lock:
+            snap = pages.snapshot(self.study)
+            body = view.body(self.study, snap)
+            now = version(self.study)
+            title = view.title(self.study, snap)
+            above = view.above(snap)
+        if fragment:
+            return body, now, STRICT_CSP
+        nonce = secrets.token_urlsafe(16)
+        shell = (f'{pages.nav(LIVE, "<span id=live-state>connecting…</span>")}{above}'
+                 f'<main id="live">{body}</main>'
+                 f'<script nonce="{nonce}">{SCRIPT}</script>')
+        html = pages.page(title, shell, csp(nonce)).replace(
+            "<body>", f'<body data-version="{pages._e(now)}">', 1)
+        return html, now, csp(nonce)
+
+    def log_text(self, cand_id: str, index: int) -> str | None:
+        with self.lock:
+            cand = self.study.ledger.candidate(cand_id)
+        phases = (cand.phases or []) if cand else []
+        if not 0 <= index < len(phases):
+            return None
+        rel = pages.log_under(phases[index].get("log"), self.study.state_dir)
+        if rel is None:
+            return None
+        text, before = pages.read_tail(self.study.state_dir / rel, LOG_LIMIT)
+        return (f"[{before} earlier bytes not shown]\n" if before else "") + text
+
+    def summary(self) -> dict[str, Any]:
+        """/api/summary: the headline and counts, for scripts (the same pooled numbers)."""
+        with self.lock:
+            config = self.study.config
+            head = views.headline(self.study.ledger, config.metric.name, config.metric.goal,
+                                  config.acceptance.noise == "ignore")
+            return {"study": self.study.name, "version": version(self.study),
+                    "headline": head.as_dict(), "incumbent_id": head.incumbent_id,
+                    "counts": self.study.ledger.status_counts()}
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    server_version = "ratchet-serve"
+    sys_version = ""
+    protocol_version = "HTTP/1.1"
+    app: Dashboard  # set on the subclass made per server
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        pass  # quiet: the terminal is the study's, and a page polls
+
+    # -- guards -------------------------------------------------------------------------
+
+    def _host_allowed(self) -> bool:
+        """On loopback, only requests that name a loopback host (DNS rebinding: a page
+        on some site whose name resolves to 127.0.0.1 would name that site)."""
+        if not self.app.loopback:
+            return True
+        host = (self.headers.get("Host") or "").strip().lower()
+        name = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
+        return name in ("127.0.0.1", "localhost", "[::1]", "::1") or name.startswith("127.")
+
+    def _token_ok(self, query: dict[str, list[str]]) -> bool | str:
+        """True, False, or the token given in the URL (to be moved into a cookie)."""
+        token = self.app.token
+        if token is None:
+            return True
+        given = query.get("token", [None])[0]
+        if given is not None and hmac.compare_digest(given.encode(), token.encode()):
+            return given
+        auth = self.headers.get("Authorization") or ""
+        if auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].encode(), token.encode()):
+            return True
+        for part in (self.headers.get("Cookie") or "").split(";"):
+            name, _, value = part.strip().partition("=")
+            if name == TOKEN_COOKIE and hmac.compare_digest(value.encode(), token.encode()):
+                return True
+        return False
+
+    # -- replies ------------------------------------------------------------------------
+
+    def _headers(self, status: int, ctype: str, length: int | None, extra: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        if length is not None:
+            self.send_header("Content-Length", str(length))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")  # a log is never run as script
+        self.send_header("X-Frame-Options", "DENY")
+        self.send_header("Referrer-Policy", "no-referrer")
+        extra = dict(extra or {})
+        # every reply carries a policy: a page its own, anything else (a fragment opened
+        # by itself, a log, JSON) none that could run or load a thing
+        self.send_header("Content-Security-Policy", extra.pop("Content-Security-Policy", STRICT_CSP))
+        for key, value in extra.items():
+            self.send_header(key, value)
+        self.end_headers()
+
+    def _send(self, status: int, body: str, ctype: str = "text/html; charset=utf-8",
+              extra: dict[str, str] | None = None) -> None:
+        data = body.encode("utf-8")
+        self._headers(status, ctype, len(data), extra)
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _error(self, status: HTTPStatus, text: str) -> None:
+        body = pages.page(f"{status.value} {status.phrase}",
+                          f"<h1>{status.value} {pages._e(status.phrase)}</h1><p>{pages._e(text)}</p>",
+                          "default-src 'none'; style-src 'unsafe-inline'")
+        self._send(status.value, body)
+
+    # -- verbs --------------------------------------------------------------------------
+
+    def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+        self._error(HTTPStatus.METHOD_NOT_ALLOWED, "read-only: this server changes nothing")
+
+    do_PUT = do_DELETE = do_PATCH = do_POST  # noqa: N815
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self.do_GET()
+
+    def do_GET(self) -> None:  # noqa: N802
+        url = urllib.parse.urlsplit(self.path)
+        query = urllib.parse.parse_qs(url.query)
+        if not self._host_allowed():
+            self._error(HTTPStatus.FORBIDDEN, "this server answers requests for 127.0.0.1 or "
+                        "localhost only")
+            return
+        ok = self._token_ok(query)
+        if ok is False:
+            self._error(HTTPStatus.UNAUTHORIZED, "a token is required: open the address "
+                        "`ratchet serve` printed (it carries ?token=...)")
+            return
+        if isinstance(ok, str):  # into a cookie, and out of the address bar and history
+            rest = {k: v for k, v in query.items() if k != "token"}
+            target = url.path + (f"?{urllib.parse.urlencode(rest, doseq=True)}" if rest else "")
+            self._send(HTTPStatus.SEE_OTHER.value, "", extra={
+                "Location": target,
+                "Set-Cookie": f"{TOKEN_COOKIE}={ok}; HttpOnly; SameSite=Strict; Path=/"})
+            return
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the browser left
+            self._route(url.path, query)
+
+    def _route(self, path: str, query: dict[str, list[str]]) -> None:
+        fragment = query.get("fragment", ["0"])[0] == "1"
+        parts = [p for p in path.split("/") if p]
+        if path == "/events":
+            self._events()
+            return
+        if path == "/api/summary":
+            self._send(200, json.dumps(self.app.summary()), "application/json")
+            return
+        if parts[:1] == ["log"] and len(parts) == 3 and parts[2].isdigit():
+            text = self.app.log_text(parts[1], int(parts[2]))
+            if text is None:
+                self._error(HTTPStatus.NOT_FOUND, "no such log")
+            else:
+                self._send(200, text, "text/plain; charset=utf-8")
+            return
+        if path in ("/", "/index.html"):
+            view = overview_view()
+        elif path == "/candidates":
+            view = candidates_view()
+        elif parts[:1] == ["c"] and len(parts) == 2:
+            view = candidate_view(parts[1])
+        else:
+            self._error(HTTPStatus.NOT_FOUND, f"no page {path}")
+            return
+        try:
+            html, now, policy = self.app.render(view, fragment)
+        except LookupError:
+            self._error(HTTPStatus.NOT_FOUND, "no such candidate in this study")
+            return
+        self._send(200, html, extra={"X-Ratchet-Version": now, "Content-Security-Policy": policy})
+
+    def _events(self) -> None:
+        """Server-sent events: the ledger's version whenever it changes."""
+        self._headers(200, "text/event-stream", None, {"Connection": "close"})
+        self.close_connection = True
+        sent, quiet_since = "", time.monotonic()
+        while not self.app.stopping.is_set():
+            now = self.app.version()
+            if now != sent:
+                self.wfile.write(f"retry: 2000\ndata: {now}\n\n".encode())
+                self.wfile.flush()
+                sent, quiet_since = now, time.monotonic()
+            elif time.monotonic() - quiet_since > HEARTBEAT_S:
+                self.wfile.write(b": still here\n\n")
+                self.wfile.flush()
+                quiet_since = time.monotonic()
+            self.app.stopping.wait(POLL_S)
+
+
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True  # an open event stream never holds the process at exit
+    allow_reuse_address = True
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve anywhere
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Loopback needs nothing; any other address needs a token of some length."""
+    if token is not None and len(token) < MIN_TOKEN_CHARS:
+        raise ServeError(f"the token is too short ({len(token)} characters): use at least "
+                         f"{MIN_TOKEN_CHARS}, e.g. `python -c 'import secrets; "
+                         "print(secrets.token_urlsafe(24))'`")
+    if not is_loopback(host) and token is None:
+        raise ServeError(f"--host {host} would show the study's code and logs to the network: "
+                         f"also pass --token TOKEN (or set {TOKEN_ENV}), or bind 127.0.0.1 "
+                         "and reach it through an SSH tunnel")
+
+
+def make_server(repo: Path, host: str = "127.0.0.1", port: int = 0,
+                token: str | None = None) -> tuple[Server, Dashboard]:
+    check_bind(host, token)
+    study = ReadOnlyStudy(repo)
+    app = Dashboard(study, token, host, is_loopback(host))
+    handler = type("BoundHandler", (Handler,), {"app": app})
+    try:
+        server = Server((host.strip("[]"), port), handler)
+    except OSError as exc:
+        study.close()
+        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (choose "
+                         "another --port, or 0 for any free one)") from None
+    app.port = server.server_address[1]
+    return server, app
+
+
+def url_of(app: Dashboard) -> str:
+    host = app.host if ":" not in app.host else f"[{app.host.strip('[]')}]"
+    base = f"http://{host}:{app.port}/"
+    return base + (f"?token={urllib.parse.quote(app.token)}" if app.token else "")
+
+
+def serve_forever(server: Server, app: Dashboard) -> None:
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        app.stopping.set()
+        server.server_close()
+        app.study.close()
