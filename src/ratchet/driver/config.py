@@ -227,6 +227,46 @@ class Prep(Strict):
     run: str
 
 
+NotifyEvent = Literal["keep", "crash", "end", "budget"]
+
+
+class Notify(Strict):
+    """`[notify]`: tell someone when a keep, a crash streak, the end or a budget stop
+    happens (ratchet.notify). Its failures are logged and never stop the study."""
+
+    command: str | None = None  # run by /bin/sh; the summary in $RATCHET_SUMMARY, JSON on stdin
+    url: str | None = None  # POST JSON {"text": summary, ...} (Slack-style webhooks take it)
+    url_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")  # URL kept out of git
+    on: list[NotifyEvent] = ["keep", "crash", "end", "budget"]
+    crash_streak: int = Field(default=3, ge=1)  # crashes in a row that make one "crash" notice
+    timeout: Duration = 10.0  # each delivery's limit
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        return url
+
+    @field_validator("command")
+    @classmethod
+    def _command_not_blank(cls, command: str | None) -> str | None:
+        if command is not None and not command.strip():
+            raise ValueError("is empty: give a command, or leave the key out")
+        return command
+
+    @model_validator(mode="after")
+    def _somewhere(self) -> Notify:
+        if not (self.command or self.url or self.url_env):
+            raise ValueError("set command, url or url_env (where to send the notices)")
+        return self
+
+
 class Search(Strict):
     # a registered proposer kind (ratchet.proposers.proposer_kinds(): tune, llm, agent,
     # patches, plug-ins)
@@ -405,6 +445,7 @@ class Config(Strict):
     search: Search = Search()
     tune: Tune = Tune()
     backend: Backend = Backend()
+    notify: Notify | None = None
     llm: dict[str, Any] = {}
     agent: dict[str, Any] = {}
     patches: dict[str, Any] = {}

@@ -37,6 +37,7 @@ from ratchet.driver.views import write_results_tsv
 from ratchet.errors import UserError
 from ratchet.job import gitrepo, sandbox
 from ratchet.job.jobspec import JobSpec
+from ratchet.notify import Notifier
 from ratchet.proposers import Proposer
 from ratchet.proposers.knobs import KnobError, knob_values
 from ratchet.vocab import Kind, Status
@@ -114,6 +115,8 @@ class Study:
         self.guard = Guard(self.repo, self.ledger, self.name, self.branch, log, self.config)
         self.proposals = Proposals(self.repo, self.state_dir, self.config, self.ledger,
                                    self.proposer_kind)
+        self.notifier = Notifier(self.config.notify, self.name, self.config.metric.name,
+                                 self.config.metric.goal, log)
 
     @property
     def backend(self) -> Backend:
@@ -216,12 +219,28 @@ class Study:
             else:
                 policy = Rounds(self._loop(), target)
             policy.start_early()  # the proposer thinks while workers start and prep runs
-        if self.config.prep:
-            self.prepare()
-        with _as_study_errors():
-            policy.run()
-            self.guard.verify_state()  # the branch at the end, too: nothing planted late
+        self._notify(lambda: self.notifier.start(self.ledger))
+        why = "failed"
+        try:
+            if self.config.prep:
+                self.prepare()
+            with _as_study_errors():
+                policy.run()
+                self.guard.verify_state()  # the branch at the end, too: nothing planted late
+            why = "stopped by the user" if self.stop.soft else "finished"
+        except BaseException as exc:
+            why = f"failed: {views.shorten(str(exc) or type(exc).__name__, 160)}"
+            raise
+        finally:
+            self._notify(lambda: self.notifier.end(self.ledger, why))
         self._write_views()  # a driver killed after the last verdict left them stale
+
+    def _notify(self, step: Callable[[], None]) -> None:
+        """A notification step; whatever goes wrong in it is logged, never raised."""
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 - notices never break the study
+            self.log(f"warning: notify: {type(exc).__name__}: {exc} (the study goes on)")
 
     def _loop(self) -> Loop:
         return Loop(repo=self.repo, config=self.config, ledger=self.ledger, jobs=self.jobs,
@@ -359,6 +378,7 @@ class Study:
         key = tuple(sorted(counts.items()))
         if self._best[0] != key:  # the pooled best changes only with a verdict
             self._best = (key, views.best_so_far(self.ledger, self.config.metric.goal))
+            self._notify(lambda: self.notifier.check(self.ledger))
         self._last_progress = Progress(round=round_no, rounds=target, running=running,
                                        best=self._best[1], counts=counts,
                                        message=self.jobs.trouble)
