@@ -7,7 +7,6 @@ commit subject is a `<script>` rendering as inert text.
 
 from __future__ import annotations
 
-import base64
 import os
 import shutil
 import struct
@@ -102,6 +101,11 @@ class Tables(HTMLParser):
         self._cell: list[str] | None = None
         self._row: list[str] | None = None
         self._in_title = False
+        self._title_in_svg = False
+        self._svg_depth = 0
+        self._g_depth = 0
+        self.svg_titles: list[str] = []
+        self.marks: dict[str, str] = {}  # chart point: candidate id -> its metric
 
     def handle_starttag(self, tag, attrs):
         if tag == "tr":
@@ -114,6 +118,14 @@ class Tables(HTMLParser):
             self.scripts += 1
         elif tag == "title":
             self._in_title = True
+            # a chart's own title: in an <svg>, not in one of its marks (<g>)
+            self._title_in_svg = self._svg_depth > 0 and self._g_depth == 0
+        elif tag == "svg":
+            self._svg_depth += 1
+        elif tag == "g":
+            self._g_depth += 1
+            if dict(attrs).get("data-metric") is not None:
+                self.marks[dict(attrs)["data-id"] or ""] = dict(attrs)["data-metric"] or ""
         elif tag == "br" and self._cell is not None:
             self._cell.append("\n")
 
@@ -126,11 +138,17 @@ class Tables(HTMLParser):
             self._row = None
         elif tag == "title":
             self._in_title = False
+        elif tag == "svg":
+            self._svg_depth -= 1
+        elif tag == "g":
+            self._g_depth -= 1
 
     def handle_data(self, data):
         if self._cell is not None:
             self._cell.append(data)
-        if self._in_title:
+        if self._in_title and self._title_in_svg:
+            self.svg_titles.append(data)
+        elif self._in_title and not self._svg_depth:
             self.title += data
 
 
@@ -208,14 +226,14 @@ def test_report_renders_every_candidate_and_keeps_candidate_text_inert(tmp_path)
     for status, n in counts.items():
         assert [status, str(n)] in dom.rows
 
-    # the plots are real PNGs of a sensible size
-    plots = [img for img in dom.images if img.get("class") == "plot"]
-    assert [img["alt"] for img in plots] == ["score over candidates", "phase durations per candidate"]
-    for img in plots:
-        src = img["src"]
-        assert src.startswith("data:image/png;base64,")
-        width, height = png_size(base64.b64decode(src.split(",", 1)[1]))
-        assert width >= 800 and height >= 200
+    # the charts are inline SVG (no script, no matplotlib): one point per measured
+    # candidate, titled with its id and value
+    assert dom.svg_titles[0] == "score over candidates"
+    assert {"phase durations per candidate", "score against solution.py:X"} <= set(dom.svg_titles)
+    measured = {c.id: c for c in cands if c.metric is not None and c.kind != "incumbent"}
+    assert sorted(dom.marks) == sorted(measured)
+    for cand_id, value in dom.marks.items():
+        assert float(value) == pytest.approx(measured[cand_id].metric)
 
     # the incumbent and what the study kept, as an escaped diff
     assert "What the study kept" in dom_text
@@ -227,7 +245,7 @@ def test_report_renders_every_candidate_and_keeps_candidate_text_inert(tmp_path)
     assert png_size(shot.read_bytes()) == (1200, 2000)
 
 
-def test_report_without_matplotlib_is_tables_only_and_reads_dispatch_json(tmp_path, monkeypatch):
+def test_report_needs_no_matplotlib_and_reads_dispatch_json(tmp_path, monkeypatch):
     from ratchet.driver.report import write_report
     from ratchet.driver.study import Study
 
@@ -248,7 +266,7 @@ def test_report_without_matplotlib_is_tables_only_and_reads_dispatch_json(tmp_pa
         page = write_report(study).read_text()
     finally:
         study.close()
-    assert "pip install matplotlib" in page
+    assert '<svg class="chart"' in page  # the charts are inline SVG, drawn without it
     assert "<img" not in page
     assert "Dispatch table" in page and "dispatch.json in the repository root" in page
     assert "&lt;img src=x onerror=alert(1)&gt;" in page
