@@ -17,8 +17,8 @@ from pathlib import Path
 
 from helpers import config_text, make_repo, ratchet
 
-from ratchet import views
-from ratchet.ledger import Ledger
+from ratchet.driver import views
+from ratchet.driver.ledger import Ledger
 
 EVALUATOR = '''
 import solution

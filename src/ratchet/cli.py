@@ -616,7 +616,7 @@ def serve(
     """A live, read-only dashboard of the study in your browser (the report's views)."""
     import os
 
-    from ratchet.serve import TOKEN_ENV, make_server, serve_forever, url_of
+    from ratchet.driver.serve import TOKEN_ENV, make_server, serve_forever, url_of
 
     repo = repo.resolve()
     top = gitrepo.work_tree(repo) if repo.is_dir() else None

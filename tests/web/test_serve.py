@@ -30,8 +30,8 @@ from pathlib import Path
 import pytest
 from helpers import RATCHET, ROOT, config_text, git, make_repo, ratchet
 
-from ratchet import views
-from ratchet.ledger import Ledger
+from ratchet.driver import views
+from ratchet.driver.ledger import Ledger
 from web.browser import Browser, needs_chromium
 
 # The evaluator takes a moment, so a running job can be seen on the page.

@@ -1,7 +1,7 @@
 """`ratchet report`: the study's views written as static HTML files.
 
 `.ratchet/report/index.html` (the overview and the candidate table) and one page per
-candidate under `.ratchet/report/c/`. Every view comes from `ratchet.pages`, the same
+candidate under `.ratchet/report/c/`. Every view comes from `ratchet.driver.pages`, the same
 functions `ratchet serve` sends live, so the two never disagree. Each page holds
 everything inline (CSS, charts as inline SVG), so it can be mailed, archived or opened
 from a job machine without a server. Like `results.tsv` the files are rebuilt whole from
@@ -17,8 +17,8 @@ import os
 import time
 from pathlib import Path
 
-from ratchet import pages
-from ratchet.pages import Site, StudyLike
+from ratchet.driver import pages
+from ratchet.driver.pages import Site, StudyLike
 
 REPORT_DIR = "report"
 # No scripts, no remote anything: charts are inline SVG, styles inline.

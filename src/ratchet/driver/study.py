@@ -29,6 +29,7 @@ from ratchet.driver.integrity import Guard, check_commands, committed_config, pi
 from ratchet.driver.jobs import Jobs
 from ratchet.driver.ledger import Candidate, Incumbent, Ledger, LedgerError
 from ratchet.driver.lock import StudyLock
+from ratchet.driver.notify import Notifier
 from ratchet.driver.proposals import Proposals
 from ratchet.driver.rolling import Rolling
 from ratchet.driver.rounds import Rounds
@@ -37,7 +38,6 @@ from ratchet.driver.views import write_results_tsv
 from ratchet.errors import UserError
 from ratchet.job import gitrepo, sandbox
 from ratchet.job.jobspec import JobSpec
-from ratchet.notify import Notifier
 from ratchet.proposers import Proposer
 from ratchet.proposers.knobs import KnobError, knob_values
 from ratchet.vocab import Kind, Status

@@ -31,9 +31,9 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
-from ratchet import views
-from ratchet.config import Notify
-from ratchet.ledger import Ledger
+from ratchet.driver import views
+from ratchet.driver.config import Notify
+from ratchet.driver.ledger import Ledger
 from ratchet.vocab import Kind, Status
 
 STOP = object()  # tells the delivery thread to finish

@@ -1,7 +1,7 @@
 """`ratchet serve`: the study's views live in a browser, read-only.
 
 A small web app over the ledger, on the standard library's `http.server`: the pages are
-the views of `ratchet.pages` (the same functions the static report writes), and a page
+the views of `ratchet.driver.pages` (the same functions the static report writes), and a page
 left open follows the study through server-sent events (`/events` says when the ledger
 moved; the page then fetches its own content again). No web framework: the app serves
 a handful of GET routes, the HTML is made by the views already, and the server needs no
@@ -37,11 +37,11 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-from ratchet import pages, views
-from ratchet.config import CONFIG_FILE, Config, load_config, loads_config
+from ratchet.driver import pages, views
+from ratchet.driver.config import CONFIG_FILE, Config, load_config, loads_config
+from ratchet.driver.ledger import Ledger, LedgerError
+from ratchet.driver.pages import LIVE, StudyLike
 from ratchet.errors import UserError
-from ratchet.ledger import Ledger, LedgerError
-from ratchet.pages import LIVE, StudyLike
 from ratchet.vocab import Status
 
 TOKEN_ENV = "RATCHET_SERVE_TOKEN"

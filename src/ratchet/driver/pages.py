@@ -27,20 +27,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ratchet import gitrepo, stats, views
-from ratchet.fingerprint import fingerprint_key, software_key
-from ratchet.history import Share, kept_steps, success_shares
-from ratchet.ledger import Candidate, Ledger, throughput
-from ratchet.svg import Chart
+from ratchet import stats
+from ratchet.driver import views
+from ratchet.driver.history import Share, kept_steps, success_shares
+from ratchet.driver.ledger import Candidate, Ledger, throughput
+from ratchet.driver.svg import Chart
+from ratchet.job import gitrepo
+from ratchet.job.fingerprint import fingerprint_key, software_key
 from ratchet.vocab import OPEN, Kind, Status
 
 DIFF_LIMIT = 200_000  # characters of a diff shown; the rest is cut, and said so
 LOG_TAIL_BYTES = 6_000  # the end of each phase's log shown on a candidate's page
 CONTEXT_LIMIT = 40_000  # characters of the proposer's context shown
 # extra metrics that say how close a kernel is to its roofline bound, in percent
-# (ratchet.kernels' sweep prints `roofline_pct`; the others are common spellings)
+# (ratchet.evaluator.kernels' sweep prints `roofline_pct`; the others are common spellings)
 ROOFLINE_KEYS = ("roofline_pct", "pct_of_roofline", "pct_of_bound", "roofline_percent")
-# extra metrics a kernel evaluator (ratchet.kernels.sweep) reports, in display order
+# extra metrics a kernel evaluator (ratchet.evaluator.kernels.sweep) reports, in display order
 KERNEL_KEYS = ("speedup", "time_ms", "min_speedup", "max_speedup", "roofline_pct",
                "public_speedup", "holdout_speedup", "shapes", "shapes_failed",
                "host_overhead_us", "timing_precise")
@@ -864,7 +866,7 @@ def training_view(study: StudyLike, snap: Snapshot, only: Candidate | None = Non
 
 
 def kernel_view(study: StudyLike, snap: Snapshot) -> str:
-    """The incumbent's kernel figures (ratchet.kernels' sweep metrics), its per-shape
+    """The incumbent's kernel figures (ratchet.evaluator.kernels' sweep metrics), its per-shape
     table where the evaluator filed one (`shapes_table`: a list of rows), and its
     dispatch choices (dispatch.json)."""
     inc_id = study.ledger.get("incumbent_id")
