@@ -11,6 +11,7 @@ import re
 import tomllib
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -518,7 +519,7 @@ def _keys_of(model: type[BaseModel]) -> list[str]:
     return keys
 
 
-def misspelling(error: dict[str, Any], root: type[BaseModel] | None = None) -> str | None:
+def misspelling(error: Mapping[str, Any], root: type[BaseModel] | None = None) -> str | None:
     """For a pydantic `extra_forbidden` error, the known key it most probably meant
     ('editabel' -> 'editable'), or None. `root`: the model that was validated (any
     section model, e.g. an engine's or a proposer's settings); default the whole config."""

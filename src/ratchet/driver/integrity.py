@@ -15,11 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ratchet.driver.config import CONFIG_FILE, Config
-from ratchet.driver.ledger import INCUMBENT_KEYS, Incumbent, Ledger, Status
+from ratchet.driver.ledger import INCUMBENT_KEYS, Incumbent, Ledger
 from ratchet.driver.paths import protected_by
 from ratchet.errors import UserError
 from ratchet.job import gitrepo
 from ratchet.job.jobspec import PinnedFile
+from ratchet.vocab import Kind, Status
 
 
 class IntegrityError(UserError):
@@ -93,15 +94,16 @@ class Guard:
     """The study's trusted state: the incumbent, its branch, refs, verdicts, results.tsv."""
 
     def __init__(self, repo: Path, ledger: Ledger, study: str, branch: str,
-                 log: Callable[[str], None], config: Config | None = None) -> None:
+                 log: Callable[[str], None], config: Config) -> None:
         self.repo, self.ledger, self.study, self.branch, self.log = (
             repo, ledger, study, branch, log)
         self.config = config  # for checking a `ratchet submit` made while a round runs
 
     def legit_commits(self) -> set[str]:
         """Commits the incumbent may be: judged `keep`, or the start."""
-        return {c.commit_sha for c in self.ledger.candidates(status="keep")} | {
-            self.ledger.get("pinned")}
+        kept = {c.commit_sha for c in self.ledger.candidates(status=Status.KEEP) if c.commit_sha}
+        pinned = self.ledger.get("pinned")
+        return kept | ({pinned} if pinned else set())
 
     def verify_state(self) -> None:
         """The incumbent and the branch must be a commit judged `keep` (or the start).
@@ -110,7 +112,7 @@ class Guard:
         running without a sandbox: restore the last real keep and reject the candidate
         whose commit was planted.
         """
-        keeps = sorted(self.ledger.candidates(status="keep"), key=lambda c: c.judged_at or 0)
+        keeps = sorted(self.ledger.candidates(status=Status.KEEP), key=lambda c: c.judged_at or 0)
         legit = {c.commit_sha for c in keeps} | {self.ledger.get("pinned")}
         planted = []
         incumbent = self.ledger.get("incumbent")
@@ -135,8 +137,8 @@ class Guard:
         self.ledger.event("tampering", None, planted=planted)
         self.log(f"warning: {reason}; restored the last kept commit")
         for cand in self.ledger.candidates():
-            if cand.commit_sha in planted and cand.kind == "candidate":
-                self.ledger.update(cand.id, "judged:rejected", status="rejected",
+            if cand.commit_sha in planted and cand.kind == Kind.CANDIDATE:
+                self.ledger.update(cand.id, "judged:rejected", status=Status.REJECTED,
                                    reasons=reason, judged_at=time.time())
         gitrepo.update_ref(self.repo, self.branch, self.ledger.get("incumbent"),
                            reason="ratchet: undo tampering")
@@ -240,7 +242,7 @@ class Guard:
             problems.append(f"candidates were added behind the driver's back "
                             f"({', '.join(forged)})")
             for cand_id in forged:  # never run, never kept
-                self.ledger.update(cand_id, "judged:rejected", status="rejected",
+                self.ledger.update(cand_id, "judged:rejected", status=Status.REJECTED,
                                    reasons="tampering: recorded behind the driver's back",
                                    judged_at=time.time())
                 after["verdicts"].pop(cand_id, None)
@@ -257,8 +259,8 @@ class Guard:
         self.log(f"warning: {reason}; restored, and this round's candidates are rejected")
         for cand_id in ids:
             cand = self.ledger.candidate(cand_id)
-            if cand.kind == "candidate" and not cand.is_judged:
-                self.ledger.update(cand_id, "judged:rejected", status="rejected",
+            if cand is not None and cand.kind == Kind.CANDIDATE and not cand.is_judged:
+                self.ledger.update(cand_id, "judged:rejected", status=Status.REJECTED,
                                    reasons=reason, judged_at=time.time())
         return True
 
@@ -272,7 +274,7 @@ class Guard:
             if cand_id in before.get("rows", {}):
                 continue
             fields = dict(zip(ROW_FIELDS, key, strict=True))
-            if fields["proposer"] != "submit" or fields["kind"] != "candidate":
+            if fields["proposer"] != "submit" or fields["kind"] != Kind.CANDIDATE:
                 continue
             ref = study_ref(self.study, cand_id)
             commit, parent = fields["commit_sha"], fields["parent"]
@@ -294,7 +296,7 @@ class Guard:
 
         bad = {}
         for cand in cands:
-            if cand.kind != "candidate" or not cand.commit_sha:
+            if cand.kind != Kind.CANDIDATE or not cand.commit_sha:
                 continue
             named = gitrepo.try_rev_parse(self.repo, study_ref(self.study, cand.id))
             if named != cand.commit_sha:

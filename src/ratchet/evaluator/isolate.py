@@ -41,6 +41,7 @@ from __future__ import annotations
 import base64
 import collections
 import contextlib
+import io
 import itertools
 import json
 import math
@@ -58,7 +59,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing import shared_memory
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ratchet.evaluator import (
     channel,  # noqa: F401 - takes the metric channel (and goes non-dumpable) before any child starts
@@ -228,6 +229,14 @@ def _torch() -> Any | None:
     return sys.modules.get("torch")
 
 
+def _loaded_torch() -> Any:
+    """torch, where the request names a tensor (so the evaluator has imported it)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        raise CandidateError("a torch tensor was asked for, but torch is not loaded here")
+    return torch
+
+
 def _is_torch(x: Any) -> bool:
     torch = _torch()
     return torch is not None and isinstance(x, torch.Tensor)
@@ -375,7 +384,8 @@ class CandidateProcess:
         written = 0
         assert self.proc.stdout is not None
         with open(self.log_path, "ab") as log:
-            while chunk := self.proc.stdout.read1(1 << 16):
+            stdout = cast(io.BufferedReader, self.proc.stdout)  # Popen's pipe, unbuffered=False
+            while chunk := stdout.read1(1 << 16):
                 if written < self.log_limit:
                     part = chunk[: self.log_limit - written]
                     log.write(part)
@@ -684,16 +694,16 @@ class CandidateProcess:
             if like == "numpy":
                 itemsize = np.dtype(dtype).itemsize
             else:
-                torch = _torch()
+                torch = _loaded_torch()
                 itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
             shm = shared_memory.SharedMemory(create=True, size=max(1, count * itemsize))
             if self._uid is not None:  # the child runs as an unprivileged uid: the segment is its to map
-                os.fchown(shm._fd, self._uid, -1)  # type: ignore[attr-defined] - CPython's POSIX SharedMemory keeps its fd
+                os.fchown(shm._fd, self._uid, -1)  # type: ignore[attr-defined]  # CPython's POSIX SharedMemory keeps its fd
             desc = {"kind": like, "shm": shm.name, "shape": list(shape), "dtype": dtype, "offset": 0}
             if like == "numpy":
                 array: Any = np.ndarray(shape, dtype=np.dtype(dtype), buffer=shm.buf)
             else:
-                torch = _torch()
+                torch = _loaded_torch()
                 tdtype = getattr(torch, dtype)
                 array = torch.frombuffer(shm.buf, dtype=tdtype, count=count).view(shape) if count else torch.empty(shape, dtype=tdtype)
             buf = SharedArray(ident, array, desc, shm)
@@ -703,7 +713,7 @@ class CandidateProcess:
 
     def _cuda_buffer(self, ident: int, shape: tuple[int, ...], dtype: str, device: Any) -> SharedArray:
         """A CUDA tensor shared by IPC handle (what torch.multiprocessing sends for one)."""
-        torch = _torch()
+        torch = _loaded_torch()
         tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=device or "cuda")
         storage = tensor.untyped_storage()
         (dev, handle, size_bytes, offset_bytes, rc_handle, rc_offset, ev_handle, ev_sync) = storage._share_cuda_()

@@ -165,8 +165,8 @@ class Child:
     def target(self, name: str) -> Any:
         if name.startswith("obj:"):
             ident, _, method = name[4:].partition(".")
-            obj = self.objects[int(ident)]
-            return getattr(obj, method) if method else obj
+            held = self.objects[int(ident)]
+            return getattr(held, method) if method else held
         obj: Any = self.module
         for part in name.split("."):
             obj = getattr(obj, part)

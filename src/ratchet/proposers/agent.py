@@ -38,6 +38,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -228,7 +229,7 @@ class AgentProposer(Proposer):
             raise ProposerError(f"agent: cannot start the agent's sandbox ({exc}); reinstall "
                                 "it (apt-get install bubblewrap util-linux), then run again"
                                 ) from None
-        params = {"agent": {"command": argv[0], "exit_code": code,
+        params: dict[str, dict[str, Any]] = {"agent": {"command": argv[0], "exit_code": code,
                             "seconds": round(seconds, 2), "log": str(work_dir / "agent.log"),
                             "hypothesis": idea or angle, "sandbox": str(self.level)}}
         found = _DESCRIPTION.findall(output)

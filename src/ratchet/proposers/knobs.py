@@ -37,14 +37,15 @@ def find_knob(source: bytes, name: str, file: str = "<file>") -> KnobSite:
         tree = ast.parse(source)
     except SyntaxError as exc:
         raise KnobError(f"{file}: cannot parse ({exc.msg}, line {exc.lineno})") from None
-    sites = []
+    sites: list[ast.expr] = []
     for node in tree.body:
-        target = value = None
+        target: ast.expr | None = None
+        value: ast.expr | None = None
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target, value = node.targets[0], node.value
         elif isinstance(node, ast.AnnAssign) and node.value is not None:
             target, value = node.target, node.value
-        if isinstance(target, ast.Name) and target.id == name:
+        if isinstance(target, ast.Name) and target.id == name and value is not None:
             sites.append(value)
     if not sites:
         raise KnobError(f"{file}: no module-level assignment `{name} = <literal>`")
@@ -58,7 +59,8 @@ def find_knob(source: bytes, name: str, file: str = "<file>") -> KnobSite:
     # ast offsets are UTF-8 byte offsets within a line
     offsets = _line_offsets(source)
     start = offsets[value.lineno - 1] + value.col_offset
-    end = offsets[value.end_lineno - 1] + value.end_col_offset
+    end_line = value.end_lineno or value.lineno  # always set by ast.parse (3.8+)
+    end = offsets[end_line - 1] + (value.end_col_offset or 0)
     return KnobSite(name, literal, start, end)
 
 

@@ -192,7 +192,7 @@ class LLMProposer(Proposer):
             if spec.provider == "openai":
                 import openai
 
-                client = openai.OpenAI(**kwargs)
+                client: Any = openai.OpenAI(**kwargs)
             else:
                 import anthropic
 
@@ -286,9 +286,9 @@ class LLMProposer(Proposer):
             description = find_description(text) or _fallback_description(attempt, spec)
             return Proposal(description=description, params=params, idea=attempt.idea, context=context,
                             error=_one_line(outcome))
-        description, changed = outcome
+        summary, changed = outcome
         return Proposal(
-            description=description or _fallback_description(attempt, spec),
+            description=summary or _fallback_description(attempt, spec),
             files={p: c.encode() for p, c in changed.items()},
             params=params, idea=attempt.idea, context=context,
         )

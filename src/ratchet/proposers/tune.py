@@ -16,6 +16,7 @@ import hashlib
 import logging
 import math
 from pathlib import Path
+from typing import Literal
 
 import optuna
 from optuna.distributions import (
@@ -40,6 +41,7 @@ MAX_ASKS_PER_CANDIDATE = 40
 def distribution(knob: Knob) -> BaseDistribution:
     if knob.choices is not None:
         return CategoricalDistribution(knob.choices)
+    assert knob.low is not None and knob.high is not None  # validated: a range has both ends
     if knob.is_int:
         step = int(knob.step or 1)
         return IntDistribution(int(knob.low), int(knob.high), log=knob.log, step=step)
@@ -139,7 +141,8 @@ class TuneProposer(Proposer):
         return self._values_cache[cand.commit_sha]
 
     def _study(self, repo: Path, history: list[Candidate], sampler) -> optuna.Study:
-        direction = "minimize" if self.config.metric.goal == "minimize" else "maximize"
+        direction: Literal["minimize", "maximize"] = (
+            "minimize" if self.config.metric.goal == "minimize" else "maximize")
         study = optuna.create_study(direction=direction, sampler=sampler)
         for cand in sorted(history, key=lambda c: c.seq):
             if not cand.is_judged:
@@ -206,7 +209,8 @@ class TuneProposer(Proposer):
                 f"{name.rpartition(':')[2]}={format_value(value)}" for name, value in changed.items()
             )
             proposals.append(
-                Proposal(description=f"tune: {description}", files=files, params=params)
+                Proposal(description=f"tune: {description}",
+                         files=dict[str, bytes | None](files), params=params)
             )
         return proposals
 

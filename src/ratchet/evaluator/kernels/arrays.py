@@ -22,6 +22,14 @@ def torch_module() -> Any | None:
     return sys.modules.get("torch")
 
 
+def loaded_torch() -> Any:
+    """torch, where a tensor is already in hand (so this process has imported it)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        raise RuntimeError("torch is not loaded here, so no torch tensor can be either")
+    return torch
+
+
 def is_torch(x: Any) -> bool:
     torch = torch_module()
     return torch is not None and isinstance(x, torch.Tensor)
@@ -58,7 +66,7 @@ def materialisation_problem(x: Any) -> str | None:
             return "output has a zero stride (a broadcast view), not a materialised array"
         return None
     if is_torch(x):
-        torch = torch_module()
+        torch = loaded_torch()
         if type(x) is not torch.Tensor:
             return f"output is a {type(x).__module__}.{type(x).__name__} (a tensor subclass), not a plain torch.Tensor"
         if x.device.type == "meta":
@@ -83,7 +91,7 @@ def clone(x: Any) -> Any:
 def to_numpy64(x: Any) -> np.ndarray:
     """A float64 (or int64 for integers) numpy copy for comparison on the host."""
     if is_torch(x):
-        torch = torch_module()
+        torch = loaded_torch()
         t = x.detach()
         if t.is_floating_point() or t.is_complex():
             t = t.to(dtype=torch.float64)
@@ -104,7 +112,7 @@ def upcast(x: Any) -> Any:
     The reference runs on these, so its own rounding error is far below the tolerance.
     """
     if is_torch(x):
-        torch = torch_module()
+        torch = loaded_torch()
         if x.is_floating_point():
             return x.detach().to(dtype=torch.float64)
         return x.detach().clone()
@@ -155,7 +163,7 @@ def shares_memory(a: Any, b: Any) -> bool:
 def equal(a: Any, b: Any) -> bool:
     """Same values, fast (NaN never equals: use after a finiteness check)."""
     if is_torch(a) and is_torch(b):
-        return bool(a.shape == b.shape and a.dtype == b.dtype and torch_module().equal(a, b))
+        return bool(a.shape == b.shape and a.dtype == b.dtype and loaded_torch().equal(a, b))
     if is_torch(a) or is_torch(b):
         return False
     return a.shape == b.shape and a.dtype == b.dtype and bool(np.array_equal(a, b))
@@ -165,7 +173,7 @@ def clean(x: Any) -> bool:
     """Fast check: no poison value left and (floats) no NaN/Inf anywhere."""
     if is_floating(x):
         if is_torch(x):
-            return bool(torch_module().isfinite(x).all())
+            return bool(loaded_torch().isfinite(x).all())
         return bool(np.isfinite(x).all())
     value = poison_value(x)
     if is_torch(x):
@@ -177,7 +185,7 @@ def poison_value(x: Any) -> float | int:
     if is_floating(x):
         return float("nan")
     if is_torch(x):
-        torch = torch_module()
+        torch = loaded_torch()
         if x.dtype == torch.bool:
             return True
         info = torch.iinfo(x.dtype)

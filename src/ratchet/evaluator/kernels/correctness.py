@@ -234,14 +234,14 @@ def _wide(r: Any) -> Any:
     host as float64 for every check would take longer than the whole timing.
     """
     if arrays.is_torch(r) and r.is_cuda:
-        torch = arrays.torch_module()
+        torch = arrays.loaded_torch()
         return r.detach().to(torch.float64 if r.is_floating_point() else torch.int64)
     return arrays.to_numpy64(r)
 
 
 def _compare_torch(got: Any, want: Any, rtol: float, atol: float) -> tuple[list[str], float, float, float]:
     """`_compare` for tensors on a device (same rules, only scalars come to the host)."""
-    torch = arrays.torch_module()
+    torch = arrays.loaded_torch()
     if want.numel() == 0:
         return [], 0.0, 0.0, 0.0
     diff = (got - want).abs()
@@ -446,7 +446,7 @@ def check(
     `RemoteFunction` from a `ratchet.evaluator.isolate.CandidateProcess` (or a trusted callable). `rtol`/`atol` override every dtype, `tolerances` some dtypes.
     """
     report = CheckReport()
-    options = dict(
+    options: dict[str, Any] = dict(
         trials=trials,
         seed=seed,
         rtol=rtol,

@@ -10,6 +10,7 @@ machine that lacks a file: a missing fact is simply absent.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import platform
@@ -106,10 +107,10 @@ def gpu_info(use_torch: bool = False) -> list[dict[str, Any]]:
     context that would hold GPU memory beside the candidates for the whole study.
     """
     gpus: list[dict[str, Any]] = []
-    torch = None
+    torch: Any = None
     if use_torch and _installed("torch"):
-        try:
-            import torch  # noqa: PLC0415 - optional, only to describe the GPU
+        try:  # optional, only to describe the GPU
+            torch = importlib.import_module("torch")
         except Exception:  # a broken torch install must not break hardware.md
             torch = None
     if torch is not None:

@@ -14,6 +14,7 @@ name, because datasheet numbers are rarely reached and vary by SKU, clocks and B
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import math
 import os
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -145,9 +147,8 @@ def device_name(device: str = "cpu") -> str:
     pinned to 2 cores has other peaks than the whole machine, and must not share them.
     """
     if device.startswith("cuda"):
-        torch = arrays.torch_module()
-        if torch is None:
-            import torch  # noqa: PLC0415 - only reached when the caller asks for CUDA
+        # imported only here, when the caller asks for CUDA
+        torch = arrays.torch_module() or importlib.import_module("torch")
         index = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
         return f"cuda: {torch.cuda.get_device_name(index)}"
     info = cpu_info()
@@ -159,7 +160,7 @@ def device_name(device: str = "cpu") -> str:
     return name
 
 
-def _best(fn: Callable[[], None], reps: int) -> float:
+def _best(fn: Callable[[], object], reps: int) -> float:
     """Fastest of `reps` timed calls: peaks are about what is possible, so the minimum."""
     perf = guard._CLOCK
     best = math.inf
@@ -233,11 +234,11 @@ def _cpu_overhead(calls: int = 2000) -> float:
 
 
 def _cuda_peaks(device: str, dtypes: Sequence[str], budget_bytes: int) -> tuple[float, dict[str, float], float]:
-    torch = arrays.torch_module()
+    torch = arrays.loaded_torch()
     dev = torch.device(device)
     event = torch.cuda.Event
 
-    def best_ms(fn: Callable[[], None], reps: int) -> float:
+    def best_ms(fn: Callable[[], object], reps: int) -> float:
         fn()
         torch.cuda.synchronize(dev)
         best = math.inf
@@ -264,7 +265,7 @@ def _cuda_peaks(device: str, dtypes: Sequence[str], budget_bytes: int) -> tuple[
         previous = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = tf32
         try:
-            flops[dtype] = 2.0 * size**3 / best_ms(lambda a=a, b=b: torch.matmul(a, b), 5)
+            flops[dtype] = 2.0 * size**3 / best_ms(partial(torch.matmul, a, b), 5)
         finally:
             torch.backends.cuda.matmul.allow_tf32 = previous
         del a, b

@@ -107,20 +107,20 @@ class LocalRunner(Runner):
 
     def __init__(self, fn: Callable[..., Any], label: str | None = None) -> None:
         self.fn = fn
-        self.label = label or getattr(fn, "__name__", "fn")
+        self.label: str = label or str(getattr(fn, "__name__", "fn"))
         self._cuda = False
 
     def empty(self, shape: Sequence[int], dtype: str, like: Any) -> Any:
         kind, device = _kind(like)
         if kind == "numpy":
             return np.empty(tuple(shape), dtype=np.dtype(dtype))
-        torch = arrays.torch_module()
+        torch = arrays.loaded_torch()
         self._cuda = self._cuda or kind == "cuda"
         return torch.empty(tuple(shape), dtype=getattr(torch, dtype), device=device or "cpu")
 
     def _sync(self) -> None:
         if self._cuda:
-            arrays.torch_module().cuda.synchronize()  # device-wide: other streams included
+            arrays.loaded_torch().cuda.synchronize()  # device-wide: other streams included
 
     def _one(self, slot: Slot, mode: str) -> None:
         inputs = slot.input_views()
@@ -178,7 +178,7 @@ class LocalRunner(Runner):
             arrays.poison_(out)
 
     def capture(self, slots: Sequence[Slot], mode: str) -> Any:
-        torch = arrays.torch_module()
+        torch = arrays.loaded_torch()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -198,7 +198,7 @@ class LocalRunner(Runner):
         self._sync()
         t0 = perf()
         graph.replay()
-        arrays.torch_module().cuda.synchronize()
+        arrays.loaded_torch().cuda.synchronize()
         return perf() - t0
 
 

@@ -382,7 +382,8 @@ def ordered_metrics(report: SweepReport | Mapping[str, Any], extra: Mapping[str,
     if extra:
         metrics.update(extra)
     metrics = {k: v for k, v in metrics.items() if v is not None}
-    ordered = {k: metrics[k] for k in ("correct", "speedup", "time_ms") if k in metrics}
+    ordered: dict[str, Any] = {k: metrics[k] for k in ("correct", "speedup", "time_ms")
+                               if k in metrics}
     ordered.update({k: v for k, v in metrics.items() if k not in ordered})
     return ordered
 
