@@ -234,3 +234,29 @@ def test_the_report_says_the_rounds_status_says_and_lists_no_pass_text_as_a_fail
     shares = page[page.index("crash and rejection reasons"):]
     assert "rejected: overfit: hold-out score N" in shares
     assert "gain N > margin" not in shares
+
+
+def test_ctrl_c_outside_run_is_one_line_and_exit_130(tmp_path):
+    """Ctrl-C during a long command that is not `run` (here `prep`): one line saying what
+    stays, exit 130 (the shell's convention), never a traceback or a bare 'Aborted!'."""
+    import signal
+    import subprocess
+    import time
+
+    repo = score_repo(tmp_path / "r")
+    with open(repo / "ratchet.toml", "a") as fh:
+        fh.write('\n[prep]\nrun = "sleep 60"\n')
+    git(repo, "commit", "-qam", "prep that takes a while")
+    proc = subprocess.Popen(
+        [*RATCHET, "prep", "--repo", str(repo)], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal's
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list((repo / ".ratchet").glob("**/prep*")):
+        time.sleep(0.2)  # prep has started
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err and "Aborted" not in err, err
+    assert err.strip().splitlines()[-1].startswith("interrupted (Ctrl-C)"), err

@@ -727,11 +727,27 @@ def _whole_summaries() -> None:
 _whole_summaries()  # keep this after the last command
 
 
+def _by_ctrl_c(exc: BaseException) -> bool:
+    """A KeyboardInterrupt somewhere in the chain of causes (not `ratchet run`'s own stop,
+    which says what it stopped and exits 130 itself)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def main() -> None:
     """The `ratchet` command: a user error or a fault of this machine (OSError), from any
     command, is one line and exit 2; anything else is a bug and keeps its traceback."""
     try:
         app()
+    except SystemExit as exc:
+        if exc.code == 130 and _by_ctrl_c(exc):  # typer turned Ctrl-C into a silent exit
+            err.print("interrupted (Ctrl-C): what was recorded stays; run the command "
+                      "again to go on")
+        raise
     except UserError as exc:
         err.print(Text.assemble(("error:", "bold red"), " ", str(exc)))
         sys.exit(2)
