@@ -638,6 +638,7 @@ def candidate_page(study: StudyLike, snap: Snapshot, cand: Candidate, site: Site
            kv_table([(k, v) for k, v in facts if v]),
            remeasures(snap, cand, site),
            extra_metrics(cand),
+           shape_table(study, cand),
            "<h2>Diff against its parent</h2>", diff_section(study, cand.parent, cand.commit_sha),
            "<h2>Diff against the incumbent</h2>",
            diff_section(study, study.ledger.get("incumbent"), cand.commit_sha),
@@ -865,23 +866,64 @@ def training_view(study: StudyLike, snap: Snapshot, only: Candidate | None = Non
     return "".join(out)
 
 
+# the columns of ratchet.kernels' SweepReport.table(), one whitespace-free token each
+SHAPE_COLUMNS = ("shape", "dtype", "set", "ok", "base ms", "cand ms", "sem%", "speedup",
+                 "%roof", "bound", "calls")
+
+
+def shape_rows(study: StudyLike, cand: Candidate) -> list[dict[str, str]]:
+    """The per-shape table a kernel evaluator printed (`SweepReport.table()`) in the
+    candidate's evaluate log: one row per shape x dtype, with the guards that fired. As
+    the evaluator printed it (the candidate's code runs in that process too): shown,
+    never judged."""
+    phase = next((p for p in cand.phases or [] if str(p.get("name", "")).startswith("evaluate")), None)
+    rel = log_under(phase.get("log") if phase else None, study.state_dir)
+    if rel is None:
+        return []
+    text, _ = read_tail(study.state_dir / rel, 400_000)
+    rows: list[dict[str, str]] = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.split()[:2] != ["shape", "dtype"] or i + 1 >= len(lines) \
+                or not lines[i + 1].startswith("---"):
+            continue
+        rows = []  # the last table printed is the one that counts
+        for row in lines[i + 2:]:
+            if row.startswith("    ") and row.strip()[:1] in ("!", "?") and rows:
+                rows[-1]["notes"] = (rows[-1].get("notes", "") + " " + row.strip()).strip()
+                continue
+            cells = row.split()
+            if len(cells) != len(SHAPE_COLUMNS):
+                break
+            rows.append(dict(zip(SHAPE_COLUMNS, cells, strict=True)))
+    return rows[:2000]
+
+
+def shape_table(study: StudyLike, cand: Candidate) -> str:
+    rows = shape_rows(study, cand)
+    if not rows:
+        return ""
+    cols = [*SHAPE_COLUMNS, "notes"]
+    numeric = {"base ms", "cand ms", "sem%", "speedup", "%roof", "calls"}
+    body = [[td(_e(r.get(k, "")), "num" if k in numeric else "text") for k in cols] for r in rows]
+    return (f"<h3>Per shape ({len(rows)} shape{'s' * (len(rows) != 1)}, as the evaluator "
+            "printed them)</h3>" + table(cols, body, table_id=f"shapes-{cand.id}"))
+
+
 def kernel_view(study: StudyLike, snap: Snapshot) -> str:
-    """The incumbent's kernel figures (ratchet.evaluator.kernels' sweep metrics), its per-shape
-    table where the evaluator filed one (`shapes_table`: a list of rows), and its
-    dispatch choices (dispatch.json)."""
+    """The incumbent's kernel figures (the kernel harness's sweep metrics), its per-shape
+    table (from its evaluate log), and its dispatch choices (dispatch.json)."""
     inc_id = study.ledger.get("incumbent_id")
     cand = snap.by_id(inc_id) if inc_id else None
     extra = (cand.extra or {}) if cand else {}
     figures = [(k, extra[k]) for k in KERNEL_KEYS if k in extra and k != snap.metric]
+    shapes = shape_table(study, cand) if cand is not None else ""
     out = []
-    if cand is not None and len(figures) >= 2:
+    if cand is not None and (len(figures) >= 2 or shapes):
         out.append(f"<h2>Kernel: the incumbent {_e(cand.id)}</h2>")
-        out.append(kv_table([(k, _e(views.fmt(v))) for k, v in figures], "num"))
-        rows = extra.get("shapes_table")
-        if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
-            cols = list(dict.fromkeys(k for r in rows for k in r))
-            out.append("<h3>Per shape</h3>" + table(
-                cols, [[td(_e(views.fmt(r.get(k)))) for k in cols] for r in rows[:500]]))
+        if figures:
+            out.append(kv_table([(k, _e(views.fmt(v))) for k, v in figures], "num"))
+        out.append(shapes)
     out.append(dispatch(study))
     return "".join(out)
 
