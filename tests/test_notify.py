@@ -213,3 +213,19 @@ def test_a_bad_notify_section_is_one_line_naming_the_key(tmp_path):
     assert "notify.url: must be an http:// or https:// URL with a host" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not (repo / ".ratchet" / "ledger.db").exists() or "Traceback" not in proc.stderr
+
+
+def test_the_readme_notify_example_is_a_valid_section():
+    import re
+
+    from helpers import ROOT
+
+    from ratchet.driver.config import Notify
+
+    text = (ROOT / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"^```toml\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+                if b.startswith("[notify]")]
+    import tomllib
+
+    settings = Notify.model_validate(tomllib.loads(block)["notify"])
+    assert settings.url_env == "SLACK_WEBHOOK" and settings.crash_streak == 3

@@ -13,6 +13,7 @@ about 100 MB to every install and about half a second to every driver start.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -66,6 +67,7 @@ def t_sf(t: float, df: float) -> float:
     return tail if t >= 0 else 1.0 - tail
 
 
+@functools.lru_cache(maxsize=1024)  # pure, and asked the same (p, df) for every commit of a view
 def t_ppf(p: float, df: float) -> float:
     """The t with P(T <= t) = p (bisection on t_sf: exact enough, and never fails)."""
     if math.isinf(df):

@@ -177,10 +177,14 @@ class Snapshot:
     metric: str
     goal: str
     now: float = field(default_factory=time.time)
+    _estimates: dict[str, stats.Estimate | None] = field(default_factory=dict)
 
     def estimate(self, commit: str | None) -> stats.Estimate | None:
         """The pooled estimate of a commit: all its evaluations, with a 95% interval."""
-        return stats.estimate(self.groups.get(commit or "", []), self.head.noise)
+        key = commit or ""
+        if key not in self._estimates:  # one per commit: the t quantile is not free
+            self._estimates[key] = stats.estimate(self.groups.get(key, []), self.head.noise)
+        return self._estimates[key]
 
     def by_id(self, cand_id: str) -> Candidate | None:
         return next((c for c in self.everything if c.id == cand_id), None)
