@@ -402,13 +402,13 @@ def counts(cands: list[Candidate]) -> str:
     return "<h2>Counts by status</h2>" + table(["status", "candidates"], rows)
 
 
-def job_state(study: StudyLike, cand: Candidate) -> dict[str, Any]:
+def job_state(study: StudyLike, job_id: str | None) -> dict[str, Any]:
     """What the worker says of a running job (the local backend's state file): its phase
     and when that phase began; {} where the engine keeps no such file."""
-    if not cand.job_id or "/" in cand.job_id or cand.job_id.startswith("."):
+    if not job_id or "/" in job_id or job_id.startswith("."):
         return {}
     try:
-        data = json.loads((study.state_dir / "jobs" / cand.job_id / "state.json").read_text())
+        data = json.loads((study.state_dir / "jobs" / job_id / "state.json").read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -422,7 +422,7 @@ def running_now(study: StudyLike, snap: Snapshot, site: Site) -> str:
     if jobs:
         rows = []
         for c in jobs:
-            state = job_state(study, c)
+            state = job_state(study, c.job_id)
             phase = state.get("phase") if c.status == Status.SUBMITTED else "judging"
             since = state.get("t")
             in_phase = snap.now - since if isinstance(since, int | float) else None
@@ -716,7 +716,24 @@ def diff_html(diff: str) -> str:
     return f'<pre class="diff">{chr(10).join(lines)}{_e(cut)}</pre>'
 
 
+def live_logs(study: StudyLike, job_id: str | None) -> list[Path]:
+    """The phase logs a running job is writing (the local backend's job folder)."""
+    if not job_id or "/" in job_id or job_id.startswith("."):
+        return []
+    return sorted((study.state_dir / "jobs" / job_id / "logs").glob("*.log"))
+
+
 def phases(study: StudyLike, cand: Candidate, site: Site) -> str:
+    if not cand.phases and cand.status == Status.SUBMITTED:
+        logs = live_logs(study, cand.job_id)
+        if not logs:
+            return '<p class="note">running; no log written yet.</p>'
+        out = ['<p class="note">running: the logs so far (their tails)</p>']
+        for log in logs:
+            tail, _ = read_tail(log, LOG_TAIL_BYTES)
+            out.append(f'<h3>{_e(log.stem)} log</h3><pre class="log" data-phase="{_e(log.stem)}">'
+                       f"{_e(tail) or '(empty)'}</pre>")
+        return "".join(out)
     if not cand.phases:
         return '<p class="note">no phase has run.</p>'
     out = []
@@ -801,7 +818,7 @@ def importance(knobs: dict[str, Any], trials: list[tuple[Candidate, dict]], goal
                 dists[key] = IntDistribution(int(knob.low), int(knob.high), log=knob.log)
             else:
                 dists[key] = FloatDistribution(float(knob.low), float(knob.high), log=knob.log)
-        study = optuna.create_study(direction=goal)
+        study = optuna.create_study(direction="minimize" if goal == "minimize" else "maximize")
         for cand, params in trials:
             study.add_trial(optuna.trial.create_trial(
                 params={k: params[k] for k in knobs}, distributions=dists, value=cand.metric))

@@ -98,9 +98,10 @@ class ReadOnlyStudy:
         self.ledger.close()
 
 
-def version(study: StudyLike) -> str:
+def version(study: StudyLike, watch: str | None = None) -> str:
     """A short key that changes whenever what the pages show changes: an event, a
-    verdict, a job placed or finished, a phase begun."""
+    verdict, a job placed or finished, a phase begun; and, for the page of a running
+    candidate (`watch`), its logs growing."""
     db = study.ledger.db
     last_event = db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
     rows = db.execute("SELECT COUNT(*), TOTAL(judged_at), TOTAL(finished_at), "
@@ -109,16 +110,14 @@ def version(study: StudyLike) -> str:
                       "'incumbent_samples') ORDER BY key").fetchall()
     running = db.execute("SELECT id, job_id FROM candidates WHERE status = ?",
                          (Status.SUBMITTED.value,)).fetchall()
-    phases = [(r["id"], pages.job_state(study, _Row(r["job_id"])).get("phase")) for r in running]
-    key = json.dumps([last_event, list(rows), [m[0] for m in meta], phases], default=str)
+    phases = [(r["id"], pages.job_state(study, r["job_id"]).get("phase")) for r in running]
+    growing: list[int] = []
+    if watch:
+        row = db.execute("SELECT job_id, status FROM candidates WHERE id = ?", (watch,)).fetchone()
+        if row is not None and row["status"] == Status.SUBMITTED.value:
+            growing = [p.stat().st_size for p in pages.live_logs(study, row["job_id"])]
+    key = json.dumps([last_event, list(rows), [m[0] for m in meta], phases, growing], default=str)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
-
-
-@dataclass
-class _Row:
-    """The one field `pages.job_state` reads from a candidate."""
-
-    job_id: str | None
 
 
 # ---------------------------------------------------------------------------------------
@@ -208,7 +207,8 @@ SCRIPT = r"""
       if (again !== null && again !== version) { const v = again; again = null; refresh(v); }
     }
   }
-  const events = new EventSource('/events');
+  const watch = document.body.dataset.watch;
+  const events = new EventSource('/events' + (watch ? '?watch=' + encodeURIComponent(watch) : ''));
   events.onopen = () => { state.textContent = 'live'; };
   events.onmessage = (e) => { if (e.data !== version) refresh(e.data); };
   events.onerror = () => { state.textContent = 'reconnecting…'; };
@@ -229,6 +229,7 @@ class View:
     title: Callable[[StudyLike, pages.Snapshot], str]
     body: Callable[[StudyLike, pages.Snapshot], str]
     above: Callable[[pages.Snapshot], str] = lambda _snap: ""  # outside the live part
+    watch: str | None = None  # a candidate whose growing logs also update the page
 
 
 def overview_view() -> View:
@@ -257,7 +258,7 @@ def candidate_view(cand_id: str) -> View:
             raise LookupError(cand_id)
         return pages.candidate_page(study, snap, cand, LIVE)
 
-    return View(title=lambda study, _s: f"{cand_id}: {study.name}", body=body)
+    return View(title=lambda study, _s: f"{cand_id}: {study.name}", body=body, watch=cand_id)
 
 
 # ---------------------------------------------------------------------------------------
@@ -279,16 +280,16 @@ class Dashboard:
         self.log = log
         self.port = 0
 
-    def version(self) -> str:
+    def version(self, watch: str | None = None) -> str:
         with self.lock:
-            return version(self.study)
+            return version(self.study, watch)
 
     def render(self, view: View, fragment: bool) -> tuple[str, str, str]:
         """(html, version, policy) of a view: its live part alone, or the whole page."""
         with self.lock:
             snap = pages.snapshot(self.study)
             body = view.body(self.study, snap)
-            now = version(self.study)
+            now = version(self.study, view.watch)
             title = view.title(self.study, snap)
             above = view.above(snap)
         if fragment:
@@ -297,8 +298,9 @@ class Dashboard:
         shell = (f'{pages.nav(LIVE, "<span id=live-state>connecting…</span>")}{above}'
                  f'<main id="live">{body}</main>'
                  f'<script nonce="{nonce}">{SCRIPT}</script>')
+        watch = f' data-watch="{pages._e(view.watch)}"' if view.watch else ""
         html = pages.page(title, shell, csp(nonce)).replace(
-            "<body>", f'<body data-version="{pages._e(now)}">', 1)
+            "<body>", f'<body data-version="{pages._e(now)}"{watch}>', 1)
         return html, now, csp(nonce) + "; frame-ancestors 'none'"  # a header may say that
 
     def log_text(self, cand_id: str, index: int) -> str | None:
@@ -429,7 +431,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         fragment = query.get("fragment", ["0"])[0] == "1"
         parts = [p for p in path.split("/") if p]
         if path == "/events":
-            self._events()
+            self._events(query.get("watch", [None])[0])
             return
         if path == "/api/summary":
             self._send(200, json.dumps(self.app.summary()), "application/json")
@@ -457,13 +459,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return
         self._send(200, html, extra={"X-Ratchet-Version": now, "Content-Security-Policy": policy})
 
-    def _events(self) -> None:
+    def _events(self, watch: str | None) -> None:
         """Server-sent events: the ledger's version whenever it changes."""
         self._headers(200, "text/event-stream", None, {"Connection": "close"})
         self.close_connection = True
         sent, quiet_since = "", time.monotonic()
         while not self.app.stopping.is_set():
-            now = self.app.version()
+            now = self.app.version(watch)
             if now != sent:
                 self.wfile.write(f"retry: 2000\ndata: {now}\n\n".encode())
                 self.wfile.flush()
