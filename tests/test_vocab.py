@@ -53,3 +53,46 @@ def test_job_states_end_in_done_or_lost():
 def test_an_unknown_stored_status_is_named_with_the_known_ones():
     with pytest.raises(ValueError, match=r"unknown candidate status 'kept' \(known: proposed"):
         vocab.status_of("kept")
+
+
+def test_no_status_or_kind_is_compared_or_set_as_a_bare_string_outside_the_vocabulary():
+    """`c.status == "keep"`, `kind in ("baseline",)` or `update(..., status="keep")` in the
+    code are the strings-for-types the vocabulary replaced: one typo is a silent bug."""
+    import ast
+
+    from helpers import ROOT
+
+    def named(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Attribute):
+            return node.attr
+        if isinstance(node, ast.Name):
+            return node.id
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            return str(node.slice.value)
+        return None
+
+    # a candidate's words (others, such as Ray's job states or git's change letters, are
+    # other vocabularies)
+    words = {s.value for s in Status} | {k.value for k in Kind}
+
+    def bare(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in words
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            return any(bare(e) for e in node.elts)
+        return False
+
+    found = []
+    src = ROOT / "src" / "ratchet"
+    for path in sorted(src.rglob("*.py")):
+        if path.name == "vocab.py" or "templates" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{path.relative_to(src)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Compare) and named(node.left) in ("status", "kind") \
+                    and any(bare(c) for c in node.comparators):
+                found.append(where)
+            if isinstance(node, ast.Call):
+                found += [where for kw in node.keywords
+                          if kw.arg in ("status", "kind") and bare(kw.value)]
+    assert found == [], found

@@ -15,6 +15,7 @@ from ratchet.driver.judge import Reason
 from ratchet.driver.ledger import OPEN, VERDICTS, Candidate, Ledger
 from ratchet.errors import UserError
 from ratchet.job import gitrepo
+from ratchet.vocab import Kind, Status
 
 STATUSES = (*OPEN, *VERDICTS)
 # names `ratchet diff` accepts besides candidate ids, job ids and commit prefixes
@@ -45,9 +46,9 @@ class Step:
 def kept_steps(ledger: Ledger) -> list[Step]:
     """Kept candidates in the order they became the incumbent (the baseline excluded)."""
     cands = ledger.candidates()
-    baseline = next((c for c in cands if c.kind == "baseline" and c.metric is not None), None)
+    baseline = next((c for c in cands if c.kind == Kind.BASELINE and c.metric is not None), None)
     keeps = sorted(
-        (c for c in cands if c.status == "keep" and c.kind != "baseline"),
+        (c for c in cands if c.status == Status.KEEP and c.kind != Kind.BASELINE),
         key=lambda c: (c.judged_at or 0.0, c.seq),
     )
     steps: list[Step] = []
@@ -78,7 +79,7 @@ def select(cands: Iterable[Candidate], kept: bool = False, status: str | None = 
         raise HistoryError(f"unknown status {status!r}; one of: {', '.join(STATUSES)}")
     return [
         c for c in cands
-        if (not kept or c.status == "keep")
+        if (not kept or c.status == Status.KEEP)
         and (status is None or c.status == status)
         and (round is None or c.round == round)
     ]
@@ -93,9 +94,9 @@ def log_line(cand: Candidate, metric: str) -> str:
     value = f"{metric}=" + ("-" if cand.metric is None else f"{cand.metric:.6g}")
     gain = "gain=" + ("-" if cand.gain is None else f"{cand.gain:+.4g}")
     text = _one_line(cand.description)
-    if cand.kind != "candidate":
+    if cand.kind != Kind.CANDIDATE:
         text = f"({cand.kind}) {text}".rstrip()
-    if cand.status in ("crash", "rejected", "cancelled") and cand.reasons:
+    if cand.status in (Status.CRASH, Status.REJECTED, Status.CANCELLED) and cand.reasons:
         text += f" [{_one_line(cand.reasons)[:160]}]"
     return f"{cand.id} {cand.short or '-------':7} {cand.status:9} {value:16} {gain:12} {text}".rstrip()
 
@@ -178,12 +179,12 @@ def success_shares(cands: Iterable[Candidate], by: str) -> list[Share]:
     """
     groups: dict[str, Share] = {}
     for cand in cands:
-        if cand.kind != "candidate":
+        if cand.kind != Kind.CANDIDATE:
             continue
         key = _group_of(cand, by)
         share = groups.setdefault(key, Share(key, {}, {}))
         share.counts[cand.status] = share.counts.get(cand.status, 0) + 1
-        if cand.status in ("crash", "rejected") and cand.reasons:
+        if cand.status in (Status.CRASH, Status.REJECTED) and cand.reasons:
             for reason in failure_reasons(cand):
                 label = f"{cand.status}: {reason_kind(reason)}"
                 share.reasons[label] = share.reasons.get(label, 0) + 1

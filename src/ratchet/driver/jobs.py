@@ -25,7 +25,7 @@ from ratchet.driver.ledger import Candidate, Ledger
 from ratchet.errors import InfrastructureError
 from ratchet.job.faults import fault_point
 from ratchet.job.jobspec import COMPILE_CACHE_VARS, JobResult, JobSpec, PinnedFile
-from ratchet.vocab import Status
+from ratchet.vocab import Kind, Status
 
 T = TypeVar("T")
 POLL_S = 0.02
@@ -131,7 +131,7 @@ class Jobs:
         as JSON (e.g. its per-shape times), so an evaluator may stop a clearly worse
         candidate early (docs/statistics.md). Only ever a candidate's own run: a
         confirmation re-measure is always measured in full."""
-        if cand.kind != "candidate":
+        if cand.kind != Kind.CANDIDATE:
             return {}
         inc_id = self.ledger.get("incumbent_id")
         if self._incumbent_extra[0] != inc_id:

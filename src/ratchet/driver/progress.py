@@ -60,7 +60,7 @@ def progress_figure(Figure: Any, cands: list[Candidate], metric: str, goal: str,
     fig = Figure(figsize=(12, 5.5), layout="constrained")
     ax = fig.add_subplot()
     number = {c.id: i for i, c in enumerate(cands)}
-    kept_ids = {c.id for c in cands if c.status == "keep"}
+    kept_ids = {c.id for c in cands if c.status == Status.KEEP}
     pooled = pooled or {}
     at_commit: dict[str, int] = {}
     for c in cands:
@@ -74,18 +74,18 @@ def progress_figure(Figure: Any, cands: list[Candidate], metric: str, goal: str,
                    facecolors="none", edgecolors="#6d6d6d", linewidths=0.8, zorder=2,
                    label=f"re-measured (co-run, noise floor, confirmation) ({len(again)})")
 
-    others = [c for c in cands if c.status == "discard" and c.metric is not None]
+    others = [c for c in cands if c.status == Status.DISCARD and c.metric is not None]
     ax.scatter([number[c.id] for c in others], [c.metric for c in others], s=22,
                color=DISCARD_COLOR, label=f"discarded ({len(others)})", zorder=2)
     # A measured candidate can still be refused (hold-out overfit, constraint, tampering):
     # drawn apart, so a point better than the running best never reads as "discarded".
-    refused = [c for c in cands if c.id not in kept_ids and c.status != "discard"
+    refused = [c for c in cands if c.id not in kept_ids and c.status != Status.DISCARD
                and c.metric is not None]
     if refused:
         ax.scatter([number[c.id] for c in refused], [c.metric for c in refused], s=34,
                    marker="x", color=FAILED_COLOR, zorder=2,
                    label=f"rejected or crashed after measuring ({len(refused)})")
-    failed = [c for c in cands if c.metric is None and c.status in ("crash", "rejected")]
+    failed = [c for c in cands if c.metric is None and c.status in (Status.CRASH, Status.REJECTED)]
     if failed:  # no metric to place: marks along the bottom edge
         ax.scatter([number[c.id] for c in failed], [0.02] * len(failed), s=30, marker="x",
                    color=FAILED_COLOR, transform=ax.get_xaxis_transform(), zorder=2,
@@ -111,13 +111,13 @@ def progress_figure(Figure: Any, cands: list[Candidate], metric: str, goal: str,
                         yerr=[[b[1] - b[2] for b in bars], [b[3] - b[1] for b in bars]],
                         fmt="none", ecolor=KEEP_COLOR, elinewidth=1.2, capsize=4, zorder=4)
     for c in kept:
-        label = "baseline" if c.kind == "baseline" else short_label(c.description)
+        label = "baseline" if c.kind == Kind.BASELINE else short_label(c.description)
         ax.annotate(label, (number[c.id], c.metric), xytext=(6, 8 if goal == "minimize" else -14),
                     textcoords="offset points", fontsize=8, rotation=20, color="#1b5e20",
                     zorder=5)
 
-    tried = sum(1 for c in cands if c.kind == "candidate")
-    improved = sum(1 for c in kept if c.kind == "candidate")
+    tried = sum(1 for c in cands if c.kind == Kind.CANDIDATE)
+    improved = sum(1 for c in kept if c.kind == Kind.CANDIDATE)
     ax.set_title(f"{tried} experiments, {improved} kept improvement{'s' * (improved != 1)}")
     ax.set_xlabel("experiment #")
     ax.set_ylabel(f"{metric} ({'lower' if goal == 'minimize' else 'higher'} is better)")

@@ -30,6 +30,7 @@ from ratchet.driver.ledger import Candidate, Ledger
 from ratchet.job import gitrepo
 from ratchet.job.faults import fault_point
 from ratchet.proposers import ProposalContext, Proposer, make_proposer
+from ratchet.vocab import Kind, Status
 
 # -- proposals, made ahead in a background thread ----------------------------------------
 
@@ -179,14 +180,14 @@ class Proposals:
         fault_point("recorded")
         self.clear_planted([c.id for c in created if c.commit_sha])
         refs = "".join(f"update {study_ref(self.name, c.id)} {c.commit_sha}\n"
-                       for c in created if c.commit_sha and c.kind == "candidate")
+                       for c in created if c.commit_sha and c.kind == Kind.CANDIDATE)
         if refs:  # every candidate keeps a ref, kept or not (one git call for all)
             gitrepo.git(self.repo, "update-ref", "--stdin", input=refs.encode())
         for cand, fields in zip(created, rows, strict=True):
             if cand.idea:  # a proposal that failed outright is that idea's outcome
                 self.ledger.mark_idea(cand.idea, cand.id,
-                                      "rejected" if cand.status == "rejected" else None)
-            if cand.status == "rejected":
+                                      "rejected" if cand.status == Status.REJECTED else None)
+            if cand.status == Status.REJECTED:
                 self.ledger.event("rejected", cand.id, reasons=fields.get("reasons"))
         return created
 

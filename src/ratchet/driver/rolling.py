@@ -23,6 +23,7 @@ from ratchet.driver.settle import (
     ScheduleError,
 )
 from ratchet.job.faults import fault_point
+from ratchet.vocab import Kind
 
 
 class Rolling:
@@ -38,7 +39,7 @@ class Rolling:
         self.open_ids: list[str] = []  # recorded, not judged yet
 
     def made(self) -> int:
-        return sum(1 for c in self.loop.ledger.candidates() if c.kind == "candidate")
+        return sum(1 for c in self.loop.ledger.candidates() if c.kind == Kind.CANDIDATE)
 
     def run(self) -> None:
         try:
@@ -55,7 +56,7 @@ class Rolling:
         loop.snapshot = loop.guard.snapshot()
         loop.jobs.start(resumed, lambda: loop.stop.hard)
         self.open_ids = [c.id for c in resumed]
-        if not any(c.kind == "baseline" for c in led.candidates()):
+        if not any(c.kind == Kind.BASELINE for c in led.candidates()):
             self.open_ids += self.add(loop.fixed_rows(led.get("incumbent")), [])
         cancelled = False
         while True:
@@ -73,7 +74,7 @@ class Rolling:
                     cancelled = True
                     for cand_id, *_ in running:
                         loop.jobs.interrupt(led.row(cand_id))
-                if not any(led.row(i).status == "submitted" for i in self.open_ids):
+                if not any(led.row(i).status == Status.SUBMITTED for i in self.open_ids):
                     break
             elif not self.open_ids and (loop.stop.soft or self.exhausted
                                         or self.made() >= self.budget):
@@ -100,14 +101,14 @@ class Rolling:
     def judgeable(self, open_ids: list[str]) -> bool:
         """Something finished, and the baseline is measured: nothing is compared before."""
         cands = [self.loop.ledger.row(i) for i in open_ids]
-        return any(c.status == "finished" for c in cands) and not any(
-            c.kind == "baseline" and c.status != "finished" for c in cands)
+        return any(c.status == Status.FINISHED for c in cands) and not any(
+            c.kind == Kind.BASELINE and c.status != Status.FINISHED for c in cands)
 
     def judge(self, open_ids: list[str]) -> None:
         loop, led = self.loop, self.loop.ledger
         self.verify(loop.snapshot, open_ids)
         before = loop.snapshot
-        finished = [i for i in open_ids if led.row(i).status == "finished"]
+        finished = [i for i in open_ids if led.row(i).status == Status.FINISHED]
         loop.in_flight = [i for i in open_ids if i not in finished]
         known = {c.id for c in led.candidates()}
         winner = loop.settle(finished, on_keep={"round": led.get("round") + 1})
@@ -139,7 +140,7 @@ class Rolling:
             loop.snapshot = expected
             return
         rejected = [c for c in (loop.ledger.row(i) for i in ids)
-                    if c.status == "rejected"]
+                    if c.status == Status.REJECTED]
         for cand in rejected:
             if cand.job_id:
                 loop.jobs.cancel(cand)  # rejected while it ran: stop it, free its slot
@@ -159,7 +160,7 @@ class Rolling:
         loop.write_views()
         # others run meanwhile: check against before + our own new refs and verdicts
         refs = {study_ref(self.loop.name, c.id): c.commit_sha for c in created
-                if c.commit_sha and c.kind == "candidate"}
+                if c.commit_sha and c.kind == Kind.CANDIDATE}
         judged = {c.id: (c.status, c.metric) for c in created if c.is_judged}
         self.verify(before, self.open_ids, refs=refs, verdicts=judged,
                     rows={c.id: row_key(c) for c in created})
@@ -174,7 +175,7 @@ class Rolling:
             return []
         incumbent = loop.ledger.get("incumbent")
         tried = {json.dumps(c.params, sort_keys=True) for c in loop.ledger.candidates()
-                 if c.params and c.kind == "candidate" and c.parent == incumbent}
+                 if c.params and c.kind == Kind.CANDIDATE and c.parent == incumbent}
         take: list[Proposal] = []
         while len(take) < want and (self.ready or self.collect()):
             base, proposal = self.ready.pop(0)

@@ -20,6 +20,7 @@ from ratchet.driver.ledger import Candidate
 from ratchet.driver.settle import OPEN_STATES, Loop, without_verdict
 from ratchet.job.faults import fault_point
 from ratchet.proposers import ProposalContext
+from ratchet.vocab import Kind, Status
 
 # the next round's proposals are asked for once every job of the round is in a phase, or
 # this long after the round started (a backend that does not tell phases)
@@ -75,12 +76,12 @@ class Rounds:
         base = previous[0].parent if previous and previous[0].parent else led.get("incumbent")
         shown = [c for c in history if c.round < round_no - 1] + [without_verdict(c) for c in previous]
         metric = next((c.metric for c in reversed(shown)
-                       if c.status == "keep" and c.commit_sha == base), None)
+                       if c.status == Status.KEEP and c.commit_sha == base), None)
         return base, self.loop.proposals.context(round_no, base, shown, metric)
 
     def slots_for_proposals(self) -> int:
         """K, less the baseline's slot in the study's first round."""
-        baseline = any(c.kind == "baseline" for c in self.loop.ledger.candidates())
+        baseline = any(c.kind == Kind.BASELINE for c in self.loop.ledger.candidates())
         return self.loop.parallel - (0 if baseline else 1)
 
     def ask_ahead(self, round_no: int) -> None:
@@ -122,7 +123,7 @@ class Rounds:
         loop, led = self.loop, self.loop.ledger
         incumbent = led.get("incumbent")
         rows = loop.fixed_rows(incumbent)
-        k = loop.parallel - sum(1 for r in rows if r["kind"] == "baseline")
+        k = loop.parallel - sum(1 for r in rows if r["kind"] == Kind.BASELINE)
         proposals: list[Proposal] = []
         stale = None
         if k:

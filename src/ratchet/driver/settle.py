@@ -142,7 +142,7 @@ class Loop:
         confirming = Confirming(self, by_id, incumbent.commit)
         entries = [judge.Entry(id=c.id, kind=c.kind, seq=c.seq, commit=c.commit_sha,
                                result=JobResult.from_json(json.dumps(c.result)),
-                               based_on_incumbent=True if c.kind != "candidate" else
+                               based_on_incumbent=True if c.kind != Kind.CANDIDATE else
                                partial(_descends, self.repo, c.commit_sha, incumbent.commit))
                    for c in finished]
         try:
@@ -209,7 +209,7 @@ class Loop:
         written = {}
         for cand_id, named in self.guard.mismatched(finished).items():
             restore = {"commit_sha": named} if named else {}
-            self.ledger.update(cand_id, "judged:rejected", status="rejected",
+            self.ledger.update(cand_id, "judged:rejected", status=Status.REJECTED,
                                reasons="tampering: the ledger's commit is not the one its "
                                        "ref names", judged_at=time.time(), **restore)
             written[cand_id] = ("rejected", self.ledger.row(cand_id).metric)
@@ -217,7 +217,7 @@ class Loop:
 
     def check_baseline(self, ids: list[str]) -> None:
         for cand in (self.ledger.row(i) for i in ids):
-            if cand.kind == "baseline" and cand.status in ("crash", "rejected"):
+            if cand.kind == Kind.BASELINE and cand.status in (Status.CRASH, Status.REJECTED):
                 raise ScheduleError(
                     f"the baseline (unmodified {cand.short}) failed, so nothing can be "
                     f"compared: {cand.reasons} (see `ratchet logs {cand.id}`; fix the task, "
@@ -228,7 +228,7 @@ class Loop:
         """Resumed: the driver may have died before a candidate's ref was written."""
         self.proposals.clear_planted([c.id for c in cands if c.commit_sha])
         for cand in cands:
-            if cand.commit_sha and cand.kind == "candidate":
+            if cand.commit_sha and cand.kind == Kind.CANDIDATE:
                 ref = study_ref(self.name, cand.id)
                 if gitrepo.try_rev_parse(self.repo, ref) != cand.commit_sha:
                     gitrepo.update_ref(self.repo, ref, cand.commit_sha)
@@ -245,8 +245,8 @@ class Loop:
                      description=f"baseline re-measured (noise floor {i + 2}/{floor})")
                 for i in range(floor - 1)]
         if self.config.acceptance.co_run_incumbent and self.config.search.mode == "rounds":
-            return [dict(kind="incumbent", parent=incumbent, commit_sha=incumbent,
-                         status="committed", description="incumbent re-measured (reference)")]
+            return [dict(kind=Kind.INCUMBENT, parent=incumbent, commit_sha=incumbent,
+                         status=Status.COMMITTED, description="incumbent re-measured (reference)")]
         return []
 
 

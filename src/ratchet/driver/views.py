@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ratchet import stats
 from ratchet.driver.ledger import Ledger, Status
+from ratchet.vocab import Kind
 
 TSV_STATUSES = ("keep", "discard", "crash", "rejected")
 
@@ -36,11 +37,11 @@ def results_rows(ledger: Ledger, metric: str) -> list[list[str]]:
     for cand in ledger.candidates():
         if cand.status not in TSV_STATUSES:
             continue
-        value = cand.metric if cand.metric is not None and cand.status != "crash" else 0.0
+        value = cand.metric if cand.metric is not None and cand.status != Status.CRASH else 0.0
         memory = (cand.extra or {}).get("memory_gb", 0.0)
         memory = memory if isinstance(memory, int | float) else 0.0
         description = _clean(cand.description)
-        if cand.status in ("crash", "rejected") and cand.reasons:
+        if cand.status in (Status.CRASH, Status.REJECTED) and cand.reasons:
             description = f"{description} [{shorten(cand.reasons, 160)}]"
         rows.append([cand.short or "-------", f"{value:.6f}", f"{memory:.1f}", cand.status,
                      description])
@@ -90,7 +91,7 @@ def round_lines(cands: list, round_no: int, rounds: int, metric: str) -> list[st
         what = cand.description or cand.kind
         value = f"{metric} {fmt(cand.metric)}" if cand.metric is not None else ""
         why = ""
-        if cand.reasons and cand.status != "keep":
+        if cand.reasons and cand.status != Status.KEEP:
             reasons = _clean(cand.reasons)
             if len(reasons) > 100:
                 reasons = f"{shorten(reasons, 100)} (ratchet show {cand.id})"
@@ -116,8 +117,8 @@ def show_lines(cand, metric: str, parent: str | None) -> list[str]:
     lines = [f"{cand.id} {cand.kind} round {cand.round}: {cand.description}"]
     if cand.commit_sha is None:  # a proposal that never became a commit (its edit failed)
         lines.append(f"no commit: the proposal was not applied  parent {parent or '—'}")
-    elif cand.kind in ("baseline", "incumbent"):
-        start = " (the study's starting point)" if cand.kind == "baseline" else ""
+    elif cand.kind in (Kind.BASELINE, Kind.INCUMBENT):
+        start = " (the study's starting point)" if cand.kind == Kind.BASELINE else ""
         lines.append(f"commit {cand.commit_sha}{start}  git parent {parent or 'none'}")
     else:
         lines.append(f"commit {cand.commit_sha}  parent {parent or '—'}")

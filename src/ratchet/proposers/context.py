@@ -33,6 +33,7 @@ from ratchet.driver.ledger import Candidate
 from ratchet.driver.paths import protected_by
 from ratchet.job import gitrepo
 from ratchet.proposers import ProposalContext, ProposerError
+from ratchet.vocab import Status
 
 CHARS_PER_TOKEN = 4
 ERROR_TAIL_LINES = 12
@@ -232,7 +233,7 @@ def history_entry(cand: Candidate, ctx: ProposalContext) -> str:
         said.append(f"idea: {sanitize.line(cand.idea, 300)}")
     if cand.reasons:
         said.append(f"reasons: {sanitize.text(cand.reasons.strip()[:500])}")
-    if cand.status in ("crash", "rejected"):
+    if cand.status in (Status.CRASH, Status.REJECTED):
         tail = error_tail(cand)
         if tail:
             said.append(f"log tail:\n{tail}")
@@ -347,7 +348,7 @@ def build_context(ctx: ProposalContext, settings: ContextSettings,
 
 
 def _history(ctx: ProposalContext, limit: int, room: int) -> list[str]:
-    done = [c for c in ctx.history if c.is_judged or c.status == "rejected"]
+    done = [c for c in ctx.history if c.is_judged or c.status == Status.REJECTED]
     if not limit or not done:
         return []
     recent = done[-limit:]

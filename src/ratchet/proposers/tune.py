@@ -33,6 +33,7 @@ from ratchet.driver.ledger import Candidate
 from ratchet.job import gitrepo
 from ratchet.proposers import ProposalContext, Proposer, ProposerError
 from ratchet.proposers.knobs import KnobError, format_value, knob_values, set_knob
+from ratchet.vocab import Kind, Status
 
 optuna.logging.set_verbosity(logging.WARNING)
 MAX_ASKS_PER_CANDIDATE = 40
@@ -130,7 +131,7 @@ class TuneProposer(Proposer):
         baseline and submitted commits have none recorded)."""
         if cand.params:
             return cand.params
-        if cand.kind not in ("baseline", "candidate") or not cand.commit_sha:
+        if cand.kind not in (Kind.BASELINE, Kind.CANDIDATE) or not cand.commit_sha:
             return None
         if cand.commit_sha not in self._values_cache:
             try:
@@ -154,7 +155,7 @@ class TuneProposer(Proposer):
             if len(params) != len(self.distributions):
                 continue
             ok = (cand.metric is not None and math.isfinite(cand.metric)
-                  and cand.status in ("keep", "discard"))
+                  and cand.status in (Status.KEEP, Status.DISCARD))
             try:
                 study.add_trial(create_trial(
                     params=params,
