@@ -431,7 +431,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         fragment = query.get("fragment", ["0"])[0] == "1"
         parts = [p for p in path.split("/") if p]
         if path == "/events":
-            self._events(query.get("watch", [None])[0])
+            if self.command == "HEAD":
+                self._headers(200, "text/event-stream", None)
+            else:
+                self._events(query.get("watch", [None])[0])
             return
         if path == "/api/summary":
             self._send(200, json.dumps(self.app.summary()), "application/json")
@@ -456,6 +459,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             html, now, policy = self.app.render(view, fragment)
         except LookupError:
             self._error(HTTPStatus.NOT_FOUND, "no such candidate in this study")
+            return
+        except Exception as exc:  # noqa: BLE001 - one page failing never stops the server
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"this page could not be made: "
+                        f"{type(exc).__name__}: {exc} (the other pages still work)")
             return
         self._send(200, html, extra={"X-Ratchet-Version": now, "Content-Security-Policy": policy})
 
