@@ -56,6 +56,7 @@ def score():
 # a candidate's own words and output, hostile: they must stay text
 XSS_SUBJECT = "<script>window.pwned=1</script> X=1.4 <img src=x onerror=\"window.pwned=2\">"
 XSS_PRINT = '<script>window.pwned=3</script><img src=x onerror="window.pwned=4">'
+XSS_IDEA = "<script>window.pwned=5</script>try <b>1.4</b>"
 XSS_SOLUTION = SOLUTION.replace("X = 3.0", "X = 1.4") + f"\nprint({XSS_PRINT!r})\n"
 
 TASK = textwrap.dedent('''
@@ -85,6 +86,10 @@ def study(tmp_path_factory) -> Path:
     git(repo, "checkout", "-q", "main")
     cand_id = ratchet(repo, "submit", "xss", check=True).stdout.strip().splitlines()[-1]
     ratchet(repo, "wait", cand_id, check=True)
+    # the queued idea it came from, as `ratchet idea` would have recorded it
+    ledger = Ledger(repo / ".ratchet" / "ledger.db")
+    ledger.update(cand_id, idea=XSS_IDEA)
+    ledger.close()
     return repo
 
 
@@ -165,6 +170,12 @@ def test_candidate_page_shows_verdict_reasons_diffs_and_keeps_hostile_text_inert
         assert any("+X = 1.4  # the knob" in d and "-X = " in d for d in diffs)
         log = browser.eval("document.querySelector('pre.log[data-phase=\"evaluate\"]').textContent")
         assert XSS_PRINT in log and "score: 0.022500" in log  # the log tail, as text
+        idea = browser.eval("Array.from(document.querySelectorAll('table.kv tr'))"
+                            ".find(r => r.cells[0].textContent === 'idea').cells[1].textContent")
+        assert idea == XSS_IDEA
+        # no markup of theirs became an element
+        assert not browser.eval("Array.from(document.querySelectorAll('b'))"
+                                ".some(b => b.textContent === '1.4')")
         # only the server's own script exists, and nothing the candidate wrote ran
         assert browser.eval("document.scripts.length") == 1
         assert browser.eval("typeof window.pwned") == "undefined"
