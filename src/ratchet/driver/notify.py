@@ -69,6 +69,7 @@ class Notifier:
         self.failures: queue.Queue[str] = queue.Queue()
         self.outbox: queue.Queue[Any] = queue.Queue()
         self.first_event = 0
+        self.budget_before: Any = None
         self.thread: threading.Thread | None = None
         self.sent: list[Notice] = []  # what was handed over, in order (for `ratchet status`)
 
@@ -83,6 +84,7 @@ class Notifier:
             return
         self.seen = set(ledger.verdicts())
         self.first_event = ledger.db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+        self.budget_before = ledger.get("budget_stop")
         self.thread = threading.Thread(target=self._deliver_all, name="ratchet-notify", daemon=True)
         self.thread.start()
 
@@ -125,9 +127,17 @@ class Notifier:
         if not self.active or self.thread is None:
             return
         self.check(ledger)
-        budget = ledger.db.execute(
-            "SELECT kind, data FROM events WHERE id > ? AND kind LIKE 'budget%' "
-            "ORDER BY id DESC LIMIT 1", (self.first_event,)).fetchone()
+        # a budget stop in this run: the meta record the budget writes when a limit stops
+        # the study (`budget_stop`, with its one line), or a `budget...` event
+        stop = ledger.get("budget_stop")
+        if stop is not None and stop != self.budget_before:
+            budget: dict[str, Any] | None = {"kind": (stop.get("line") if isinstance(stop, dict)
+                                                     else None) or str(stop)}
+        else:
+            row = ledger.db.execute(
+                "SELECT kind, data FROM events WHERE id > ? AND kind LIKE 'budget%' "
+                "ORDER BY id DESC LIMIT 1", (self.first_event,)).fetchone()
+            budget = {"kind": row["kind"]} if row is not None else None
         counts = ledger.status_counts()
         head = views.headline(ledger, self.metric, self.goal)
         line = head.line() or "no incumbent measured"
