@@ -225,20 +225,25 @@ def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     }
 
 
-def _torch() -> Any | None:
+# torch is optional and never imported by the harness itself: it is there when the
+# evaluator imported it (the kernel harness's arrays module uses these same three)
+
+
+def torch_module() -> Any | None:
+    """torch if the process already imported it, else None (never imports it)."""
     return sys.modules.get("torch")
 
 
-def _loaded_torch() -> Any:
-    """torch, where the request names a tensor (so the evaluator has imported it)."""
+def loaded_torch() -> Any:
+    """torch, where a tensor is already in hand (so this process has imported it)."""
     torch = sys.modules.get("torch")
     if torch is None:
-        raise CandidateError("a torch tensor was asked for, but torch is not loaded here")
+        raise CandidateError("a torch tensor is in play, but torch is not loaded here")
     return torch
 
 
-def _is_torch(x: Any) -> bool:
-    torch = _torch()
+def is_torch(x: Any) -> bool:
+    torch = torch_module()
     return torch is not None and isinstance(x, torch.Tensor)
 
 
@@ -694,7 +699,7 @@ class CandidateProcess:
             if like == "numpy":
                 itemsize = np.dtype(dtype).itemsize
             else:
-                torch = _loaded_torch()
+                torch = loaded_torch()
                 itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
             shm = shared_memory.SharedMemory(create=True, size=max(1, count * itemsize))
             if self._uid is not None:  # the child runs as an unprivileged uid: the segment is its to map
@@ -703,7 +708,7 @@ class CandidateProcess:
             if like == "numpy":
                 array: Any = np.ndarray(shape, dtype=np.dtype(dtype), buffer=shm.buf)
             else:
-                torch = _loaded_torch()
+                torch = loaded_torch()
                 tdtype = getattr(torch, dtype)
                 array = torch.frombuffer(shm.buf, dtype=tdtype, count=count).view(shape) if count else torch.empty(shape, dtype=tdtype)
             buf = SharedArray(ident, array, desc, shm)
@@ -713,7 +718,7 @@ class CandidateProcess:
 
     def _cuda_buffer(self, ident: int, shape: tuple[int, ...], dtype: str, device: Any) -> SharedArray:
         """A CUDA tensor shared by IPC handle (what torch.multiprocessing sends for one)."""
-        torch = _loaded_torch()
+        torch = loaded_torch()
         tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=device or "cuda")
         storage = tensor.untyped_storage()
         (dev, handle, size_bytes, offset_bytes, rc_handle, rc_offset, ev_handle, ev_sync) = storage._share_cuda_()
@@ -740,7 +745,7 @@ class CandidateProcess:
         """A shared buffer with x's shape and dtype, on x's kind of memory (not filled)."""
         import numpy as np  # noqa: PLC0415
 
-        if _is_torch(x):
+        if is_torch(x):
             kind = "cuda" if x.is_cuda else "torch"
             return self.empty(tuple(x.shape), str(x.dtype).removeprefix("torch."), like=kind, device=x.device if x.is_cuda else None)
         x = np.asarray(x)
@@ -751,7 +756,7 @@ class CandidateProcess:
         import numpy as np  # noqa: PLC0415
 
         buf = self.empty_like(x)
-        if _is_torch(x):
+        if is_torch(x):
             buf.array.copy_(x)
         else:
             np.copyto(buf.array, np.asarray(x))
@@ -822,7 +827,7 @@ class CandidateProcess:
         np = sys.modules.get("numpy")  # no numpy loaded: no array can be among the arguments
 
         def wrap(v: Any) -> Any:
-            if (np is not None and isinstance(v, np.ndarray)) or _is_torch(v):
+            if (np is not None and isinstance(v, np.ndarray)) or is_torch(v):
                 buf = self.share(v)
                 shared.append(buf)
                 return buf

@@ -8,31 +8,14 @@ caller already imported torch (``sys.modules``), which is the only way one could
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import numpy as np
 
+from ratchet.evaluator.isolate import is_torch, loaded_torch, torch_module  # one definition
+
 # Value written into integer output buffers before a run, so that unwritten elements show.
 INT_SENTINEL = -0x5EED  # fits int16 and wider; int8/uint types use their own extreme
-
-
-def torch_module() -> Any | None:
-    """torch if the process already imported it, else None (never imports it)."""
-    return sys.modules.get("torch")
-
-
-def loaded_torch() -> Any:
-    """torch, where a tensor is already in hand (so this process has imported it)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        raise RuntimeError("torch is not loaded here, so no torch tensor can be either")
-    return torch
-
-
-def is_torch(x: Any) -> bool:
-    torch = torch_module()
-    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def is_array(x: Any) -> bool:
