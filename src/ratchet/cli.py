@@ -715,6 +715,27 @@ def export_(
                       + (f" (replaced {done.replaced[:7]})" if done.replaced else ""))
 
 
+# -- profile: the model under its workload (logic in ratchet.kernels.profile) --------------
+
+
+@app.command("profile")
+def profile_(
+    workload: Annotated[Path, typer.Argument(help="the workload TOML: model module, serving-mix points, dtype, mode")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="where workload.json goes")] = Path("workload.json"),
+    holdout_dir: Annotated[Path | None, typer.Option(
+        "--holdout-dir", help="the full profile goes here, --out gets it without the hold-out shapes")] = None,
+    model_md: Annotated[Path | None, typer.Option("--model-md", help="also write model.md for proposers")] = None,
+    roofline: Annotated[bool, typer.Option(help="measure (or read cached) peaks for the roofline columns")] = True,
+) -> None:
+    """Profile a model under a declared workload: workload.json, the ranked table, model.md."""
+    from ratchet.kernels.profile import write_profile
+
+    _, lines = write_profile(workload, out=out, holdout_dir=holdout_dir, model_md=model_md, roofline=roofline,
+                             log=lambda line: err.print(line))
+    for line in lines:
+        console.print(line)
+
+
 def _whole_summaries() -> None:
     """`ratchet --help` lists each command with its docstring's first sentence, whole:
     click would cut it to fit ("keep the..."). Runs after every command is defined."""

@@ -1,0 +1,401 @@
+"""`ratchet profile`: what a model computes under a declared workload, and where its time goes.
+
+The model runs under `torch.profiler` with `record_shapes` (the operator records PyTorch
+already keeps: name, input shapes and dtypes, FLOPs of matmuls, inclusive and self
+times); nothing here traces by hand. Each swappable operator of the model (its `OPS`
+table) is labelled `model::<name>` with `torch.profiler.record_function` for the run, so
+its composed ops count as one; every other operator counts where it is called from the
+forward pass itself (its inclusive time), so the rows partition the forward pass and
+their sum is checked against the forward's measured time (`Profile.coverage`).
+
+Out of it come `workload.json` (`workload.Profile`: each operator with its input shapes,
+dtypes, calls and time share, grouped by shape; the largest shapes of each marked as
+hold-out), a ranked table (share of time, bottleneck class from the measured roofline,
+the roofline bound, and Amdahl's bound on the model's speed-up if that operator reached
+it) and a generated `model.md` for proposers.
+
+torch is imported only when a profile is taken: `import ratchet.kernels` never needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import math
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from ..errors import UserError
+from .hardware import library_versions
+from .roofline import ITEMSIZE, Peaks, assess, evaluate, measure_peaks
+from .workload import (
+    Mode,
+    OpRecord,
+    Profile,
+    ShapeRecord,
+    Workload,
+    group_shapes,
+    mark_holdout,
+    point_label,
+)
+
+PREFIX = "model::"
+FORWARD = "ratchet::forward"
+
+
+def import_torch() -> Any:
+    try:
+        import torch  # noqa: PLC0415 - optional: only a profile or an end-to-end check needs it
+    except ImportError:
+        raise UserError("profiling a model needs torch: install it into this environment (`make install` does)") from None
+    return torch
+
+
+def load_model_module(path: Path, name: str = "ratchet_profiled_model") -> ModuleType:
+    """Import the model module from its file (its directory first on sys.path meanwhile)."""
+    if not path.is_file():
+        raise UserError(f"model module {path} does not exist: set `model` in the workload to the model's .py file")
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise UserError(f"{path}: not an importable Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(str(path.parent))
+    missing = [n for n in ("OPS", "build_model", "make_inputs") if not hasattr(module, n)]
+    if missing:
+        raise UserError(f"{path}: the model module lacks {', '.join(missing)} (docs/kernels.md: the model protocol)")
+    return module
+
+
+def row_shape(dims: Sequence[int]) -> dict[str, int]:
+    """A row-wise operator's named dims from its first input's shape: rows x cols."""
+    dims = [int(d) for d in dims]
+    if not dims:
+        return {}
+    return {"rows": math.prod(dims[:-1]) if len(dims) > 1 else 1, "cols": dims[-1]}
+
+
+def shape_of(module: ModuleType, op: str, dims: Sequence[int]) -> dict[str, Any]:
+    """The model's own SHAPE_OF[op](dims) when it has one, else rows x cols."""
+    custom = getattr(module, "SHAPE_OF", {}).get(op)
+    return dict(custom(list(dims))) if custom else row_shape(dims)
+
+
+@contextlib.contextmanager
+def labelled_ops(module: ModuleType, torch: Any) -> Iterator[None]:
+    """Each OPS entry wrapped in a record_function range `model::<name>` for the run."""
+    originals = dict(module.OPS)
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def labelled(*args: Any, **kwargs: Any) -> Any:
+            with torch.profiler.record_function(PREFIX + name):
+                return fn(*args, **kwargs)
+
+        return labelled
+
+    for name, fn in originals.items():
+        module.OPS[name] = wrap(name, fn)
+    try:
+        yield
+    finally:
+        module.OPS.clear()
+        module.OPS.update(originals)
+
+
+def _to_device(values: Any, device: str, torch: Any) -> tuple[Any, ...]:
+    values = values if isinstance(values, tuple | list) else (values,)
+    return tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in values)
+
+
+def _first_shapes(event: Any) -> tuple[list[list[int]], list[str]]:
+    """A labelled range has no shapes of its own: its first operator's inputs are its inputs."""
+    stack = list(event.cpu_children)
+    while stack:
+        child = stack.pop(0)
+        shapes = [list(s) for s in (child.input_shapes or [])]
+        if shapes and shapes[0]:
+            return shapes, list(getattr(child, "input_dtypes", None) or [])
+        stack[:0] = list(child.cpu_children)
+    return [], []
+
+
+def _flops(event: Any) -> float:
+    total = float(getattr(event, "flops", 0) or 0)
+    return total + sum(_flops(c) for c in event.cpu_children)
+
+
+def _torch_dtype(name: str) -> str:
+    """'float' -> 'float32' (the profiler records c10 scalar type names)."""
+    return {"float": "float32", "double": "float64", "half": "float16", "c10::BFloat16": "bfloat16", "c10::Half": "float16",
+            "long int": "int64", "int": "int32", "bool": "bool"}.get(name, name)
+
+
+def _estimate_bytes(shapes: Sequence[Sequence[int]], dtypes: Sequence[str], fallback: str) -> float:
+    """Inputs read once plus one output the size of the largest input (an estimate)."""
+    sizes = []
+    for i, dims in enumerate(shapes):
+        if not dims:
+            continue
+        dtype = _torch_dtype(dtypes[i]) if i < len(dtypes) and dtypes[i] else fallback
+        sizes.append(math.prod(int(d) for d in dims) * ITEMSIZE.get(dtype, 4))
+    return float(sum(sizes) + (max(sizes) if sizes else 0))
+
+
+def _span_s(event: Any, on_device: bool) -> float:
+    return float(event.device_time_total if on_device else event.cpu_time_total) * 1e-6
+
+
+def profile_model(
+    workload: Workload,
+    *,
+    peaks: Peaks | None = None,
+    measure: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> Profile:
+    """Profile the workload's model at every point of the mix; roofline and Amdahl per op.
+
+    `peaks`: the device's measured peaks (default: measured or read from the cache when
+    `measure`; without peaks the roofline columns stay empty).
+    """
+    torch = import_torch()
+    if workload.threads:
+        torch.set_num_threads(workload.threads)
+    module = load_model_module(workload.model_path)
+    device = workload.device
+    on_device = device.startswith("cuda")
+    if on_device and not torch.cuda.is_available():
+        raise UserError(f"the workload says device = {device!r}, but torch sees no CUDA device here: profile on the GPU machine, or say device = \"cpu\"")
+    try:
+        model = module.build_model(workload.dtype, device)
+    except Exception as exc:
+        raise UserError(f"{workload.model_path}: build_model({workload.dtype!r}, {device!r}) raised {type(exc).__name__}: {exc}") from None
+    if workload.mode is Mode.COMPILE:
+        model = torch.compile(model)
+    if peaks is None and measure:
+        peaks = measure_peaks(device if on_device else "cpu")
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_device else [])
+    with torch.profiler.profile(activities=activities):  # the profiler's own start-up, out of the records
+        torch.ones(1).add_(1)
+    rng = np.random.default_rng(0)
+    weights = workload.weights()
+    rows: dict[tuple[str, str], list[ShapeRecord]] = defaultdict(list)
+    kinds: dict[str, str] = {}
+    flops_of: dict[tuple[str, str], float] = defaultdict(float)
+    model_time = ops_time = unprofiled = 0.0
+    per_point = []
+    sync = torch.cuda.synchronize if on_device else (lambda: None)
+    for point, weight in zip(workload.points, weights, strict=True):
+        label = point_label(point)
+        inputs = _to_device(module.make_inputs(dict(point), workload.dtype, rng), device, torch)
+        with torch.no_grad():
+            for _ in range(workload.warmup):
+                model(*inputs)
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(workload.steps):
+                model(*inputs)
+            sync()
+            plain = (time.perf_counter() - t0) / workload.steps
+            with labelled_ops(module, torch):
+                model(*inputs)  # the labels' first call out of the records
+                with torch.profiler.profile(activities=activities, record_shapes=True, with_flops=True) as prof:
+                    for _ in range(workload.steps):
+                        with torch.profiler.record_function(FORWARD):
+                            model(*inputs)
+                    sync()
+        forwards = [e for e in prof.events() if e.name == FORWARD]
+        step_s = sum(_span_s(e, False) for e in forwards) / max(1, len(forwards))
+        if on_device:  # the forward's span on the host is not its device time: the wall clock is
+            step_s = max(step_s, plain)
+        covered = 0.0
+        scale = weight / max(1, len(forwards))  # per forward of the mix
+        for fwd in forwards:
+            for event in fwd.cpu_children:
+                name = event.name
+                is_model = name.startswith(PREFIX)
+                op = name.removeprefix(PREFIX) if is_model else name
+                kinds[op] = "model" if is_model else "aten"
+                shapes, dtypes = _first_shapes(event) if is_model else ([list(s) for s in event.input_shapes or []], list(getattr(event, "input_dtypes", None) or []))
+                dims = next((s for s in shapes if s), [])
+                named = shape_of(module, op, dims) if is_model else row_shape(dims)
+                spent = _span_s(event, on_device)
+                covered += spent
+                record = ShapeRecord(
+                    shape=named, input_shapes=shapes, dtypes=[_torch_dtype(d) for d in dtypes if d],
+                    calls=scale, time_s=spent * scale, share=0.0, points=[label],
+                )
+                rows[(op, repr((shapes, record.dtypes)))].append(record)
+                flops_of[(op, repr((shapes, record.dtypes)))] += _flops(event) * scale
+        model_time += weight * step_s
+        ops_time += weight * covered / max(1, len(forwards))
+        unprofiled += weight * plain
+        per_point.append({"point": dict(point), "label": label, "weight": weight, "time_s": step_s, "unprofiled_s": plain,
+                          "coverage": covered / max(1, len(forwards)) / step_s if step_s else 0.0})
+        if log:
+            log(f"{label}: {step_s * 1e3:.3f} ms per forward profiled ({plain * 1e3:.3f} ms without the profiler)")
+    ops = _op_records(rows, kinds, flops_of, workload, model_time, peaks)
+    for op in ops:
+        mark_holdout(op.shapes, workload.holdout_fraction)
+    return Profile(
+        workload=workload.to_dict(), device=peaks.device if peaks else device, model_time_s=model_time, ops_time_s=ops_time,
+        ops=ops, model_time_unprofiled_s=unprofiled, per_point=per_point, peaks=peaks.to_dict() if peaks else None,
+        versions=library_versions(),
+    )
+
+
+def _op_records(
+    rows: Mapping[tuple[str, str], list[ShapeRecord]], kinds: Mapping[str, str], flops_of: Mapping[tuple[str, str], float],
+    workload: Workload, model_time: float, peaks: Peaks | None,
+) -> list[OpRecord]:
+    by_op: dict[str, list[ShapeRecord]] = defaultdict(list)
+    flops_op: dict[str, float] = defaultdict(float)
+    for (op, key), records in rows.items():
+        merged = group_shapes(records)
+        by_op[op] += merged
+        flops_op[op] += flops_of[(op, key)]
+    ops = []
+    for op, shapes in by_op.items():
+        shapes = group_shapes(shapes)
+        for s in shapes:
+            s.share = s.time_s / model_time if model_time else 0.0
+        record = OpRecord(
+            name=op, kind=kinds[op], calls=sum(s.calls for s in shapes), time_s=sum(s.time_s for s in shapes),
+            share=0.0, shapes=shapes,
+        )
+        record.share = record.time_s / model_time if model_time else 0.0
+        _roofline(record, workload, peaks, flops_op[op])
+        ops.append(record)
+    return sorted(ops, key=lambda o: -o.time_s)
+
+
+def _roofline(record: OpRecord, workload: Workload, peaks: Peaks | None, profiled_flops: float) -> None:
+    """The op's floor on this device, its bottleneck class, and Amdahl's bound for the model."""
+    spec = workload.ops.get(record.name)
+    floor = 0.0
+    worst: tuple[float, str] = (-1.0, "")
+    total_flops = total_bytes = 0.0
+    for s in record.shapes:
+        dtype = s.dtypes[0] if s.dtypes else workload.dtype
+        if spec is not None and (spec.flops is not None or spec.bytes is not None):
+            flops = evaluate(spec.flops, s.shape, dtype) if spec.flops is not None else 0.0
+            nbytes = evaluate(spec.bytes, s.shape, dtype) if spec.bytes is not None else 0.0
+        else:
+            flops = profiled_flops * (s.calls / record.calls) / s.calls if record.calls and s.calls else 0.0
+            nbytes = _estimate_bytes(s.input_shapes, s.dtypes, workload.dtype)
+        total_flops += flops * s.calls
+        total_bytes += nbytes * s.calls
+        if peaks is None or not s.calls:
+            continue
+        per_call = s.time_s / s.calls
+        point = assess(per_call, flops, nbytes, peaks, dtype if dtype in peaks.flops else "float32")
+        # no single kernel beats its own call cost: the per-call floor includes it
+        floor += s.calls * max(point.t_min_s, peaks.overhead_s)
+        if s.time_s > worst[0]:
+            worst = (s.time_s, point.bound)
+    record.flops, record.bytes = total_flops, total_bytes
+    if peaks is None:
+        return
+    record.bound = worst[1]
+    record.roofline_time_s = floor
+    model_time = record.time_s / record.share if record.share else 0.0
+    if model_time:
+        record.amdahl_speedup = model_time / (model_time - record.time_s + min(floor, record.time_s))
+
+
+# -- what people and proposers read ---------------------------------------------------------
+
+
+def table(profile: Profile, limit: int = 15) -> str:
+    """The ranked table: operators by Amdahl bound (what the model would gain at most)."""
+    head = f"{'operator':<26} {'kind':<5} {'share':>6} {'calls':>7} {'ms/fwd':>9} {'bound':<8} {'floor ms':>9} {'amdahl':>7} {'shapes':>6}"
+    lines = [
+        f"model time {profile.model_time_s * 1e3:.3f} ms per forward of the mix (profiled; "
+        f"{(profile.model_time_unprofiled_s or 0) * 1e3:.3f} ms without the profiler); operators cover "
+        f"{profile.coverage * 100:.1f}% of it; device {profile.device}",
+        head,
+        "-" * len(head),
+    ]
+    ranked = sorted(profile.ops, key=lambda o: -(o.amdahl_speedup or 1.0 + o.share))
+    for op in ranked[:limit]:
+        floor = f"{op.roofline_time_s * 1e3:.4f}" if op.roofline_time_s is not None else "-"
+        amdahl = f"{op.amdahl_speedup:.3f}x" if op.amdahl_speedup else "-"
+        lines.append(
+            f"{op.name[:26]:<26} {op.kind:<5} {op.share * 100:>5.1f}% {op.calls:>7.2f} {op.time_s * 1e3:>9.4f} "
+            f"{op.bound or '-':<8} {floor:>9} {amdahl:>7} {len(op.shapes):>6}"
+        )
+    rest = len(ranked) - limit
+    if rest > 0:
+        lines.append(f"... {rest} more operators ({sum(o.share for o in ranked[limit:]) * 100:.1f}% of the time)")
+    return "\n".join(lines)
+
+
+def model_markdown(profile: Profile, module_doc: str = "") -> str:
+    """model.md for proposers: what the model computes, where the time goes, which shapes matter."""
+    wl = profile.workload
+    lines = ["# Model context", "", "Generated by `ratchet profile` from the model run under its declared workload.", ""]
+    if module_doc:
+        lines += ["## The model", "", module_doc.strip(), ""]
+    lines += ["## How it is run", ""]
+    lines.append(f"- device {wl['device']}, dtype {wl['dtype']}, mode {wl['mode']} (eager, cuda_graphs or compile)")
+    for p in profile.per_point:
+        lines.append(f"- {p['label']}: {p['weight'] * 100:.0f}% of forward passes, {p['unprofiled_s'] * 1e3:.3f} ms each")
+    lines += ["", "## Where the time goes", "", "```", table(profile), "```", ""]
+    lines += ["## Shapes that matter (swappable operators)", ""]
+    for op in profile.ops:
+        if op.kind != "model":
+            continue
+        lines += [f"### {op.name}: {op.share * 100:.1f}% of the model's time", "", "| shape | input shapes | dtype | calls/fwd | share |", "|---|---|---|---|---|"]
+        for s in op.shapes:
+            if s.holdout:
+                continue  # the proposer never sees the hold-out shapes
+            dims = ", ".join(f"{k}={v}" for k, v in s.shape.items())
+            lines.append(f"| {dims} | {s.input_shapes} | {', '.join(s.dtypes)} | {s.calls:.2f} | {s.share * 100:.2f}% |")
+        held = sum(1 for s in op.shapes if s.holdout)
+        if held:
+            lines.append(f"\n{held} larger shape(s) of {op.name} are held out: the kernel is judged on them too.")
+        lines.append("")
+    lines += ["## What must not change", "", "- the model's logits, within the end-to-end tolerance of the study", ""]
+    return "\n".join(lines)
+
+
+def write_profile(
+    workload_path: str | Path,
+    *,
+    out: str | Path = "workload.json",
+    holdout_dir: str | Path | None = None,
+    model_md: str | Path | None = None,
+    roofline: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> tuple[Profile, list[str]]:
+    """`ratchet profile`: profile, then write workload.json (and model.md); the lines to print.
+
+    With `holdout_dir`, the full profile goes there (the study's hidden `holdout_data`,
+    read by the hold-out evaluator only) and `out` gets the copy without hold-out shapes.
+    """
+    from .workload import redacted, save_profile  # noqa: PLC0415 - one import block per verb
+
+    workload = Workload.load(workload_path)
+    profile = profile_model(workload, measure=roofline, log=log)
+    lines = [table(profile)]
+    if holdout_dir is not None:
+        full = save_profile(profile, Path(holdout_dir) / Path(out).name)
+        public = save_profile(redacted(profile), out)
+        lines.append(f"wrote {public} (without the hold-out shapes) and {full} (all shapes: keep it in the study's holdout_data)")
+    else:
+        lines.append(f"wrote {save_profile(profile, out)}")
+    if model_md is not None:
+        module = load_model_module(workload.model_path, name="ratchet_profiled_model_doc")
+        Path(model_md).write_text(model_markdown(profile, module.__doc__ or ""))
+        lines.append(f"wrote {model_md}")
+    return profile, lines
