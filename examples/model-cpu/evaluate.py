@@ -73,7 +73,9 @@ def main() -> int:
         torch.set_num_threads(threads)  # the baseline runs as the model's processes do
     seed = int.from_bytes(os.urandom(4), "little")
     print(f"seed {seed}; {len(public)} public, {len(held)} hold-out shapes of {OP}", file=sys.stderr)
-    with rk.CandidateProcess(HERE / "kernel.py", timeout=120) as cand:
+    # the kernel's process gets the model's thread count too (torch reads it at start-up)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
+    with rk.CandidateProcess(HERE / "kernel.py", timeout=120, env=env) as cand:
         report = rk.sweep(cand.function(OP), library, reference, make_inputs, [s.shape for s in public],
                           holdout=[s.shape for s in held], dtypes=(dtype,), bench_options=TIMING, seed=seed,
                           names=("library", "kernel"))

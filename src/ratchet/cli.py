@@ -730,8 +730,11 @@ def profile_(
     """Profile a model under a declared workload: workload.json, the ranked table, model.md."""
     from ratchet.kernels.profile import write_profile
 
-    _, lines = write_profile(workload, out=out, holdout_dir=holdout_dir, model_md=model_md, roofline=roofline,
-                             log=lambda line: err.print(line))
+    try:
+        _, lines = write_profile(workload, out=out, holdout_dir=holdout_dir, model_md=model_md, roofline=roofline,
+                                 log=lambda line: err.print(line))
+    except UserError as exc:
+        fail(str(exc))
     for line in lines:
         console.print(line)
 

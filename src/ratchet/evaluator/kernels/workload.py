@@ -80,7 +80,7 @@ class Workload:
     mode: Mode = Mode.EAGER
     holdout_fraction: float = 0.25
     threads: int | None = None  # torch.set_num_threads in every process that runs the model
-    steps: int = 3  # profiled forwards per point, after `warmup`
+    steps: int = 5  # profiled forwards per point (the fastest one's records count), after `warmup`
     warmup: int = 2
     ops: dict[str, OpSpec] = field(default_factory=dict)
     root: Path = field(default_factory=Path.cwd)  # the directory `model` is relative to
@@ -130,7 +130,7 @@ class Workload:
         threads = data.get("threads")
         if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
             raise UserError(f"{source}: threads must be an integer >= 1 (torch's intra-op threads), got {threads!r}")
-        steps, warmup = data.get("steps", 3), data.get("warmup", 2)
+        steps, warmup = data.get("steps", 5), data.get("warmup", 2)
         if not isinstance(steps, int) or steps < 1 or not isinstance(warmup, int) or warmup < 0:
             raise UserError(f"{source}: steps must be an integer >= 1 and warmup >= 0")
         return cls(
@@ -199,7 +199,7 @@ class Profile:
 
     workload: dict[str, Any]
     device: str
-    model_time_s: float  # one forward pass of the mix, measured inside the profiler
+    model_time_s: float  # one forward pass of the mix (each point's fastest), measured inside the profiler
     ops_time_s: float  # what the operator records add up to (covers the model time)
     ops: list[OpRecord]
     model_time_unprofiled_s: float | None = None  # the same, timed without the profiler
