@@ -36,7 +36,7 @@ WORKLOAD = """\
 model = "model.py"
 threads = 1
 holdout_fraction = 0.34
-steps = 4
+steps = 6
 warmup = 1
 
 [[point]]

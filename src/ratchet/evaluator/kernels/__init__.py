@@ -18,6 +18,9 @@ Rooms, one job each:
 - sweep               all of the above per shape, hold-out shapes, metric lines
 - dispatch            per-bucket fastest-correct table with library fallback
 - hardware            hardware.md / model.md context for proposers
+- workload            a declared workload and its profile (workload.json), shape weights
+- profile             `ratchet profile`: the model under torch.profiler (imports torch itself)
+- endtoend            the model with and without a kernel, in children (import it by name)
 """
 
 from ..isolate import CandidateError, CandidateProcess, RemoteFunction
@@ -78,6 +81,7 @@ from .sweep import (
     ordered_metrics,
 )
 from .timing import BenchResult, CompareResult, bench, compare
+from .workload import Profile, Workload, load_profile, op_shapes, save_profile, weighted_metrics
 
 __all__ = [
     "DEFAULT_TOLERANCES",
@@ -93,12 +97,14 @@ __all__ = [
     "LocalRunner",
     "PerShape",
     "Peaks",
+    "Profile",
     "RemoteFunction",
     "RemoteRunner",
     "RooflinePoint",
     "Runner",
     "ShapeResult",
     "SweepReport",
+    "Workload",
     "assess",
     "bench",
     "bucket_of",
@@ -123,16 +129,20 @@ __all__ = [
     "load_dispatch",
     "load_holdout",
     "load_peaks",
+    "load_profile",
     "measure_peaks",
     "next_pow2",
+    "op_shapes",
     "ordered_metrics",
     "peaks_cache_path",
     "results_from_sweeps",
     "save_peaks",
+    "save_profile",
     "shape_key",
     "sweep",
     "tolerance",
     "verify_timers",
+    "weighted_metrics",
     "write_dispatch",
     "write_hardware_md",
     "write_model_md",

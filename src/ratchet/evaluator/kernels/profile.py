@@ -209,9 +209,9 @@ def profile_model(
             with labelled_ops(module, torch):
                 # a first profiled forward, thrown away: the profiler's start-up (its
                 # first session, each new record's set-up) stays out of the records
-                with torch.profiler.profile(activities=activities, record_shapes=True, with_flops=True):
-                    with torch.profiler.record_function(FORWARD):
-                        model(*inputs)
+                with torch.profiler.profile(activities=activities, record_shapes=True, with_flops=True), \
+                        torch.profiler.record_function(FORWARD):
+                    model(*inputs)
                 with torch.profiler.profile(activities=activities, record_shapes=True, with_flops=True) as prof:
                     for _ in range(workload.steps):
                         with torch.profiler.record_function(FORWARD):
