@@ -43,6 +43,7 @@ MARGIN = 0.02  # the kernel must beat the library op by 2% in a bucket to be dis
 
 model = load_model_module(HERE / "model.py", name="model_cpu_model")
 library = model.OPS[OP]  # the model's own GELU: the baseline
+DEVICE = "cpu"  # the workload's device, set in main()
 
 
 def reference(x: torch.Tensor) -> torch.Tensor:
@@ -52,7 +53,7 @@ def reference(x: torch.Tensor) -> torch.Tensor:
 
 def make_inputs(shape: dict, dtype: str, rng: np.random.Generator) -> torch.Tensor:
     x = rng.standard_normal((shape["rows"], shape["cols"]), dtype=np.float32)
-    return torch.from_numpy(x).to(getattr(torch, dtype))
+    return torch.from_numpy(x).to(device=DEVICE, dtype=getattr(torch, dtype))
 
 
 def main() -> int:
@@ -67,6 +68,8 @@ def main() -> int:
     if holdout and not held:
         rk.emit({"correct": False, "reason": "the hold-out run found no hold-out shapes: put the full workload.json in the hold-out directory"})
         return 0
+    global DEVICE
+    DEVICE = profile.workload.get("device", "cpu")
     dtype = profile.workload.get("dtype", "float32")
     threads = profile.workload.get("threads")
     if threads:

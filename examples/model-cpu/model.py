@@ -16,11 +16,14 @@ The protocol ratchet uses (docs/kernels.md, "From the model to the kernel and ba
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import torch
 
-DIM, HEADS, LAYERS, VOCAB = 64, 4, 2, 512
+# Small by default; bench/gpu_model_check.sh sets GPT-2-small sizes (768, 12, 12, 50257).
+DIM, HEADS, LAYERS, VOCAB = (int(os.environ.get(f"MODEL_CPU_{k}", v)) for k, v in
+                             (("DIM", 64), ("HEADS", 4), ("LAYERS", 2), ("VOCAB", 512)))
 HEAD = DIM // HEADS
 
 

@@ -221,6 +221,7 @@ def test_study_takes_its_shapes_and_weights_from_the_workload(study: Path) -> No
 # -- end to end -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_end_to_end_confirms_a_large_gain_in_a_child(study: Path, tmp_path: Path) -> None:
     """A model whose own GELU is a per-row loop: the fused kernel makes it several times
     faster, and the sequential test confirms it on the paired repetitions."""
@@ -241,6 +242,7 @@ def test_end_to_end_confirms_a_large_gain_in_a_child(study: Path, tmp_path: Path
     assert "ratchet_e2e_kernel_gelu" not in sys.modules  # the kernel ran in the child (it asserts so itself)
 
 
+@pytest.mark.slow
 def test_dispatch_fallback_counts_and_the_childs_bucket_rule(study: Path) -> None:
     _kernel(study, HONEST)
     table = rk.build_dispatch_table(
@@ -262,6 +264,7 @@ def test_dispatch_fallback_counts_and_the_childs_bucket_rule(study: Path) -> Non
 # -- red team: none of these is kept ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_redteam_fast_only_at_short_contexts(study: Path) -> None:
     _kernel(study, SHORT_ONLY)
     public = _evaluate(study, holdout=False)
@@ -275,6 +278,7 @@ def test_redteam_fast_only_at_short_contexts(study: Path) -> None:
     assert int(held.get("e2e_fallbacks", "0")) > 0
 
 
+@pytest.mark.slow
 def test_redteam_fast_alone_slower_in_the_model(study: Path) -> None:
     _kernel(study, SLOW_IN_MODEL)
     held = _evaluate(study, holdout=True)
@@ -283,6 +287,7 @@ def test_redteam_fast_alone_slower_in_the_model(study: Path) -> None:
     assert "end to end: slower end to end at" in str(held["reason"]), held["_log"]
 
 
+@pytest.mark.slow
 def test_redteam_wrong_inside_the_model_only(study: Path) -> None:
     _kernel(study, WRONG_IN_MODEL)
     held = _evaluate(study, holdout=True)
@@ -291,6 +296,7 @@ def test_redteam_wrong_inside_the_model_only(study: Path) -> None:
     assert "outside tolerance" in str(held["reason"])
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="graph capture needs a CUDA device (none here)")
 def test_redteam_breaks_graph_capture(tmp_path: Path) -> None:
     tree = tmp_path / "gpu"
