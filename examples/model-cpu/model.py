@@ -88,7 +88,7 @@ def build_model(dtype: str = "float32", device: str = "cpu") -> torch.nn.Module:
     with torch.no_grad():  # weights large enough that every op matters to the logits
         for p in model.parameters():
             if p.dim() > 1:
-                p.normal_(0.0, 0.3)
+                p.normal_(0.0, 2.4 / math.sqrt(p.shape[1]))
     return model.to(device=device, dtype=getattr(torch, dtype)).eval()
 
 
