@@ -715,7 +715,7 @@ def export_(
                       + (f" (replaced {done.replaced[:7]})" if done.replaced else ""))
 
 
-# -- profile: the model under its workload (logic in ratchet.kernels.profile) --------------
+# -- profile: the model under its workload (logic in ratchet.evaluator.kernels.profile) --------------
 
 
 @app.command("profile")
@@ -728,7 +728,7 @@ def profile_(
     roofline: Annotated[bool, typer.Option(help="measure (or read cached) peaks for the roofline columns")] = True,
 ) -> None:
     """Profile a model under a declared workload: workload.json, the ranked table, model.md."""
-    from ratchet.kernels.profile import write_profile
+    from ratchet.evaluator.kernels.profile import write_profile
 
     try:
         _, lines = write_profile(workload, out=out, holdout_dir=holdout_dir, model_md=model_md, roofline=roofline,

@@ -5,7 +5,7 @@ fast at small contexts, its fast path is not the one the model's activations tak
 wrong (a path the standalone check never exercised changes the logits). So the last word
 on a kernel is the model itself, run as the workload says:
 
-- two children started the same way (`ratchet.isolate.CandidateProcess`, sandboxed), each
+- two children started the same way (`ratchet.evaluator.isolate.CandidateProcess`, sandboxed), each
   holding the model (`e2e_runner/model_runner.py`): the baseline with the model's own
   operators, the candidate with the kernel swapped in through the per-shape dispatch
   table (`dispatch.build_dispatch_table`): where the kernel lost, or for a shape it was
@@ -37,7 +37,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from .. import stats
+from ... import stats
 from ..isolate import CandidateError, CandidateProcess
 from . import arrays
 from .profile import import_torch, load_model_module
@@ -199,7 +199,7 @@ def end_to_end(
     opts = {**TIMING, **dict(timing or {})}
     if workload.mode is Mode.CUDA_GRAPHS:
         opts["cuda_graph"] = True
-    base_spec = {"tree": str(tree), "model": model_file, "dtype": workload.dtype, "device": device, "mode": workload.mode.value,
+    base_spec: dict[str, Any] = {"tree": str(tree), "model": model_file, "dtype": workload.dtype, "device": device, "mode": workload.mode.value,
                  "threads": workload.threads, "swap": {}}
     cand_spec = {**base_spec, "swap": {s.op: s.spec() for s in swaps}}
     results: list[PointResult] = []

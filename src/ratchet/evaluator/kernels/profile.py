@@ -14,7 +14,7 @@ hold-out), a ranked table (share of time, bottleneck class from the measured roo
 the roofline bound, and Amdahl's bound on the model's speed-up if that operator reached
 it) and a generated `model.md` for proposers.
 
-torch is imported only when a profile is taken: `import ratchet.kernels` never needs it.
+torch is imported only when a profile is taken: `import ratchet.evaluator.kernels` never needs it.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UserError
+from ...errors import UserError
 from .hardware import library_versions
 from .roofline import ITEMSIZE, Peaks, assess, evaluate, measure_peaks
 from .workload import (

@@ -47,7 +47,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from ...errors import UserError
 
 FORMAT = 1
 HOLDOUT_ENV = "RATCHET_HOLDOUT"
@@ -63,7 +63,7 @@ class Mode(StrEnum):
 
 @dataclass
 class OpSpec:
-    """Roofline formulas for one swappable operator (ratchet.kernels.roofline.evaluate)."""
+    """Roofline formulas for one swappable operator (ratchet.evaluator.kernels.roofline.evaluate)."""
 
     flops: str | float | None = None
     bytes: str | float | None = None

@@ -1,6 +1,6 @@
 """The child side of the end-to-end check: the model, with a kernel swapped in per shape.
 
-Loaded by `ratchet.isolate.CandidateProcess` in a sandboxed child (never imported by the
+Loaded by `ratchet.evaluator.isolate.CandidateProcess` in a sandboxed child (never imported by the
 trusted evaluator; it lives in a directory of its own because the child puts this file's
 directory first on its sys.path). Self-contained on purpose (stdlib, numpy, torch): the
 candidate's kernel module runs in this process and may patch anything here, which can
@@ -11,7 +11,7 @@ request, the logits it reads back from its own buffers, and the float64 referenc
 {op: {"module", "function", "table"}}}. Each swapped op of the model's `OPS` becomes a
 per-shape switch: the dispatch table's bucket for the call's shape names the kernel
 (a hit) or the library op (a fallback), with the bucket rule of
-ratchet.kernels.dispatch.bucket_of (kept in step by a test).
+ratchet.evaluator.kernels.dispatch.bucket_of (kept in step by a test).
 """
 
 from __future__ import annotations
