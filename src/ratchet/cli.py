@@ -715,7 +715,7 @@ def export_(
                       + (f" (replaced {done.replaced[:7]})" if done.replaced else ""))
 
 
-# -- profile: the model under its workload (logic in ratchet.evaluator.kernels.profile) --------------
+# -- profile: the model under its workload (logic in ratchet.evaluator.kernels.profile) -----
 
 
 @app.command("profile")
@@ -725,13 +725,14 @@ def profile_(
     holdout_dir: Annotated[Path | None, typer.Option(
         "--holdout-dir", help="the full profile goes here, --out gets it without the hold-out shapes")] = None,
     model_md: Annotated[Path | None, typer.Option("--model-md", help="also write model.md for proposers")] = None,
-    roofline: Annotated[bool, typer.Option(help="measure (or read cached) peaks for the roofline columns")] = True,
+    skip_peaks: Annotated[bool, typer.Option(
+        "--skip-peaks", help="leave the roofline columns empty (no peak measurement)")] = False,
 ) -> None:
     """Profile a model under a declared workload: workload.json, the ranked table, model.md."""
     from ratchet.evaluator.kernels.profile import write_profile
 
     try:
-        _, lines = write_profile(workload, out=out, holdout_dir=holdout_dir, model_md=model_md, roofline=roofline,
+        _, lines = write_profile(workload, out=out, holdout_dir=holdout_dir, model_md=model_md, roofline=not skip_peaks,
                                  log=lambda line: err.print(line))
     except UserError as exc:
         fail(str(exc))
