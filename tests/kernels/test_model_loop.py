@@ -280,20 +280,32 @@ def test_redteam_fast_only_at_short_contexts(study: Path) -> None:
 
 @pytest.mark.slow
 def test_redteam_fast_alone_slower_in_the_model(study: Path) -> None:
+    """Its fast path takes the harness's 2-D inputs; the model's activations are 3-D and
+    take a per-row loop. Swapped in where a sweep would put it (everywhere), the model is
+    slower, so the hold-out run fails and the kernel is not kept."""
     _kernel(study, SLOW_IN_MODEL)
-    held = _evaluate(study, holdout=True)
-    assert float(held["weighted_speedup"]) > 1.0  # alone, on the harness's 2-D inputs, it wins
-    assert held["correct"] == "false"
-    assert "end to end: slower end to end at" in str(held["reason"]), held["_log"]
+    workload = wl.Workload.load(study / "workload.toml")
+    result = endtoend.end_to_end(workload, [endtoend.Swap("gelu", "kernel.py", "gelu")], tree=study, timing={"max_time_s": 1.0})
+    assert result.outcome is endtoend.Outcome.SLOWER and result.outcome.rejects, result.table()
+    assert result.reason.startswith("slower end to end at")
+    assert result.speedup is not None and result.speedup < 1.0
 
 
 @pytest.mark.slow
 def test_redteam_wrong_inside_the_model_only(study: Path) -> None:
+    """Right on the harness's 2-D inputs, a bf16 path on the model's 3-D ones: the
+    logits against the float64 model catch it."""
     _kernel(study, WRONG_IN_MODEL)
-    held = _evaluate(study, holdout=True)
-    assert held["correct"] == "false", held["_log"]
-    assert "end to end: wrong inside the model at" in str(held["reason"])
-    assert "outside tolerance" in str(held["reason"])
+    workload = wl.Workload.load(study / "workload.toml")
+    result = endtoend.end_to_end(workload, [endtoend.Swap("gelu", "kernel.py", "gelu")], tree=study, timing={"max_time_s": 0.5})
+    assert result.outcome is endtoend.Outcome.WRONG and result.outcome.rejects, result.table()
+    assert result.reason.startswith("wrong inside the model at") and "outside tolerance" in result.reason
+    # and alone, on the inputs a kernel harness gives it, it passes every check
+    with rk.CandidateProcess(study / "kernel.py") as cand:
+        report = rk.check(cand.function("gelu"), lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+                          lambda shape, dtype, rng: torch.from_numpy(rng.standard_normal((shape["rows"], shape["cols"]), dtype="float32")),
+                          [{"rows": 64, "cols": 256}])
+    assert report.ok, report.summary()
 
 
 @pytest.mark.gpu
