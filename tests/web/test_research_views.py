@@ -160,3 +160,49 @@ def test_tuner_training_and_kernel_views(study, tmp_path):
                             " Number(r.cells[1].textContent)]))")
         assert live == shown
         assert re.search(r"Kernel: the incumbent c\d{4}", browser.eval("document.body.textContent"))
+
+
+SLOW_EVALUATOR = "import time\ntime.sleep(2.5)\n" + EVALUATOR  # a wait after the run phase
+
+
+@needs_chromium
+def test_a_running_candidates_curve_is_on_the_open_page_before_its_verdict(tmp_path):
+    """The worker writes a phase's log when the phase ends (head and tail within the log
+    limit): the open page draws a running job's curve as soon as its run phase has
+    ended, while it is still being evaluated, labelled as running."""
+    import os
+    import subprocess
+
+    from helpers import RATCHET, ROOT
+
+    repo = make_repo(tmp_path / "repo", {
+        "ratchet.toml": config_text(
+            task=TASK, search='[search]\nproposer = "tune"\nparallel = 1\nrounds = 1\n',
+            knobs='[tune.knobs]\n"solution.py:X" = { choices = [3.0, 2.0, 1.5, 1.0] }\n'),
+        "evaluate.py": SLOW_EVALUATOR, "train.py": TRAIN, "solution.py": SOLUTION})
+    ratchet(repo, "run", check=True)  # the baseline: the ledger exists
+    with serving(repo) as url, Browser(tmp_path / "profile") as browser:
+        browser.goto(url)
+        browser.eval("window.stillThisPage = 7")
+        run = subprocess.Popen([*RATCHET, "run", "--rounds", "2", "--repo", str(repo)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        try:
+            seen = browser.wait_for(
+                "(() => { const p = Array.from(document.querySelectorAll("
+                "'path.line[data-series=loss]')).find(p => p.closest('svg')"
+                ".textContent.includes(p.dataset.id + ' (running)'));"
+                " const row = p && Array.from(document.querySelectorAll('#running tbody tr'))"
+                ".find(r => r.cells[0].textContent === p.dataset.id);"
+                " return p && row && [p.dataset.id, p.getAttribute('d').split('L').length,"
+                " row.cells[2].textContent]; })()", timeout=90, interval=0.1)
+            assert run.wait(timeout=120) == 0, run.stderr.read() if run.stderr else ""
+        finally:
+            if run.poll() is None:
+                run.kill()
+        cand_id, points, phase = seen
+        assert points == 5 and phase == "evaluate"  # every step train.py printed; not judged yet
+        assert browser.eval("window.stillThisPage") == 7
+    ledger = Ledger.readonly(repo / ".ratchet" / "ledger.db")
+    assert ledger.candidate(cand_id).is_judged  # and then it was judged
+    ledger.close()

@@ -841,9 +841,12 @@ def run_curve(study: StudyLike, cand: Candidate) -> dict[str, list[tuple[float, 
     output (shown, never judged), read from a log under .ratchet/ only."""
     run = next((p for p in cand.phases or [] if p.get("name") == "run"), None)
     rel = log_under(run.get("log") if run else None, study.state_dir)
-    if rel is None:
+    path = study.state_dir / rel if rel is not None else None
+    if path is None and cand.status == Status.SUBMITTED:  # training now: its log so far
+        path = next((p for p in live_logs(study, cand.job_id) if p.stem == "run"), None)
+    if path is None:
         return {}
-    text, _ = read_tail(study.state_dir / rel, 400_000)
+    text, _ = read_tail(path, 400_000)
     curves: dict[str, list[tuple[float, float]]] = {}
     for line in text.splitlines():
         step = CURVE_STEP.search(line)
@@ -861,7 +864,8 @@ def training_view(study: StudyLike, snap: Snapshot, only: Candidate | None = Non
         return ""
     inc_id = study.ledger.get("incumbent_id")
     incumbent = snap.by_id(inc_id) if inc_id else None
-    chosen = [only] if only is not None else [c for c in snap.cands if c.phases][-8:]
+    chosen = [only] if only is not None else [
+        c for c in snap.cands if c.phases or c.status == Status.SUBMITTED][-8:]
     series = {c.id: run_curve(study, c) for c in chosen}
     if incumbent is not None and incumbent.id not in series:
         series[incumbent.id] = run_curve(study, incumbent)
@@ -879,9 +883,12 @@ def training_view(study: StudyLike, snap: Snapshot, only: Candidate | None = Non
             if not pts:
                 continue
             is_inc = incumbent is not None and cid == incumbent.id
+            cand = snap.by_id(cid)
+            running = cand is not None and cand.status == Status.SUBMITTED
             chart.line([s for s, _ in pts], [v for _, v in pts],
                        COLORS["keep"] if is_inc else PHASE_COLORS[i % len(PHASE_COLORS)],
-                       label=f"{cid}{' (incumbent)' if is_inc else ''}", dash=is_inc,
+                       label=f"{cid}{' (incumbent)' if is_inc else ' (running)' if running else ''}",
+                       dash=is_inc,
                        attrs={"data-id": cid, "data-series": name})
         out.append(f'<div style="display:inline-block;width:49%;min-width:420px">{chart.render()}</div>')
     return "".join(out)
