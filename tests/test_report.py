@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -389,3 +390,26 @@ def test_new_sections_render_in_a_browser(handoff, tmp_path):
     by_first = {row[0]: row for row in dom.rows if row}
     assert by_first["agent"][:3] == ["agent", "7", "3 (43%)"]
     assert "M1 (baseline's)" in by_first
+
+
+def test_candidate_pages_are_written_again_only_when_what_they_show_changed(tmp_path):
+    repo = study_repo(tmp_path / "r")
+    assert ratchet(repo, "run", "--rounds", "1").returncode == 0
+    assert ratchet(repo, "report").returncode == 0
+    pages = repo / ".ratchet" / "report" / "c"
+    ids = [c.id for c in Ledger(repo / ".ratchet" / "ledger.db").candidates(confirmations=True)]
+    assert sorted(p.stem for p in pages.glob("*.html")) == sorted(ids)  # one page each
+    first = {p.name: p.stat().st_mtime_ns for p in pages.glob("*.html")}
+    time.sleep(0.05)
+    assert ratchet(repo, "report").returncode == 0
+    assert {p.name: p.stat().st_mtime_ns for p in pages.glob("*.html")} == first  # nothing new
+
+    kept = submit_and_wait(repo, commit_on_incumbent(repo, "better", "X=1.4", "solution.py",
+                                                     with_x("1.4")))
+    assert ratchet(repo, "report").returncode == 0
+    now = {p.name: p.stat().st_mtime_ns for p in pages.glob("*.html")}
+    assert f"{kept}.html" in now
+    # the incumbent moved: every page that compares with it was made again
+    assert all(now[name] > mtime for name, mtime in first.items())
+    page = (pages / f"{kept}.html").read_text()
+    assert "Diff against the incumbent" in page and "the same commit: no difference." in page

@@ -13,10 +13,12 @@ allows no script at all, so even a slip in escaping could not run code.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from pathlib import Path
 
+from ratchet import __version__
 from ratchet.driver import pages
 from ratchet.driver.pages import Site, StudyLike
 
@@ -31,11 +33,32 @@ def write_report(study: StudyLike) -> Path:
     out_dir = Path(study.state_dir) / REPORT_DIR
     (out_dir / "c").mkdir(parents=True, exist_ok=True)
     snap = pages.snapshot(study)
+    incumbent = study.ledger.get("incumbent")
     for cand in snap.everything:
-        _write(out_dir / "c" / f"{cand.id}.html", render_candidate(study, snap, cand.id))
+        # a page is made again only when what it shows may have changed: its row, the
+        # incumbent it is compared with, its commit's pooled estimate
+        est = snap.estimate(cand.commit_sha)
+        key = hashlib.sha256(repr((__version__, cand.status, cand.judged_at, cand.finished_at,
+                                   cand.idea, incumbent, est and (est.mean, est.n, est.low))).encode()
+                             ).hexdigest()[:20]
+        page = out_dir / "c" / f"{cand.id}.html"
+        if _key_of(page) != key:
+            text = render_candidate(study, snap, cand.id)
+            _write(page, text.replace("\n", f"\n<!-- {key} -->\n", 1))  # after the doctype
     path = out_dir / "index.html"
     _write(path, render(study, snap))
     return path
+
+
+def _key_of(page: Path) -> str | None:
+    """The key a candidate's page was written for (its second line), None if unreadable."""
+    try:
+        with open(page, encoding="utf-8") as f:
+            f.readline()  # <!DOCTYPE html>
+            line = f.readline()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return line[5:-5] if line.startswith("<!-- ") and line.endswith(" -->\n") else None
 
 
 def _write(path: Path, text: str) -> None:
