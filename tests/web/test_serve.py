@@ -294,11 +294,13 @@ def test_the_open_page_follows_a_running_study(study, tmp_path):
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
         try:
-            # a job of the new round, seen running in its phase
-            phase = browser.wait_for(
-                "(() => { const r = document.querySelector('#running tbody tr');"
-                " return r && r.cells[2].textContent; })()", timeout=60, interval=0.05)
-            assert phase in ("evaluate", "queued", "pending", "running", "judging")
+            # a job of the new round, seen running in its phase, on its slot
+            phase, slot = browser.wait_for(
+                "(() => { const r = Array.from(document.querySelectorAll('#running tbody tr'))"
+                ".find(r => r.cells[2].textContent === 'evaluate');"
+                " return r && [r.cells[2].textContent, r.cells[5].textContent]; })()",
+                timeout=60, interval=0.05)
+            assert phase == "evaluate" and re.fullmatch(r"cpu\d+", slot), (phase, slot)
             browser.screenshot(shots / "overview-running.png")
             out, err = run.communicate(timeout=180)
         finally:

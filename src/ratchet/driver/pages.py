@@ -414,6 +414,19 @@ def job_state(study: StudyLike, job_id: str | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def slot_holders(study: StudyLike) -> dict[str, str]:
+    """{job id: slot} from the local backend's slot lock files, each of which names the
+    job that last leased it (read only: taking the lock would get in a job's way)."""
+    holders = {}
+    for lock in sorted((study.state_dir / "slots").glob("*.lock")):
+        try:
+            job_id = lock.read_text(errors="replace").split()[0]
+        except (OSError, IndexError):
+            continue
+        holders[job_id] = lock.stem
+    return holders
+
+
 def running_now(study: StudyLike, snap: Snapshot, site: Site) -> str:
     """The jobs in flight (phase, time in it, elapsed, slot) and the proposer's work."""
     in_flight = [c for c in snap.everything if c.status in OPEN]
@@ -421,6 +434,7 @@ def running_now(study: StudyLike, snap: Snapshot, site: Site) -> str:
     jobs = [c for c in in_flight if c.status in (Status.SUBMITTED, Status.FINISHED)]
     if jobs:
         rows = []
+        holders = slot_holders(study)
         for c in jobs:
             state = job_state(study, c.job_id)
             phase = state.get("phase") if c.status == Status.SUBMITTED else "judging"
@@ -429,10 +443,12 @@ def running_now(study: StudyLike, snap: Snapshot, site: Site) -> str:
             rows.append([
                 td(f'<a href="{_e(site.candidate(c.id))}">{_e(c.id)}</a>'),
                 td(_e(c.kind)),
-                td(_e(phase or state.get("state") or "queued")),
+                # no state file: the worker has not started here, or the job runs on
+                # another machine, whose engine the ledger does not ask
+                td(_e(phase or state.get("state") or "placed")),
                 td(duration(in_phase), "num"),
                 td(duration(snap.now - c.submitted_at) if c.submitted_at else "", "num"),
-                td(_e(c.slot or "")),
+                td(_e(c.slot or holders.get(c.job_id or "", ""))),
                 td(_e(c.description), "text"),
             ])
         out.append(table(["candidate", "kind", "phase", "in phase", "elapsed", "slot",
