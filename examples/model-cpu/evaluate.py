@@ -33,7 +33,7 @@ import ratchet.kernels as rk
 from ratchet.errors import UserError
 from ratchet.kernels import endtoend
 from ratchet.kernels import workload as wl
-from ratchet.kernels.profile import load_model_module
+from ratchet.kernels.profile import load_model_module, whats_left
 
 HERE = Path(__file__).resolve().parent
 OP = "gelu"
@@ -96,7 +96,12 @@ def main() -> int:
     e2e = endtoend.end_to_end(workload, [endtoend.Swap(OP, "kernel.py", OP, table)], tree=HERE, timing=E2E_TIMING,
                               expected=expected, log=endtoend.log_stderr)
     print(e2e.table(), file=sys.stderr)
+    print(whats_left(profile, done=[OP]), file=sys.stderr)
     metrics.update(e2e.metrics())
+    peak = (profile.peaks or {}).get("flops", {}).get(dtype)
+    mfu = e2e.mfu(sum(op.flops for op in profile.ops), peak or 0.0)
+    if mfu:
+        metrics.update(e2e_mfu_before=mfu[0], e2e_mfu_after=mfu[1])
     if e2e.outcome.rejects:
         metrics.update(correct=False, reason=f"end to end: {e2e.reason}")
     elif e2e.outcome is endtoend.Outcome.FAILED:

@@ -276,6 +276,10 @@ def test_redteam_fast_only_at_short_contexts(study: Path) -> None:
     # and the model never runs it there: the dispatch table sends that bucket to the library
     assert "| cols=256,rows=256 float32 | library |" in str(held["_log"])
     assert int(held.get("e2e_fallbacks", "0")) > 0
+    # the model's FLOPs utilisation before and after, and what is left to study
+    assert 0 < float(held["e2e_mfu_before"]) < 1 and 0 < float(held["e2e_mfu_after"]) < 1
+    left = next(line for line in str(held["_log"]).splitlines() if line.startswith("next by Amdahl bound: "))
+    assert "gelu" not in left and left.count("up to") == 3
 
 
 @pytest.mark.slow

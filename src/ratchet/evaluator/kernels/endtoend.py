@@ -127,6 +127,22 @@ class EndToEnd:
             m["e2e_reason"] = self.reason
         return m
 
+    def model_times(self) -> tuple[float, float] | None:
+        """The model's mix-weighted time per forward (seconds) without and with the kernel."""
+        if not self.points or not all(p.baseline_s and p.candidate_s for p in self.points):
+            return None
+        base = sum(p.weight * (p.baseline_s or 0.0) for p in self.points)
+        cand = sum(p.weight * (p.candidate_s or 0.0) for p in self.points)
+        return base, cand
+
+    def mfu(self, flops_per_forward: float, peak_flops: float) -> tuple[float, float] | None:
+        """Model FLOPs utilisation before and after: FLOPs per forward of the mix (from the
+        profile) over its time, as a fraction of the device's measured peak."""
+        times = self.model_times()
+        if times is None or not flops_per_forward or not peak_flops:
+            return None
+        return flops_per_forward / times[0] / peak_flops, flops_per_forward / times[1] / peak_flops
+
     def table(self) -> str:
         lines = [f"end to end ({self.mode}, children: {self.level or 'unconfined'}): {self.outcome.value}"
                  + (f" - {self.reason}" if self.reason else "")]

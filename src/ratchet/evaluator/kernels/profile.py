@@ -368,6 +368,13 @@ def table(profile: Profile, limit: int = 15) -> str:
     return "\n".join(lines)
 
 
+def whats_left(profile: Profile, done: Sequence[str] = (), limit: int = 3) -> str:
+    """The next operators worth a study, by Amdahl bound, leaving out those in `done`."""
+    rest = sorted((o for o in profile.ops if o.name not in done and o.amdahl_speedup),
+                  key=lambda o: -(o.amdahl_speedup or 1.0))[:limit]
+    return "next by Amdahl bound: " + (", ".join(f"{o.name} ({o.share * 100:.1f}%, up to {o.amdahl_speedup:.3f}x)" for o in rest) or "none")
+
+
 def model_markdown(profile: Profile, module_doc: str = "") -> str:
     """model.md for proposers: what the model computes, where the time goes, which shapes matter."""
     wl = profile.workload
