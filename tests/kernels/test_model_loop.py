@@ -334,3 +334,18 @@ def test_profile_json_is_plain_json(study: Path) -> None:
     data = json.loads((study / "holdout" / "workload.json").read_text())
     assert data["format"] == wl.FORMAT and data["workload"]["threads"] == 1
     assert textwrap.dedent(WORKLOAD).count("[[point]]") == len(data["per_point"])
+
+
+def test_a_gain_beyond_amdahls_bound_is_not_kept() -> None:
+    """The verdict's arithmetic on measured-looking samples: a model 2x faster when the
+    swapped op had 10% of its time (bound 1.11x) is implausible, however confirmed."""
+    rng = __import__("random").Random(5)
+    point = endtoend.PointResult(point={"phase": "decode"}, label="decode", weight=1.0, counts={"gelu": {"hits": 2, "fallbacks": 0}})
+    point.baseline_samples = [0.010 * (1 + rng.uniform(-0.02, 0.02)) for _ in range(12)]
+    point.candidate_samples = [0.005 * (1 + rng.uniform(-0.02, 0.02)) for _ in range(12)]
+    point.baseline_s, point.candidate_s = 0.010, 0.005
+    verdict = endtoend._verdict([point], "eager", 1.05, 0.01, 0.0, "", bound=1 / (1 - 0.10))
+    assert verdict.outcome is endtoend.Outcome.IMPLAUSIBLE and verdict.outcome.rejects
+    assert "beyond Amdahl's bound 1.111x" in verdict.reason
+    plausible = endtoend._verdict([point], "eager", 1.05, 0.01, 0.0, "", bound=1 / (1 - 0.60))
+    assert plausible.outcome is endtoend.Outcome.CONFIRMED
