@@ -239,6 +239,9 @@ def end_to_end(
             result = PointResult(point=dict(point), label=label, weight=weight)
             results.append(result)
             try:
+                # both run one eager forward here, so the two processes stay alike (their
+                # allocators, caches and pools see the same history before the timing)
+                base.call(f"{base_model.target}.census", dict(point))
                 result.counts = cand.call(f"{cand_model.target}.census", dict(point))
             except CandidateError as exc:
                 result.ok = False
