@@ -349,3 +349,17 @@ def test_a_gain_beyond_amdahls_bound_is_not_kept() -> None:
     assert "beyond Amdahl's bound 1.111x" in verdict.reason
     plausible = endtoend._verdict([point], "eager", 1.05, 0.01, 0.0, "", bound=1 / (1 - 0.60))
     assert plausible.outcome is endtoend.Outcome.CONFIRMED
+
+
+@pytest.mark.slow
+def test_kept_kernels_of_one_model_are_measured_together(study: Path) -> None:
+    """Gains stack or not end to end: two operators swapped at once, each counted."""
+    _kernel(study, HONEST + "\n\ndef rms_norm(x, weight, eps=1e-6):\n"
+                   "    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)\n")
+    workload = wl.Workload.load(study / "workload.toml")
+    swaps = [endtoend.Swap("gelu", "kernel.py", "gelu"), endtoend.Swap("rms_norm", "kernel.py", "rms_norm")]
+    result = endtoend.end_to_end(workload, swaps, tree=study, timing={"max_time_s": 0.5})
+    assert result.outcome not in (endtoend.Outcome.WRONG, endtoend.Outcome.FAILED), result.table()
+    for p in result.points:  # per forward: 2 GELUs, 5 RMSNorms (2 per block and the final one)
+        assert p.counts == {"gelu": {"hits": 2, "fallbacks": 0}, "rms_norm": {"hits": 5, "fallbacks": 0}}
+    assert result.hits == 3 * 7 and result.speedup
