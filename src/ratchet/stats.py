@@ -228,6 +228,164 @@ def estimate(values: Sequence[float], noise: Noise, confidence: float = 0.95) ->
     return Estimate(mean, len(values), sem, mean - half, mean + half, confidence)
 
 
+# -- group-sequential boundaries (numerical integration over looks) ---------------------------
+
+_SQRT2 = math.sqrt(2.0)
+
+
+def _upper_tail(x: float) -> float:
+    """P(N(0, 1) > x)."""
+    return 0.5 * math.erfc(x / _SQRT2)
+
+
+def _density(x: float) -> float:
+    return math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+
+def _nodes(mean: float, lower: float, upper: float, r: int) -> tuple[list[float], list[float]]:
+    """Integration nodes and Simpson weights over (lower, upper) for a statistic of mean
+    `mean`: Jennison & Turnbull's grid (Group Sequential Methods, ch. 19), dense within
+    3 sd of the mean, sparse out to about 8, cut at the continuation region's ends."""
+    base = []
+    for i in range(1, 6 * r):
+        if i < r:
+            x = -3.0 - 4.0 * math.log(r / i)
+        elif i <= 5 * r:
+            x = -3.0 + 3.0 * (i - r) / (2.0 * r)
+        else:
+            x = 3.0 + 4.0 * math.log(r / (6 * r - i))
+        base.append(mean + x)
+    inside = [x for x in base if lower < x < upper]
+    ends = [max(lower, base[0])] + inside + [min(upper, base[-1])]
+    if ends[-1] <= ends[0]:
+        return [], []
+    points, weights = [], []
+    for left, right in zip(ends, ends[1:], strict=False):
+        width = right - left
+        if not points:
+            points.append(left)
+            weights.append(0.0)
+        weights[-1] += width / 6.0
+        points += [(left + right) / 2.0, right]
+        weights += [4.0 * width / 6.0, width / 6.0]
+    return points, weights
+
+
+class _Walk:
+    """The density of the standardised statistic Z_k = S_k / sqrt(I_k) (S: the score,
+    a sum of independent normal increments of variance I_k - I_{k-1} and mean theta
+    times it) over the paths that have not stopped at any look so far."""
+
+    def __init__(self, info: float, lower: float, upper: float, theta: float, r: int) -> None:
+        self.theta, self.r, self.info = theta, r, info
+        mean = theta * math.sqrt(info)
+        self.points, weights = _nodes(mean, lower, upper, r)
+        self.mass = [w * _density(z - mean) for z, w in zip(self.points, weights, strict=True)]
+
+    def _shift(self, info: float) -> tuple[float, float]:
+        gap = info - self.info
+        return gap, math.sqrt(gap)
+
+    def cross_above(self, info: float, bound: float) -> float:
+        """P(not stopped yet, and Z at the next look (information `info`) >= bound)."""
+        if math.isinf(bound):
+            return 0.0
+        gap, root = self._shift(info)
+        top, prev = bound * math.sqrt(info), math.sqrt(self.info)
+        return sum(m * _upper_tail((top - z * prev - self.theta * gap) / root)
+                   for z, m in zip(self.points, self.mass, strict=True))
+
+    def cross_below(self, info: float, bound: float) -> float:
+        if math.isinf(bound):
+            return 0.0
+        gap, root = self._shift(info)
+        top, prev = bound * math.sqrt(info), math.sqrt(self.info)
+        return sum(m * (1.0 - _upper_tail((top - z * prev - self.theta * gap) / root))
+                   for z, m in zip(self.points, self.mass, strict=True))
+
+    def step(self, info: float, lower: float, upper: float) -> None:
+        """Move to the next look and drop the paths that stop there."""
+        gap, root = self._shift(info)
+        mean = self.theta * math.sqrt(info)
+        points, weights = _nodes(mean, lower, upper, self.r)
+        scale, prev = math.sqrt(info) / root, math.sqrt(self.info)
+        mass = []
+        for z, w in zip(points, weights, strict=True):
+            at = z * math.sqrt(info) - self.theta * gap
+            mass.append(w * scale * sum(m * _density((at - u * prev) / root)
+                                        for u, m in zip(self.points, self.mass, strict=True)))
+        self.points, self.mass, self.info = points, mass, info
+
+
+def crossings(info: Sequence[float], upper: Sequence[float], lower: Sequence[float],
+              theta: float = 0.0, r: int = 16) -> tuple[list[float], list[float]]:
+    """For looks at information levels `info` with boundaries on the standardised
+    statistic (stop for efficacy at Z >= upper, for futility at Z < lower; inf/-inf for
+    none), the probability of stopping first above, and below, at each look, when the
+    drift per unit of information is `theta`."""
+    walk = _Walk(info[0], lower[0], upper[0], theta, r)
+    mean = theta * math.sqrt(info[0])
+    above = [_upper_tail(upper[0] - mean) if not math.isinf(upper[0]) else 0.0]
+    below = [1.0 - _upper_tail(lower[0] - mean) if not math.isinf(lower[0]) else 0.0]
+    for k in range(1, len(info)):
+        above.append(walk.cross_above(info[k], upper[k]))
+        below.append(walk.cross_below(info[k], lower[k]))
+        walk.step(info[k], lower[k], upper[k])
+    return above, below
+
+
+def wang_tsiatis(looks: int, alpha: float, shape: float, r: int = 16) -> float:
+    """The constant C of the one-sided boundary Z_k >= C (k/K)^(shape - 1/2) at K equally
+    spaced looks with level `alpha`: shape 0.5 is Pocock's, 0 O'Brien & Fleming's."""
+    info = [float(k) for k in range(1, looks + 1)]
+    lower = [-math.inf] * looks
+    lo, hi = 1.0, 8.0
+    for _ in range(60):
+        mid = (lo + hi) / 2.0
+        upper = [mid * (k / looks) ** (shape - 0.5) for k in info]
+        if sum(crossings(info, upper, lower, 0.0, r)[0]) > alpha:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2.0
+
+
+@functools.lru_cache(maxsize=256)
+def spending_bounds(info: tuple[float, ...], lower: tuple[float, ...], rate: float,
+                    spends: tuple[bool, ...], r: int = 12) -> tuple[float, ...]:
+    """Efficacy boundaries on Z_k that spend `rate` in proportion to information (Lan &
+    DeMets' linear spending function, alpha * I_k / I_K), over the looks where `spends`
+    is true (inf elsewhere), with the futility boundaries `lower` binding: the paths they
+    stop can never be kept, so the rate is spent on the paths that go on."""
+    upper: list[float] = []
+    spent = 0.0
+    walk: _Walk | None = None
+    for k, level in enumerate(info):
+        target = rate * level / info[-1] - spent
+        if not spends[k] or target <= 0:
+            bound = math.inf
+        else:
+            def tail(b: float, k: int = k, walk: _Walk | None = walk) -> float:
+                if walk is None:
+                    return _upper_tail(b)
+                return walk.cross_above(info[k], b)
+            lo, hi = -8.0, 12.0
+            for _ in range(50):
+                mid = (lo + hi) / 2.0
+                if tail(mid) > target:
+                    lo = mid
+                else:
+                    hi = mid
+            bound = hi
+            spent += tail(bound)
+        upper.append(bound)
+        if walk is None:
+            walk = _Walk(level, lower[k], bound, 0.0, r)
+        else:
+            walk.step(level, lower[k], bound)
+    return tuple(upper)
+
+
 # -- the sequential confirmation test ---------------------------------------------------------
 
 
@@ -242,68 +400,133 @@ class Test:
     step: Step
     pairs: int
     mean: float | None = None  # mean paired gain beyond min_improvement
-    t: float | None = None
+    t: float | None = None  # the combined statistic Z_n (t-like: the noise is estimated)
     critical: float | None = None
     reason: str = ""
     noise_known: bool = True
 
 
-def per_look_rate(false_keep_rate: float, max_pairs: int, look: int) -> float:
-    """The error rate spent at look `look` (after that many pairs), of `max_pairs` looks.
+@dataclass(frozen=True)
+class Design:
+    """The group-sequential design of a confirmation (docs/statistics.md).
 
-    The rates add up to `false_keep_rate` (Bonferroni), so the chance that any look
-    keeps a change with no effect is at most that, whatever the stopping rule: one that
-    discards early, or picks which candidate to confirm, can only lower it. Spent in
-    proportion to 1/look: most real gains are confirmed in the first pairs, where a
-    larger share of the rate buys the most.
+    Look 0 is the candidate's own first evaluation against the incumbent's pooled
+    estimate (the screen), worth `prior` pairs of information; looks 1..max_pairs follow
+    each fresh pair. The statistic at look n is the inverse-normal combination
+    Z_n = (sqrt(prior) z_0 + sum of the pairs' z_j) / sqrt(prior + n), each z standard
+    normal under no effect, so its null distribution is that of a sum of independent
+    increments whatever the real weights: the boundaries below hold the rate exactly.
+    Futility is binding: look 0 stops at z_0 <= screen_z (the screen: a gain of at most
+    min_improvement, whatever the noise, is never re-measured), every later look at
+    Z_n < futility; the efficacy boundaries
+    spend `rate` linearly in information over the paths that go on (Lan & DeMets).
+    `prior = 0`: no screen look (fresh pairs alone).
     """
-    looks = max(1, max_pairs)
-    harmonic = sum(1.0 / j for j in range(1, looks + 1))
-    return false_keep_rate / (look * harmonic)
+
+    rate: float
+    max_pairs: int
+    prior: float = 2.0
+    screen_z: float = 0.0
+    futility: float = 0.4
+
+    def _looks(self) -> tuple[tuple[float, ...], tuple[float, ...], tuple[bool, ...]]:
+        pairs = range(1, self.max_pairs + 1)
+        if self.prior > 0:
+            info = (self.prior, *(self.prior + n for n in pairs))
+            return (info, (self.screen_z, *(self.floor(n) for n in pairs)),
+                    (False, *(True for _ in pairs)))
+        return (tuple(float(n) for n in pairs), tuple(self.floor(n) for n in pairs),
+                tuple(True for _ in pairs))
+
+    def floor(self, n: int) -> float:
+        """The futility boundary on Z_n after n pairs (the same at every look: a gain
+        that is not even `futility` standard errors above zero is given up on)."""
+        return self.futility
+
+    def upper(self) -> tuple[float, ...]:
+        """The efficacy boundary on Z_n after n = 1..max_pairs pairs (known noise)."""
+        info, lower, spends = self._looks()
+        bounds = spending_bounds(info, lower, self.rate, spends)
+        return bounds[1:] if self.prior > 0 else bounds
+
+    def operating(self, theta: float) -> tuple[float, float]:
+        """(P(keep), expected pairs) for a gain of `theta` per unit of a pair's
+        information (a gain of delta sigma: theta = delta / sqrt(2)), known noise; the
+        screen look included (its rejections cost no pair)."""
+        info, lower, spends = self._looks()
+        upper = spending_bounds(info, lower, self.rate, spends)
+        above, below = crossings(info, upper, lower, theta, 12)
+        gone, pairs = 0.0, 0.0
+        first = 1 if self.prior > 0 else 0
+        if first:
+            gone = above[0] + below[0]
+        for k in range(first, len(info)):
+            pairs += 1.0 - gone
+            gone += above[k] + below[k]
+        return sum(above), pairs
 
 
-def sequential(diffs: Sequence[float], noise: Noise, false_keep_rate: float,
-               max_pairs: int, per_pair: bool = False) -> Test:
+def _matched(z: float, df: float) -> float:
+    """A boundary on a normal statistic as the t of the same tail (the noise estimated on
+    `df` degrees of freedom): Jennison & Turnbull's significance-level approach."""
+    if math.isinf(z) or math.isinf(df):
+        return z
+    return t_ppf(1.0 - _upper_tail(z), df)
+
+
+def sequential(diffs: Sequence[float], noise: Noise, design: Design,
+               per_pair: bool = False, screen: float | None = None) -> Test:
     """Keep, discard or measure another pair, from the paired gains measured so far.
 
     `diffs[j]` is the candidate's gain over the incumbent in confirmation pair j (both
     measured side by side, fresh), less min_improvement: in log units when the noise is
-    relative. With `per_pair`, `noise` is the spread of one pair's difference. `noise` is the study's noise,
-    pooled from every repeated measurement (this test's pairs included). The test is a
-    one-sided t-test of mean(diffs) > 0 at every look, each at its share of
-    false_keep_rate (`per_look_rate`); it discards as soon as the fresh pairs show no
-    gain, and when max_pairs pairs did not suffice.
+    relative. `noise` is the study's noise (the spread of one evaluation, or with
+    `per_pair` of one pair's difference). `screen` is z_0: the candidate's own first
+    gain over the incumbent's pooled estimate, in standard errors of that comparison
+    (None: the design has no screen look). The test is `design` (see Design); with an
+    estimated noise each boundary is the t of the same tail on the noise's df.
     """
     n = len(diffs)
+    mean = statistics.fmean(diffs) if diffs else None
+    if design.prior > 0 and screen is not None and screen <= design.screen_z:
+        return Test(Step.DISCARD, n, mean=mean, t=screen,
+                    reason=f"not confirmed: its first gain is inside the noise ({screen:.3g} "
+                           f"standard errors <= {design.screen_z:g})")
     if n == 0:
         return Test(Step.MORE, 0, reason="no confirmation pair yet")
-    mean = statistics.fmean(diffs)
-    if mean <= 0:
-        return Test(Step.DISCARD, n, mean=mean,
-                    reason=f"not confirmed: fresh pairs show no gain (mean {mean:.4g} "
-                           f"over {n} pair{'s' * (n > 1)})")
+    assert mean is not None
     if not noise.known or noise.sigma is None:
-        if n >= max_pairs:
+        if n >= design.max_pairs:
             return Test(Step.DISCARD, n, mean=mean, noise_known=False,
                         reason="no noise estimate: nothing is kept without one")
         return Test(Step.MORE, n, mean=mean, reason="no noise estimate yet", noise_known=False)
-    rate = per_look_rate(false_keep_rate, max_pairs, min(n, max_pairs))
-    critical = t_ppf(1.0 - rate, noise.df)
-    # a difference of two evaluations has twice the variance of one
-    # `per_pair`: noise.sigma is the spread of one pair's difference itself (pooled from
-    # paired differences, where drift shared by both sides cancels); otherwise the spread
-    # of one evaluation, and a difference of two has twice its variance
-    se = noise.sigma * math.sqrt((1.0 if per_pair else 2.0) / n)
-    t = math.inf if se == 0 else mean / se
-    if t >= critical:
-        return Test(Step.KEEP, n, mean=mean, t=t, critical=critical,
-                    reason=f"confirmed on {n} fresh pair{'s' * (n > 1)}: t {t:.3g} >= "
-                           f"{critical:.3g} (false-keep rate {false_keep_rate:.3g})")
-    if n >= max_pairs:
-        return Test(Step.DISCARD, n, mean=mean, t=t, critical=critical,
-                    reason=f"not confirmed in {n} pairs: t {t:.3g} < {critical:.3g}")
-    return Test(Step.MORE, n, mean=mean, t=t, critical=critical,
-                reason=f"t {t:.3g} < {critical:.3g} after {n} pair{'s' * (n > 1)}")
+    look = min(n, design.max_pairs)
+    # a difference of two evaluations has twice the variance of one; with `per_pair`
+    # the noise is the spread of a pair's difference itself
+    spread = noise.sigma * (1.0 if per_pair else math.sqrt(2.0))
+    prior = design.prior if screen is not None else 0.0
+    if spread == 0:
+        z = math.inf if sum(diffs) > 0 else -math.inf
+    else:
+        score = sum(diffs) / spread + (math.sqrt(prior) * screen if screen is not None else 0.0)
+        z = score / math.sqrt(prior + n)
+    plan = design if screen is not None or design.prior == 0 else Design(
+        design.rate, design.max_pairs, 0.0, design.screen_z, design.futility)
+    critical = _matched(plan.upper()[look - 1], noise.df)
+    floor = _matched(plan.floor(look), noise.df)
+    pairs = f"{n} fresh pair{'s' * (n > 1)}"
+    if z >= critical:
+        return Test(Step.KEEP, n, mean=mean, t=z, critical=critical,
+                    reason=f"confirmed on {pairs}: Z {z:.3g} >= {critical:.3g} "
+                           f"(false-keep rate {design.rate:.3g})")
+    if n >= design.max_pairs:
+        return Test(Step.DISCARD, n, mean=mean, t=z, critical=critical,
+                    reason=f"not confirmed in {n} pairs: Z {z:.3g} < {critical:.3g}")
+    if z < floor:
+        return Test(Step.DISCARD, n, mean=mean, t=z, critical=critical,
+                    reason=f"not confirmed: no gain after {pairs} (Z {z:.3g} < {floor:.3g})")
+    return Test(Step.MORE, n, mean=mean, t=z, critical=critical,
+                reason=f"Z {z:.3g} < {critical:.3g} after {pairs}")
 
 
 # -- early stopping (discard only) ----------------------------------------------------------

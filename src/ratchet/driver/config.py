@@ -209,7 +209,7 @@ class Acceptance(Strict):
     # the baseline measured this many times at the start (an A/A noise floor); 1: none
     noise_floor: int = Field(default=1, ge=1, le=100)
     # most fresh pairs (candidate beside incumbent) a would-be keep is measured on
-    confirm_pairs: int = Field(default=8, ge=1, le=100)
+    confirm_pairs: int = Field(default=30, ge=1, le=100)
 
     @model_validator(mode="after")
     def _one_rate(self) -> Acceptance:

@@ -33,11 +33,23 @@ NOISE_Z = 2.0
 # incumbent's pooled estimate by this many standard errors of that comparison: a filter
 # on what is worth re-measuring (it spends none of the false-keep rate, which the
 # confirmation alone holds), so that a loser worse by a sigma or more rarely costs a pair.
-SCREEN_Z = 0.5
+SCREEN_Z = 0.25
 # The confirmation measures a pair's difference against the spread of paired differences
 # (drift cancels in a pair) once the study's confirmations give it this many degrees of
 # freedom; before, against twice the spread of one evaluation.
 PAIRED_DF = 10
+# The confirmation's design (stats.Design): the screen's evaluation counts as this many
+# pairs of information (one evaluation against a pooled mean of many: about twice a
+# pair's, whose difference has two evaluations' variance), and a look whose combined
+# statistic Z_n is below FUTILITY discards.
+SCREEN_PRIOR = 2.0
+FUTILITY = 0.4
+# The share of false_keep_rate the design spends; the rest is a margin for what its
+# arithmetic assumes and an evaluator may bend (normal noise, a noise estimate matched
+# to t on its df, the screen's one evaluation against a mean pooled over time). Power
+# hardly depends on it: a 1-sigma gain is lost to the screen and the futility rule,
+# not to the efficacy bar (docs/statistics.md).
+SPENT = 0.5
 _CONSTRAINT = re.compile(r"^\s*([A-Za-z_][\w.\-]*)\s*(<=|>=|<|>|==|!=)\s*(-?[\d.eE+\-]+)\s*$")
 _OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt,
         "==": operator.eq, "!=": operator.ne}
@@ -260,7 +272,12 @@ class Confirmation:
         groups = {**self.groups, **(extra or {})}
         relative = stats.positive(groups.values()) and all(v > 0 for _, v in self.reported)
         reported = [sem / abs(v) if relative else sem for sem, v in self.reported]
-        return stats.pooled_noise(groups.values(), reported, relative=relative)
+        # A commit's first evaluation is the one that made it a contender (picked for
+        # looking good, it sits in the tail): left out of the spread, which would be
+        # inflated by it, and the test's power with it. The rest (A/A floor, co-runs,
+        # confirmation pairs) were measured whatever they showed.
+        return stats.pooled_noise([values[1:] for values in groups.values()], reported,
+                                  relative=relative)
 
 
 def reported_noise(result: JobResult, metric: str) -> float | None:
@@ -276,9 +293,11 @@ def confirm(config: Config, entry: Entry, incumbent: Incumbent,
             confirmation: Confirmation) -> tuple[stats.Test, list[tuple[float, float]]]:
     """The sequential test of a would-be keep on fresh pairs beside the incumbent.
 
-    Only pairs measured after the candidate was selected enter the test, so picking the
-    best of K siblings (whose own measurement is biased by the pick) does not inflate
-    the false-keep rate: each look is a t-test at false_keep_rate / confirm_pairs.
+    The test (stats.Design) combines the candidate's own first gain over the incumbent's
+    pooled estimate (the screen's z_0) with the fresh pairs, and has level
+    false_keep_rate for every candidate that reaches it: picking the best of K siblings
+    only decides which candidates are tested, so it cannot raise any candidate's chance
+    of a false keep above that (docs/statistics.md).
     """
     acceptance, metric = config.acceptance, config.metric
     need = 1
@@ -313,19 +332,48 @@ def confirm(config: Config, entry: Entry, incumbent: Incumbent,
             [[gain(c, i) for c, i in group] for group in confirmation.pairs
              if all(c > 0 and i > 0 for c, i in group) or not noise.relative]
             + [diffs], relative=False)
-        per_pair = paired.known and (paired.df >= PAIRED_DF or paired.df > noise.df)
+        per_pair = paired.known and paired.df >= PAIRED_DF and paired.df > noise.df
+        # the spread of one evaluation, for the screen's z_0: the commits' own spread over
+        # time, drift included (z_0 compares today's evaluation with a mean over time)
+        one = noise.sigma if noise.known else None
         if per_pair:
             floor = stats.pooled_noise([], [sem / abs(v) if noise.relative else sem
                                             for sem, v in confirmation.reported])
             sigma = paired.sigma or 0.0
             if floor.sigma is not None:
                 sigma = max(sigma, math.sqrt(2.0) * floor.sigma)
+            # z_0's spread is never below the commits' own (drift included); the test's
+            # df are those of the larger pool, which this is
+            one = max(one or 0.0, sigma / math.sqrt(2.0))
             noise = stats.Noise(sigma, paired.df, "paired differences", noise.relative)
-        test = stats.sequential(diffs, noise, acceptance.rate, acceptance.confirm_pairs,
-                                per_pair=per_pair)
+        test = stats.sequential(diffs, noise, design(config), per_pair=per_pair,
+                                screen=screen_z(entry, incumbent, one, gain, shift))
         if test.step != stats.Step.MORE:
             return test, list(pairs)
         need = len(pairs) + 1
+
+
+def design(config: Config) -> stats.Design:
+    """The confirmation's group-sequential design, from [acceptance]."""
+    acceptance = config.acceptance
+    return stats.Design(SPENT * acceptance.rate, acceptance.confirm_pairs, prior=SCREEN_PRIOR,
+                        screen_z=0.0, futility=FUTILITY)
+
+
+def screen_z(entry: Entry, incumbent: Incumbent, sigma: float | None,
+             gain: Callable[[float, float], float], shift: float) -> float | None:
+    """z_0: the candidate's own first gain over the incumbent's pooled estimate (of n
+    evaluations), less min_improvement, in standard errors sigma sqrt(1 + 1/n) of that
+    comparison (`gain` in log units when the noise is relative, as `sigma` is); None
+    while the noise is unknown."""
+    value, level = entry.result.metric, incumbent.metric
+    if sigma is None or value is None or level is None:
+        return None
+    x0 = gain(value, level) - shift
+    se = sigma * math.sqrt(1.0 + 1.0 / max(1, len(incumbent.samples)))
+    if se == 0:
+        return math.inf if x0 > 0 else -math.inf
+    return x0 / se
 
 
 def judge_group(config: Config, entries: list[Entry], incumbent: Incumbent,
