@@ -80,68 +80,104 @@ def test_pooled_estimate_uses_every_evaluation_and_the_study_noise():
 
 
 KNOWN = Noise(1.0, math.inf, "known")
+DESIGN = stats.Design(0.01, 8)
+
+
+def test_boundaries_match_published_pocock_and_obrien_fleming_constants():
+    # Jennison & Turnbull, Group Sequential Methods, tables 2.1 and 2.3 (two-sided 5%,
+    # which to three decimals is one-sided 2.5%): Pocock 2.178 (K=2), 2.413 (K=5);
+    # O'Brien & Fleming 1.977 (K=2), 2.040 (K=5)
+    assert stats.wang_tsiatis(2, 0.025, 0.5, r=8) == pytest.approx(2.178, abs=2e-3)
+    assert stats.wang_tsiatis(5, 0.025, 0.5, r=8) == pytest.approx(2.413, abs=2e-3)
+    assert stats.wang_tsiatis(2, 0.025, 0.0, r=8) == pytest.approx(1.977, abs=2e-3)
+    assert stats.wang_tsiatis(5, 0.025, 0.0, r=8) == pytest.approx(2.040, abs=2e-3)
+
+
+def test_linear_spending_spends_the_rate_over_the_looks():
+    # no screen, no futility: the first look spends rate/K (a normal tail), all spend it all
+    plain = stats.Design(0.02, 4, prior=0.0, futility=-math.inf)
+    upper = plain.upper()
+    assert upper[0] == pytest.approx(stats.t_ppf(1 - 0.005, math.inf), abs=1e-3)
+    kept, _ = plain.operating(0.0)
+    assert kept == pytest.approx(0.02, rel=0.01)
+    # with the screen look and binding futility the rate is spent on what goes on
+    kept, pairs = DESIGN.operating(0.0)
+    assert kept == pytest.approx(0.01, rel=0.02) and pairs < 8
 
 
 def test_sequential_keeps_a_clear_gain_at_the_first_look_it_can():
-    crit = stats.t_ppf(1 - stats.per_look_rate(0.01, 8, 2), math.inf)
-    gain = crit * math.sqrt(2 / 2) + 0.01  # just over the bar after two pairs
-    one = stats.sequential([gain], KNOWN, 0.01, 8)
-    assert one.step == Step.MORE  # one pair is not enough for this gain
-    two = stats.sequential([gain, gain], KNOWN, 0.01, 8)
-    assert two.step == Step.KEEP and two.pairs == 2 and two.t >= two.critical
-    assert "confirmed on 2 fresh pairs" in two.reason
+    bar = DESIGN.upper()
+    # z_0 = 2 and one pair: Z_1 = (sqrt(2) * 2 + d / sqrt(2)) / sqrt(3)
+    need = (bar[0] * math.sqrt(3) - math.sqrt(2) * 2.0) * math.sqrt(2)
+    one = stats.sequential([need + 0.01], KNOWN, DESIGN, screen=2.0)
+    assert one.step == Step.KEEP and one.pairs == 1 and one.t >= one.critical
+    assert "confirmed on 1 fresh pair" in one.reason
+    assert stats.sequential([need - 0.05], KNOWN, DESIGN, screen=2.0).step == Step.MORE
 
 
-def test_sequential_discards_at_once_when_fresh_pairs_show_no_gain():
-    test = stats.sequential([0.5, -1.0], KNOWN, 0.01, 8)
+def test_sequential_discards_when_the_combined_gain_is_gone():
+    test = stats.sequential([-2.0], KNOWN, DESIGN, screen=0.5)
     assert test.step == Step.DISCARD and "no gain" in test.reason
+    # a first gain of zero or less (at most min_improvement) is never confirmed
+    assert stats.sequential([5.0], KNOWN, DESIGN, screen=-0.1).step == Step.DISCARD
 
 
 def test_sequential_discards_when_the_budget_is_spent():
-    small = [0.3] * 4
-    assert stats.sequential(small[:3], KNOWN, 0.01, 4).step == Step.MORE
-    last = stats.sequential(small, KNOWN, 0.01, 4)
-    assert last.step == Step.DISCARD and "not confirmed in 4 pairs" in last.reason
+    small = [0.3] * 8
+    assert stats.sequential(small[:7], KNOWN, DESIGN, screen=1.0).step == Step.MORE
+    last = stats.sequential(small, KNOWN, DESIGN, screen=1.0)
+    assert last.step == Step.DISCARD and "not confirmed in 8 pairs" in last.reason
+
+
+def test_an_estimated_noise_raises_the_bar_by_its_t():
+    few = stats.sequential([1.0], Noise(1.0, 5.0, "few"), DESIGN, screen=1.0)
+    many = stats.sequential([1.0], KNOWN, DESIGN, screen=1.0)
+    assert few.critical > many.critical == pytest.approx(DESIGN.upper()[0])
 
 
 def test_no_noise_estimate_means_no_keep():
-    assert stats.sequential([5.0], stats.NO_NOISE, 0.01, 2).step == Step.MORE
-    last = stats.sequential([5.0, 5.0], stats.NO_NOISE, 0.01, 2)
+    design = stats.Design(0.01, 2)
+    assert stats.sequential([5.0], stats.NO_NOISE, design).step == Step.MORE
+    last = stats.sequential([5.0, 5.0], stats.NO_NOISE, design)
     assert last.step == Step.DISCARD and not last.noise_known
     assert "no noise estimate" in last.reason
 
 
 def test_a_noise_free_evaluator_keeps_a_real_gain_on_one_pair():
     exact = Noise(0.0, 3.0, "repeated measurements")
-    assert stats.sequential([0.25], exact, 0.01, 8).step == Step.KEEP
+    assert stats.sequential([0.25], exact, DESIGN, screen=math.inf).step == Step.KEEP
 
 
-def test_per_look_rates_add_up_to_the_false_keep_rate():
-    rates = [stats.per_look_rate(0.02, 8, n) for n in range(1, 9)]
-    assert sum(rates) == pytest.approx(0.02)
-    assert rates == sorted(rates, reverse=True)  # most of it early, where gains confirm
-
-
-def run_test(rng: random.Random, effect: float, noise: Noise, rate: float, pairs: int) -> bool:
+def run_test(rng: random.Random, effect: float, design: stats.Design) -> bool:
+    """One candidate: its screen evaluation against a well-measured incumbent, then pairs
+    (two evaluations of sd 1 each) until the test decides. `effect` in sigma."""
+    z0 = effect + rng.gauss(0, 1)
+    if z0 <= 0.25:  # the judge's screen
+        return False
     diffs: list[float] = []
-    while True:  # a pair's difference: two evaluations of sd 1
+    while True:
         diffs.append(effect + rng.gauss(0, 1) - rng.gauss(0, 1))
-        test = stats.sequential(diffs, noise, rate, pairs)
+        test = stats.sequential(diffs, KNOWN, design, screen=z0)
         if test.step != Step.MORE:
             return test.step == Step.KEEP
 
 
 def test_the_false_keep_rate_holds_under_no_effect():
     rng = random.Random(7)
-    rate, trials = 0.05, 4000
-    keeps = sum(run_test(rng, 0.0, KNOWN, rate, 8) for _ in range(trials))
-    assert keeps / trials <= rate  # Bonferroni over the looks: at most the rate
+    design = stats.Design(0.05, 30)
+    trials = 4000
+    keeps = sum(run_test(rng, 0.0, design) for _ in range(trials))
+    # the level is 5%: at most that, up to 3 binomial standard errors
+    assert keeps / trials <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / trials)
 
 
-def test_a_three_sigma_gain_is_almost_always_confirmed():
+def test_power_at_one_and_three_sigma():
+    design = stats.Design(0.0075, 30)  # what the judge spends of a 1% rate
     rng = random.Random(8)
-    kept = sum(run_test(rng, 3.0, KNOWN, 0.01, 8) for _ in range(500))
-    assert kept / 500 >= 0.9
+    assert sum(run_test(rng, 3.0, design) for _ in range(300)) / 300 >= 0.9
+    assert sum(run_test(rng, 1.0, design) for _ in range(300)) / 300 >= 0.5
+    kept, _ = design.operating(1.0 / math.sqrt(2.0))
+    assert kept >= 0.55  # the same from the numerical integration
 
 
 def test_clearly_slower_stops_only_a_slower_candidate():

@@ -428,6 +428,9 @@ class Design:
     prior: float = 2.0
     screen_z: float = 0.0
     futility: float = 0.4
+    # z_0 counts at most this much: one lucky evaluation (an outlier of a noise that is
+    # not normal) cannot carry a keep; capping only lowers Z_n, so the rate still holds
+    screen_cap: float = 3.0
 
     def _looks(self) -> tuple[tuple[float, ...], tuple[float, ...], tuple[bool, ...]]:
         pairs = range(1, self.max_pairs + 1)
@@ -508,20 +511,24 @@ def sequential(diffs: Sequence[float], noise: Noise, design: Design,
     if spread == 0:
         z = math.inf if sum(diffs) > 0 else -math.inf
     else:
-        score = sum(diffs) / spread + (math.sqrt(prior) * screen if screen is not None else 0.0)
+        first = min(screen, design.screen_cap) if screen is not None else 0.0
+        score = sum(diffs) / spread + math.sqrt(prior) * first
         z = score / math.sqrt(prior + n)
     plan = design if screen is not None or design.prior == 0 else Design(
         design.rate, design.max_pairs, 0.0, design.screen_z, design.futility)
     critical = _matched(plan.upper()[look - 1], noise.df)
     floor = _matched(plan.floor(look), noise.df)
     pairs = f"{n} fresh pair{'s' * (n > 1)}"
-    if z >= critical:
+    # a keep also needs the fresh pairs themselves to show a gain (an extra condition
+    # for a keep: it can only lower the rate)
+    if z >= critical and mean > 0:
         return Test(Step.KEEP, n, mean=mean, t=z, critical=critical,
                     reason=f"confirmed on {pairs}: Z {z:.3g} >= {critical:.3g} "
                            f"(false-keep rate {design.rate:.3g})")
     if n >= design.max_pairs:
         return Test(Step.DISCARD, n, mean=mean, t=z, critical=critical,
-                    reason=f"not confirmed in {n} pairs: Z {z:.3g} < {critical:.3g}")
+                    reason=f"not confirmed in {n} pairs: Z {z:.3g} < {critical:.3g}"
+                           + ("" if z < critical else " or no gain in the fresh pairs"))
     if z < floor:
         return Test(Step.DISCARD, n, mean=mean, t=z, critical=critical,
                     reason=f"not confirmed: no gain after {pairs} (Z {z:.3g} < {floor:.3g})")

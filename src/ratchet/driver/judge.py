@@ -49,7 +49,7 @@ FUTILITY = 0.4
 # to t on its df, the screen's one evaluation against a mean pooled over time). Power
 # hardly depends on it: a 1-sigma gain is lost to the screen and the futility rule,
 # not to the efficacy bar (docs/statistics.md).
-SPENT = 0.5
+SPENT = 0.75
 _CONSTRAINT = re.compile(r"^\s*([A-Za-z_][\w.\-]*)\s*(<=|>=|<|>|==|!=)\s*(-?[\d.eE+\-]+)\s*$")
 _OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt,
         "==": operator.eq, "!=": operator.ne}
@@ -305,6 +305,10 @@ def confirm(config: Config, entry: Entry, incumbent: Incumbent,
         pairs = confirmation.measure(entry, need)
         if isinstance(pairs, str):
             return stats.Test(stats.Step.DISCARD, need - 1, reason=f"not confirmed: {pairs}"), []
+        if len(pairs) < need:  # the measurement gave what it could, and it is not enough
+            return stats.Test(stats.Step.DISCARD, len(pairs),
+                              reason=f"not confirmed: {len(pairs)} of {need} pairs measured"), \
+                list(pairs)
         required = acceptance.min_improvement.margin(incumbent.metric or 0.0)
         # the noise of the candidate's evaluations (its own first one too: picked for
         # looking good, it can only widen the spread) and of every incumbent evaluation
