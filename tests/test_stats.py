@@ -192,3 +192,24 @@ def test_clearly_slower_stops_only_a_slower_candidate():
     assert stats.clearly_slower(faster, incumbent, method="rank") is None
     many = [t * 1.3 for t in [1.0] * 7]
     assert stats.clearly_slower(many, [1.0] * 7, method="rank") is not None  # p = 1/128
+
+
+def test_clearly_worse_run_stops_only_a_run_worse_at_the_same_steps():
+    incumbent = [(s, 4.0 / (1 + 0.1 * s)) for s in range(0, 100, 5)]
+    worse = [(s, 1.1 * v) for s, v in incumbent]  # 10% worse at every step
+    hit = stats.clearly_worse_run(worse, incumbent)
+    assert hit is not None
+    step, value, level = hit
+    assert 20 <= step <= 95 and value == pytest.approx(1.1 * level)
+    # the first fifth of the incumbent's run is not judged: a slow start is allowed
+    assert stats.clearly_worse_run(worse[:5], incumbent) is None
+    # as good, a hair worse (inside the margin), or better: never stopped
+    assert stats.clearly_worse_run(incumbent, incumbent) is None
+    assert stats.clearly_worse_run([(s, 1.01 * v) for s, v in incumbent], incumbent) is None
+    assert stats.clearly_worse_run([(s, 0.9 * v) for s, v in incumbent], incumbent) is None
+    # worse early, catching up: the last reports decide
+    catching = [(s, v * (1.2 if s < 50 else 1.0)) for s, v in incumbent]
+    assert stats.clearly_worse_run(catching, incumbent) is None
+    # steps past the incumbent's last report, or no incumbent curve: nothing to compare
+    assert stats.clearly_worse_run([(s + 1000, v) for s, v in worse], incumbent) is None
+    assert stats.clearly_worse_run(worse, []) is None

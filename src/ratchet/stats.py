@@ -568,6 +568,44 @@ def clearly_slower(candidate: Sequence[float], incumbent: Sequence[float],
     return p if p < rate else None
 
 
+def _at(curve: Sequence[tuple[float, float]], step: float) -> float:
+    """The curve's value at `step`, linear between its reports (step within its range)."""
+    for (s0, v0), (s1, v1) in zip(curve, curve[1:], strict=False):
+        if s0 <= step <= s1:
+            return v0 if s1 == s0 else v0 + (v1 - v0) * (step - s0) / (s1 - s0)
+    return curve[-1][1]
+
+
+def clearly_worse_run(candidate: Sequence[tuple[float, float]],
+                      incumbent: Sequence[tuple[float, float]], rate: float = 0.01,
+                      margin: float = 0.02, window: int = 5, start: float = 0.2
+                      ) -> tuple[float, float, float] | None:
+    """(step, value, incumbent's value there) when a training run is clearly worse than
+    the incumbent's at the same step, else None. Values: lower is better (a loss).
+
+    Clearly worse: each of the candidate's last `window` reports, past `start` of the
+    incumbent's run (a slow start is not judged), is worse than the incumbent's curve at
+    the same step by more than `margin` (relative), and a one-sided paired t-test on
+    their log ratios says so at `rate` (as clearly_slower does for a kernel's shapes).
+    Reports of one run are correlated, so the t-test alone would be too quick; the
+    margin on every one of them is what makes the rule blunt. Stopping only ever
+    discards: its error is a lost candidate, never a false keep.
+    """
+    inc = sorted((s, v) for s, v in incumbent if math.isfinite(s) and math.isfinite(v) and v > 0)
+    if len(inc) < 2:
+        return None
+    first, last = inc[0][0], inc[-1][0]
+    begin = first + start * (last - first)
+    points = [(s, v, _at(inc, s)) for s, v in candidate
+              if math.isfinite(v) and v > 0 and begin <= s <= last]
+    recent = points[-window:]
+    if len(recent) < window or not all(v > (1.0 + margin) * i for _, v, i in recent):
+        return None
+    p = clearly_slower([v for _, v, _ in recent], [i for _, _, i in recent], rate=rate,
+                       min_shapes=window)
+    return recent[-1] if p is not None else None
+
+
 def incumbent_extra(env: dict[str, str] | None = None) -> dict[str, float]:
     """For an evaluator: the incumbent's extra metrics (e.g. per-shape times) that the
     driver passes to a proposed candidate's job in $RATCHET_INCUMBENT_EXTRA; {} when there

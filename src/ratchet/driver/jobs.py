@@ -60,7 +60,8 @@ class Jobs:
         self._backend: Backend | None = None
         self._cleaner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratchet-clean")
         self._took: deque[float] = deque(maxlen=8)  # recent jobs' own run times (s)
-        self._incumbent_extra: tuple[str | None, str] = ("", "")  # (incumbent id, JSON)
+        # (incumbent id, its extra metrics as JSON, its run's progress curve as JSON)
+        self._incumbent_extra: tuple[str | None, str, str] = ("", "", "")
 
     @property
     def backend(self) -> Backend:
@@ -138,9 +139,14 @@ class Jobs:
             row = self.ledger.candidate(inc_id) if inc_id else None
             extra = {k: v for k, v in ((row.extra if row else None) or {}).items()
                      if isinstance(v, int | float) and not isinstance(v, bool)}
-            self._incumbent_extra = (inc_id, json.dumps(extra, sort_keys=True) if extra else "")
-        text = self._incumbent_extra[1]
-        return {"RATCHET_INCUMBENT_EXTRA": text} if text else {}
+            # its run phase's progress curve: the worker stops a run clearly worse at the
+            # same step (ratchet.job.worker.Progress)
+            curve = ((row.result if row else None) or {}).get("progress") or []
+            self._incumbent_extra = (inc_id, json.dumps(extra, sort_keys=True) if extra else "",
+                                     json.dumps(curve) if curve else "")
+        _, text, curve = self._incumbent_extra
+        return {**({"RATCHET_INCUMBENT_EXTRA": text} if text else {}),
+                **({"RATCHET_INCUMBENT_PROGRESS": curve} if curve else {})}
 
     def cache_env(self) -> dict[str, str]:
         """Compile caches shared by the study's jobs, on by default. The worker binds them

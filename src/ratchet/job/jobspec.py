@@ -267,6 +267,9 @@ class JobResult:
     memory_gb: float | None = None
     memory_source: str = ""
     fingerprint: dict[str, str] = field(default_factory=dict)  # the machine (no hostname)
+    # the run phase's own progress reports [[step, value], ...] (thinned): candidate code
+    # wrote them, so they only ever stop a later run early, never decide a keep
+    progress: list[list[float]] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -183,11 +183,13 @@ def run_capped(
     reap_all_descendants: bool = True,
     file_size_limit_bytes: int | None = None,
     pass_fds: tuple[int, ...] = (),
+    stop_grace_s: float = KILL_GRACE_S,
 ) -> tuple[int | None, bool, CappedLog, float]:
     """Run argv in a fresh session; return (exit code, timed_out, log, seconds).
 
     exit code is None when the process was killed by us (timeout / stop); a negative
-    code is a signal that killed it (e.g. -9 from the OOM killer).
+    code is a signal that killed it (e.g. -9 from the OOM killer). `stop_grace_s`: how
+    long a tree stopped by `should_stop` gets between SIGTERM and SIGKILL.
     """
     log = CappedLog(log_path, log_limit)
     start = time.monotonic()
@@ -216,7 +218,7 @@ def run_capped(
         elif should_stop():
             stopped = True
         if timed_out or stopped:
-            kill_group(proc.pid)
+            kill_group(proc.pid, **({"grace_s": stop_grace_s} if stopped else {}))
             proc.wait()
             break
     # The group may have left children behind (daemonised, setsid): kill them all so the

@@ -40,7 +40,13 @@ from ratchet.job.prep import (  # data_digest: re-exported
     ensure_intact,
     private_copy,
 )
-from ratchet.job.procs import PeakMemory, become_subreaper, kill_descendants, run_capped
+from ratchet.job.procs import (
+    KILL_GRACE_S,
+    PeakMemory,
+    become_subreaper,
+    kill_descendants,
+    run_capped,
+)
 from ratchet.job.slots import lease_slot
 
 _stop_requested = False
@@ -144,6 +150,81 @@ class MetricPipe:
         return bytes(self.data)
 
 
+# the run phase's progress (candidate code: it can only ever stop a run, never keep one)
+
+PROGRESS_FD_ENV = "RATCHET_PROGRESS_FD"
+INCUMBENT_PROGRESS_ENV = "RATCHET_INCUMBENT_PROGRESS"
+PROGRESS_POINTS = 200  # the curve a result keeps: enough to compare a later run with
+PROGRESS_POLL_S = 0.25
+
+
+class Progress:
+    """A training run's progress reports, compared with the incumbent's as they come.
+
+    The run phase writes lines `<step> <value>` (lower is better: a loss; the step any
+    measure of progress the runs share: a step number, tokens, seconds of a time budget)
+    to the pipe in $RATCHET_PROGRESS_FD. When the driver passed the incumbent's curve
+    ($RATCHET_INCUMBENT_PROGRESS), the run is stopped (its whole tree killed) as soon as
+    stats.clearly_worse_run says it is clearly worse at the same step. A stop only ever
+    discards: the reports come from candidate code, and a keep needs the evaluator's
+    full measurement and its confirmation."""
+
+    def __init__(self, incumbent: list[tuple[float, float]]) -> None:
+        self.pipe = MetricPipe()
+        self.incumbent = incumbent
+        self.points: list[tuple[float, float]] = []
+        self.stopped: tuple[float, float, float] | None = None  # (step, value, incumbent's)
+        self._parsed = 0
+        self._next = 0.0
+
+    def _parse(self) -> None:
+        data = bytes(self.pipe.data)
+        end = data.rfind(b"\n") + 1
+        for line in data[self._parsed:end].splitlines():
+            fields = line.split()
+            try:
+                step, value = float(fields[0]), float(fields[1])
+            except (IndexError, ValueError):
+                continue  # not a report: ignored
+            if step == step and value == value and abs(step) != float("inf"):
+                self.points.append((step, value))
+        self._parsed = max(self._parsed, end)
+
+    def poll(self) -> bool:
+        """Read what came; True when the run should stop now."""
+        now = time.monotonic()
+        if now < self._next or not self.incumbent:
+            return False
+        self._next = now + PROGRESS_POLL_S
+        before = len(self.points)
+        self._parse()
+        if len(self.points) == before:
+            return False
+        from ratchet import stats  # only when there is a curve to compare: pure arithmetic
+
+        self.stopped = stats.clearly_worse_run(self.points, self.incumbent)
+        return self.stopped is not None
+
+    def finish(self) -> list[list[float]]:
+        """The curve to record, thinned to PROGRESS_POINTS (the last report kept)."""
+        self.pipe.finish()
+        self._parse()
+        points = self.points
+        if len(points) > PROGRESS_POINTS:
+            stride = len(points) / PROGRESS_POINTS
+            points = [points[int(i * stride)] for i in range(PROGRESS_POINTS - 1)] + [points[-1]]
+        return [[s, v] for s, v in points]
+
+
+def incumbent_curve(spec: JobSpec) -> list[tuple[float, float]]:
+    """The incumbent's run-phase curve the driver passed with this job ([] if none)."""
+    try:
+        data = json.loads(spec.env_set.get(INCUMBENT_PROGRESS_ENV) or "[]")
+        return [(float(s), float(v)) for s, v in data]
+    except (TypeError, ValueError):
+        return []
+
+
 # ---------------------------------------------------------------------------------------
 # the job
 
@@ -164,6 +245,7 @@ class Job:
         self.data_dir = Path(spec.data_dir) if spec.data_dir else None  # $RATCHET_DATA
         self.memory_extra: dict[str, float] = {}  # the worker's measurement wins
         self.off_slot = False  # phases now run on a CPU build slot, not the job's own
+        self.stopped: tuple[float, float, float] | None = None  # the run, stopped early
 
     def on_slot(self, slot: Slot | None, own: bool = True) -> None:
         """Run the next phases on `slot`: its devices, its cores; `own`: the job's own slot,
@@ -255,10 +337,13 @@ class Job:
             env["RATCHET_REPEAT"] = name.rpartition(".")[2] if "." in name else "1"
             if self.spec.holdout_dir and name.startswith("holdout"):
                 env["RATCHET_HOLDOUT"] = self.spec.holdout_dir
+        progress = Progress(incumbent_curve(self.spec)) if name == "run" else None
+        if progress is not None:
+            env[PROGRESS_FD_ENV] = str(progress.pipe.write_fd)
+        fds = (pipe.write_fd,) if pipe else (progress.pipe.write_fd,) if progress else ()
         argv = sandbox.command(self.sandbox_kind, ["/bin/sh", "-c", command],
                                self.policy(name, env, result_file.parent if trusted else None,
-                                           trusted=trusted,
-                                           keep_fds=(pipe.write_fd,) if pipe else ()))
+                                           trusted=trusted, keep_fds=fds))
         # memory_gb: the training run's peak; without a run phase, the evaluation's
         measure = name == "run" or (not self.spec.run and name.startswith("evaluate"))
         # sampling is light (~7 ms a sample) and sparser while an evaluator may be timing;
@@ -275,13 +360,18 @@ class Job:
                     deadline=self.deadline,
                     log_limit=self.spec.log_limit_bytes,
                     memory_limit_bytes=self.spec.memory_limit_bytes,
-                    should_stop=lambda: _stop_requested,
+                    should_stop=lambda: _stop_requested or bool(progress and progress.poll()),
                     file_size_limit_bytes=self.spec.file_size_limit_bytes,
-                    pass_fds=(pipe.write_fd,) if pipe else (),
+                    pass_fds=fds,
+                    # a run stopped as clearly worse is discarded: no grace needed
+                    stop_grace_s=0.2 if progress is not None else KILL_GRACE_S,
                 )
         finally:
             if pipe is not None:  # run_capped killed the phase's whole tree: EOF is due
                 self.channel_data[name] = pipe.finish()
+            if progress is not None:
+                self.result.progress = progress.finish()
+                self.stopped = progress.stopped
         if monitor is not None:
             self.record_memory(name, monitor)
         phase = PhaseResult(
@@ -468,7 +558,10 @@ class Job:
             command = getattr(spec, name)
             if not command:
                 continue
-            failure = self.check_phase(self.phase(name, command))
+            phase = self.phase(name, command)
+            if self.stopped is not None and not _stop_requested:
+                return self.stop_early()
+            failure = self.check_phase(phase)
             if failure:
                 return failure
             failure = self.check_integrity(after=name)
@@ -494,6 +587,19 @@ class Job:
         if spec.run_holdout and spec.holdout:
             return self.run_holdout()
         self.result.outcome = "ok"
+        return self.result
+
+    def stop_early(self) -> JobResult:
+        """The run was clearly worse than the incumbent's at the same step and was stopped:
+        nothing is evaluated, and the judge discards it (never a keep). The ledger keeps
+        the step, so a resumed study reads the same verdict."""
+        assert self.stopped is not None
+        step, value, level = self.stopped
+        self.result.outcome = "ok"
+        self.result.extra = {"stopped_early": 1, "stopped_at_step": step,
+                             "stopped_value": value, "incumbent_value": level}
+        self.result.reason = (f"run stopped at step {step:g}: {value:.4g} against the "
+                              f"incumbent's {level:.4g} at that step (clearly worse)")
         return self.result
 
     def run_holdout(self) -> JobResult:
