@@ -194,3 +194,38 @@ def test_dispatch_from_sweeps_falls_back_where_the_candidate_fails(cand):
     assert buckets["cols=32,rows=2048 float32"]["impl"] == "honest"
     for key in ("cols=128,rows=8 float32", "cols=1024,rows=64 float32"):
         assert buckets[key]["candidates"]["loop"]["ok"] and buckets[key]["candidates"]["honest"]["ok"]
+
+
+FIVE = [{"rows": 256 + 128 * i, "cols": 16} for i in range(5)]
+
+
+def test_a_candidate_clearly_slower_than_the_incumbent_stops_after_a_few_shapes(cand, monkeypatch):
+    # the candidate is the baseline itself (speedup ~1); the incumbent ran 20x faster on
+    # every shape: the driver passes its per-shape speedups in $RATCHET_INCUMBENT_EXTRA
+    fast = {f"shape_speedup_{i}": 20.0 for i in range(5)}
+    monkeypatch.setenv("RATCHET_INCUMBENT_EXTRA", json.dumps(fast))
+    report = sweep(cand.function("slow_baseline"), kc.slow_baseline, kc.reference,
+                   kc.make_inputs, FIVE, bench_options=QUICK)
+    # stopped after 3 shapes (the fewest the test needs) or 4: before the end
+    assert report.stopped_after in (3, 4) and len(report.results) == report.stopped_after
+    m = report.metrics()
+    assert m["stopped_early"] == 1 and m["stopped_after_shapes"] == report.stopped_after
+    lines = "\n".join(f"{k}: {v}" for k, v in emit(report, echo=False).items())
+    assert "stopped_early: 1" in lines
+    # an incumbent no faster than the candidate: the whole sweep runs, and the report
+    # carries the per-shape speedups a later candidate is compared with
+    slow = {f"shape_speedup_{i}": 0.05 for i in range(5)}
+    monkeypatch.setenv("RATCHET_INCUMBENT_EXTRA", json.dumps(slow))
+    full = sweep(cand.function("slow_baseline"), kc.slow_baseline, kc.reference,
+                 kc.make_inputs, FIVE, bench_options=QUICK)
+    assert full.stopped_after is None and len(full.results) == 5
+    assert "stopped_early" not in full.metrics()
+    assert sorted(k for k in full.metrics() if k.startswith("shape_speedup_")) == [
+        f"shape_speedup_{i}" for i in range(5)]
+    # no incumbent (the baseline's own run, a confirmation re-measure): never stopped
+    monkeypatch.delenv("RATCHET_INCUMBENT_EXTRA")
+    assert len(sweep(cand.function("slow_baseline"), kc.slow_baseline, kc.reference,
+                     kc.make_inputs, FIVE[:3], bench_options=QUICK).results) == 3
+    monkeypatch.setenv("RATCHET_INCUMBENT_EXTRA", json.dumps(fast))
+    assert len(sweep(cand.function("slow_baseline"), kc.slow_baseline, kc.reference,
+                     kc.make_inputs, FIVE, bench_options=QUICK, early_stop=False).results) == 5

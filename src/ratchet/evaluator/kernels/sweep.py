@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ... import stats
 from .. import channel
 from . import arrays
 from .correctness import MakeInputs, Shape, check_case, shape_key
@@ -31,6 +32,7 @@ from .roofline import Peaks, assess, evaluate
 from .timing import compare
 
 HOLDOUT_ENV = "RATCHET_HOLDOUT"
+SHAPE_KEY = "shape_speedup_"  # + the shape's index in the sweep: one metric per shape
 
 
 def holdout_requested(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> bool:
@@ -129,6 +131,8 @@ class SweepReport:
     results: list[ShapeResult] = field(default_factory=list)
     candidate: str = "candidate"
     baseline: str = "baseline"
+    # stopped after this many shapes: clearly slower than the incumbent on them
+    stopped_after: int | None = None
 
     @property
     def correct(self) -> bool:
@@ -192,6 +196,14 @@ class SweepReport:
         warnings = sum(len(r.warnings) for r in self.results)
         if warnings:
             m["warnings"] = warnings
+        # per-shape speedups in sweep order: what a later candidate's sweep is compared
+        # with, shape by shape, to stop it early ($RATCHET_INCUMBENT_EXTRA)
+        for i, r in enumerate(self.results):
+            if r.speedup is not None and not r.holdout:
+                m[f"{SHAPE_KEY}{i}"] = r.speedup
+        if self.stopped_after is not None:
+            m["stopped_early"] = 1
+            m["stopped_after_shapes"] = self.stopped_after
         return m
 
     def table(self) -> str:
@@ -268,6 +280,8 @@ def sweep(
     max_plausible_speedup: float = 10.0,
     names: tuple[str, str] = ("baseline", "candidate"),
     seed: int = 0,
+    incumbent: Mapping[str, float] | None = None,
+    early_stop: bool = True,
 ) -> SweepReport:
     """Check, then time (interleaved with the baseline), then place on the roofline, per shape.
 
@@ -280,6 +294,15 @@ def sweep(
     With check_options["out"] (an out= factory) the candidate fills preallocated buffers
     and the baseline is called as baseline(*inputs); otherwise both return their outputs
     and both pay the copy into the harness's buffer.
+
+    Early stop (discard only): `incumbent` (default: $RATCHET_INCUMBENT_EXTRA, which the
+    driver sets for a proposed candidate's own run) holds the incumbent's per-shape
+    speedups from its own sweep; after each public shape the candidate's speedups so far
+    are compared with them (`stats.clearly_slower`, paired by shape, on the time ratios
+    to the baseline timed beside it, so drift between the two jobs cancels), and a
+    clearly slower candidate is not timed further: its report says `stopped_early` and
+    the judge discards it. A confirmation re-measure gets no incumbent and always runs
+    the whole sweep; so does `early_stop=False`.
     """
     check_opts = dict(check_options or {})
     bench_opts = dict(bench_options or {})
@@ -287,6 +310,7 @@ def sweep(
         if key in check_opts:
             bench_opts.setdefault(key, check_opts[key])
     report = SweepReport(candidate=names[1], baseline=names[0])
+    known = (stats.incumbent_extra() if incumbent is None else dict(incumbent)) if early_stop else {}
     index = 0
     for is_holdout, group in ((False, list(shapes)), (True, list(holdout))):
         for shape in group:
@@ -297,7 +321,22 @@ def sweep(
                 )
                 index += 1
                 report.results.append(result)
+                if known and not is_holdout and _clearly_slower(report.results, known):
+                    report.stopped_after = index
+                    return report
     return report
+
+
+def _clearly_slower(results: Sequence[ShapeResult], incumbent: Mapping[str, float]) -> bool:
+    """The shapes timed so far show the candidate clearly slower than the incumbent: time
+    relative to the baseline (1 / speedup) paired with the incumbent's on each shape."""
+    mine, theirs = [], []
+    for i, r in enumerate(results):
+        other = incumbent.get(f"{SHAPE_KEY}{i}")
+        if r.speedup and other and other > 0:
+            mine.append(1.0 / r.speedup)
+            theirs.append(1.0 / other)
+    return stats.clearly_slower(mine, theirs) is not None
 
 
 def _one_shape(
