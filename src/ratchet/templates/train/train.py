@@ -13,6 +13,7 @@ The budget counts training steps only (not start-up, compilation or the export),
 first UNTIMED_STEPS steps, where torch.compile compiles, are not counted either.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -44,6 +45,7 @@ WARMUP_STEPS = 20
 GRAD_CLIP = 1.0
 SEED = 1337
 LOG_EVERY = 50
+PROGRESS_EVERY = 5  # steps between reports on ratchet's progress pipe
 # On a CUDA GPU these replace the CPU values above: a model big enough to keep an
 # H100/H200 busy (about 100M parameters, 64K tokens per step), karpathy's 5-minute budget.
 GPU_TIME_BUDGET = 300
@@ -198,6 +200,21 @@ def check_compile_caches() -> None:
             print(f"train.py: {var}={path} is not writable here; using {os.environ[var]}")
 
 
+def progress_reporter():
+    """ratchet's progress pipe ($RATCHET_PROGRESS_FD): one `<step> <value>` line per
+    report, so a run clearly worse than the incumbent's at the same point is stopped early
+    (docs/statistics.md). Here the step is the timed seconds (the budget every run has)
+    and the value the smoothed training loss. A no-op when run by hand."""
+    fd = os.environ.get("RATCHET_PROGRESS_FD")
+
+    def report(step: float, value: float) -> None:
+        if fd:
+            with contextlib.suppress(OSError, ValueError):  # only ever an early stop lost
+                os.write(int(fd), f"{step:.3f} {value:.6g}\n".encode())
+
+    return report
+
+
 def main() -> None:
     check_compile_caches()  # before anything imports torch._dynamo
     if os.environ.get("OMP_NUM_THREADS"):
@@ -250,6 +267,7 @@ def main() -> None:
     print(f"lr: {lr}  batch: {batch_size}  budget: {time_budget:g}s  threads: {torch.get_num_threads()}")
 
     model.train()
+    report = progress_reporter()
     step, timed, timed_steps, smooth_loss = 0, 0.0, 0, None
     t_start = time.perf_counter()
     while step < UNTIMED_STEPS or timed < time_budget:
@@ -273,6 +291,8 @@ def main() -> None:
         smooth_loss = value if smooth_loss is None else 0.9 * smooth_loss + 0.1 * value
         if step % LOG_EVERY == 0:
             print(f"step {step:5d} | loss {value:.4f} | {timed:6.1f}s timed", flush=True)
+        if timed > 0 and step % PROGRESS_EVERY == 0:
+            report(timed, smooth_loss)
         step += 1
     wall = time.perf_counter() - t_start
 
