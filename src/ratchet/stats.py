@@ -168,12 +168,24 @@ def pooled_noise(groups: Iterable[Sequence[float]], reported: Iterable[float] = 
     are fractions of their values (sem / value)."""
     squares, df = 0.0, 0
     for values in groups:
-        if relative:
-            values = [math.log(v) for v in values]
-        if len(values) >= 2:
-            mean = statistics.fmean(values)
-            squares += sum((v - mean) ** 2 for v in values)
-            df += len(values) - 1
+        more, more_df = spread_sums(values, relative)
+        squares, df = squares + more, df + more_df
+    return noise_from_sums(squares, df, reported, relative)
+
+
+def spread_sums(values: Sequence[float], relative: bool = False) -> tuple[float, int]:
+    """One commit's part of the pooled noise: (squared deviations from its mean, df)."""
+    if len(values) < 2:
+        return 0.0, 0
+    if relative:
+        values = [math.log(v) for v in values]
+    mean = statistics.fmean(values)
+    return sum((v - mean) ** 2 for v in values), len(values) - 1
+
+
+def noise_from_sums(squares: float, df: int, reported: Iterable[float] = (),
+                    relative: bool = False) -> Noise:
+    """The pooled noise from its sums (pooled_noise, for a caller that caches them)."""
     reported = [r for r in reported if r is not None and math.isfinite(r)]
     floor = math.sqrt(statistics.fmean([r * r for r in reported])) if reported else None
     if df:

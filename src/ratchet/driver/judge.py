@@ -266,18 +266,52 @@ class Confirmation:
     # the (candidate, incumbent) pairs of every earlier confirmation of the study
     pairs: list[list[tuple[float, float]]] = field(default_factory=list)
 
-    def noise(self, extra: dict[str, list[float]] | None = None) -> stats.Noise:
-        """The study's noise with `extra` evaluations (by commit) replacing the pool's:
-        relative (of log values) when every value is positive."""
-        groups = {**self.groups, **(extra or {})}
-        relative = stats.positive(groups.values()) and all(v > 0 for _, v in self.reported)
-        reported = [sem / abs(v) if relative else sem for sem, v in self.reported]
+    # each pooled commit's (all positive, sums absolute, sums relative): asked at every
+    # look of every confirmation, so computed once per commit
+    _sums: dict[str, tuple[bool, tuple[float, int], tuple[float, int]]] = field(
+        default_factory=dict, repr=False, compare=False)
+    _pair_sums: dict[str, tuple[float, int]] = field(default_factory=dict, repr=False,
+                                                      compare=False)
+
+    def _commit(self, key: str, values: list[float]) -> tuple[bool, tuple[float, int],
+                                                               tuple[float, int]]:
         # A commit's first evaluation is the one that made it a contender (picked for
         # looking good, it sits in the tail): left out of the spread, which would be
         # inflated by it, and the test's power with it. The rest (A/A floor, co-runs,
         # confirmation pairs) were measured whatever they showed.
-        return stats.pooled_noise([values[1:] for values in groups.values()], reported,
-                                  relative=relative)
+        positive = all(v > 0 for v in values)
+        rest = values[1:]
+        return (positive, stats.spread_sums(rest),
+                stats.spread_sums(rest, relative=True) if positive else (0.0, 0))
+
+    def paired_sums(self, relative: bool, gain: Callable[[float, float], float]
+                    ) -> tuple[float, int]:
+        """The spread sums of the earlier confirmations' paired gains (log ratios when
+        `relative`: those with a value <= 0 left out), computed once per scale."""
+        key = f"pairs {relative}"
+        if key not in self._pair_sums:
+            squares, df = 0.0, 0
+            for group in self.pairs:
+                if relative and not all(c > 0 and i > 0 for c, i in group):
+                    continue
+                more, more_df = stats.spread_sums([gain(c, i) for c, i in group])
+                squares, df = squares + more, df + more_df
+            self._pair_sums[key] = (squares, df)
+        return self._pair_sums[key]
+
+    def noise(self, extra: dict[str, list[float]] | None = None) -> stats.Noise:
+        """The study's noise with `extra` evaluations (by commit) replacing the pool's:
+        relative (of log values) when every value is positive."""
+        extra = extra or {}
+        parts = [self._sums.setdefault(key, self._commit(key, values))
+                 for key, values in self.groups.items() if key not in extra]
+        parts += [self._commit(key, values) for key, values in extra.items()]
+        relative = bool(parts) and all(p[0] for p in parts) \
+            and all(v > 0 for _, v in self.reported)
+        reported = [sem / abs(v) if relative else sem for sem, v in self.reported]
+        which = 2 if relative else 1
+        return stats.noise_from_sums(sum(p[which][0] for p in parts),
+                                     sum(p[which][1] for p in parts), reported, relative)
 
 
 def reported_noise(result: JobResult, metric: str) -> float | None:
@@ -332,10 +366,9 @@ def confirm(config: Config, entry: Entry, incumbent: Incumbent,
         # cancels there, where it inflates the spread of a commit's evaluations over
         # time. It is used once it rests on PAIRED_DF degrees of freedom (a rule on
         # counts alone, so either estimate keeps the rate); a reported error floors it.
-        paired = stats.pooled_noise(
-            [[gain(c, i) for c, i in group] for group in confirmation.pairs
-             if all(c > 0 and i > 0 for c, i in group) or not noise.relative]
-            + [diffs], relative=False)
+        earlier = confirmation.paired_sums(noise.relative, gain)
+        mine = stats.spread_sums(diffs)
+        paired = stats.noise_from_sums(earlier[0] + mine[0], earlier[1] + mine[1])
         per_pair = paired.known and paired.df >= PAIRED_DF and paired.df > noise.df
         # the spread of one evaluation, for the screen's z_0: the commits' own spread over
         # time, drift included (z_0 compares today's evaluation with a mean over time)
