@@ -1,6 +1,6 @@
 """Keeps you can trust, measured: false keeps, power, cost and early stopping side by side.
 
-    .venv/bin/python bench/statistics.py            # every section, ~1-2 minutes
+    .venv/bin/python bench/statistics.py            # every section, ~10-20 minutes
     .venv/bin/python bench/statistics.py --quick    # fewer studies (a smoke run)
 
 What is real and what is simulated:
@@ -415,15 +415,17 @@ def main() -> None:
     args = parser.parse_args()
     scale = 0.1 if args.quick else 1.0
     started = time.monotonic()
-    out = [f"# bench/statistics.py (seed {args.seed}{', quick' if args.quick else ''})", ""]
-    out += aa_section(max(2, int(10 * scale)), 200, args.seed) + [""]
-    out += power_section(max(20, int(400 * scale)), args.seed) + [""]
-    out += cost_section(max(2, int(10 * scale)), 200, args.seed) + [""]
-    out += early_stop_section(max(50, int(1000 * scale)), args.seed) + [""]
+    def show(lines: list[str]) -> None:  # each section as it is done: a long run loses none
+        print("\n".join([*lines, ""]), flush=True)
+
+    show([f"# bench/statistics.py (seed {args.seed}{', quick' if args.quick else ''})"])
+    show(aa_section(max(2, int(10 * scale)), 200, args.seed))
+    show(power_section(max(20, int(400 * scale)), args.seed))
+    show(cost_section(max(2, int(10 * scale)), 200, args.seed))
+    show(early_stop_section(max(50, int(1000 * scale)), args.seed))
     if not args.no_real:
-        out += real_section(rounds=4 if args.quick else 10) + [""]
-    out.append(f"({time.monotonic() - started:.0f} s)")
-    print("\n".join(out))
+        show(real_section(rounds=4 if args.quick else 10))
+    print(f"({time.monotonic() - started:.0f} s)")
 
 
 if __name__ == "__main__":

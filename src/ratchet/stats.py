@@ -67,11 +67,29 @@ def t_sf(t: float, df: float) -> float:
     return tail if t >= 0 else 1.0 - tail
 
 
+def _t_pdf(t: float, df: float) -> float:
+    front = math.lgamma((df + 1.0) / 2.0) - math.lgamma(df / 2.0) - 0.5 * math.log(df * math.pi)
+    return math.exp(front - (df + 1.0) / 2.0 * math.log1p(t * t / df))
+
+
 @functools.lru_cache(maxsize=1024)  # pure, and asked the same (p, df) for every commit of a view
 def t_ppf(p: float, df: float) -> float:
-    """The t with P(T <= t) = p (bisection on t_sf: exact enough, and never fails)."""
+    """The t with P(T <= t) = p: Newton's method from the normal quantile (a few steps),
+    bisection on t_sf where Newton does not settle (exact enough, and never fails)."""
     if math.isinf(df):
         return statistics.NormalDist().inv_cdf(p)
+    if 1e-12 < p < 1.0 - 1e-12:
+        t = statistics.NormalDist().inv_cdf(p)
+        for _ in range(30):
+            density = _t_pdf(t, df)
+            if density <= 0:
+                break
+            step = ((1.0 - t_sf(t, df)) - p) / density
+            if not math.isfinite(step) or abs(step) > max(1.0, abs(t)):
+                break  # far out in a heavy tail: bisection below
+            t -= step
+            if abs(step) < 1e-11 * max(1.0, abs(t)):
+                return t
     lo, hi = -1e6, 1e6
     for _ in range(200):
         mid = (lo + hi) / 2.0

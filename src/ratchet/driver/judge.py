@@ -303,8 +303,10 @@ class Confirmation:
         """The study's noise with `extra` evaluations (by commit) replacing the pool's:
         relative (of log values) when every value is positive."""
         extra = extra or {}
-        parts = [self._sums.setdefault(key, self._commit(key, values))
-                 for key, values in self.groups.items() if key not in extra]
+        for key, values in self.groups.items():
+            if key not in self._sums:
+                self._sums[key] = self._commit(key, values)
+        parts = [self._sums[key] for key in self.groups if key not in extra]
         parts += [self._commit(key, values) for key, values in extra.items()]
         relative = bool(parts) and all(p[0] for p in parts) \
             and all(v > 0 for _, v in self.reported)
