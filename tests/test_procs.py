@@ -49,3 +49,38 @@ def test_a_subreaper_kills_a_daemonised_grandchild():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=30, check=True)
     assert out.stdout.split() == ["1", "False", "1", "True", "True"], out
+
+
+def test_a_phase_log_is_readable_while_the_phase_runs_and_whole_after(tmp_path):
+    """The head of a phase's output reaches its log file as it is printed (the live
+    views read a running phase); when the phase ends the file is the capped log."""
+    import threading
+    import time
+
+    from ratchet.job.procs import run_capped
+
+    log = tmp_path / "logs" / "run.log"
+    code = ("import sys, time\nprint('step 0 | loss 4.0', flush=True)\ntime.sleep(1.5)\n"
+            "print('x' * 3000, flush=True)\n")
+    seen: list[str] = []
+
+    def watch() -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not seen:
+            if log.exists() and "step 0" in log.read_text():
+                seen.append(log.read_text())
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    exit_code, timed_out, capped, _ = run_capped(
+        [sys.executable, "-c", code], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"},
+        log_path=log, deadline=time.monotonic() + 30, log_limit=1000,
+        reap_all_descendants=False)
+    watcher.join()
+    assert exit_code == 0 and not timed_out
+    assert seen and seen[0] == "step 0 | loss 4.0\n"  # read while the phase slept
+    final = log.read_text()
+    assert final == capped.text()  # then the capped log: head, marker, tail
+    assert final.startswith("step 0 | loss 4.0\n") and "bytes of output dropped]" in final
+    assert len(final.encode()) < 1100

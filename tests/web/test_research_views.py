@@ -162,14 +162,22 @@ def test_tuner_training_and_kernel_views(study, tmp_path):
         assert re.search(r"Kernel: the incumbent c\d{4}", browser.eval("document.body.textContent"))
 
 
-SLOW_EVALUATOR = "import time\ntime.sleep(2.5)\n" + EVALUATOR  # a wait after the run phase
+SLOW_TRAIN = '''
+import time
+import solution
+
+for step in range(0, 100, 10):
+    loss = 4.0 / (1 + step / 10) + abs(solution.X - 1.25)
+    print(f"step {step:5d} | loss {loss:.4f} | tok/s {1000 + 10 * step}", flush=True)
+    time.sleep(0.5)
+'''
 
 
 @needs_chromium
-def test_a_running_candidates_curve_is_on_the_open_page_before_its_verdict(tmp_path):
-    """The worker writes a phase's log when the phase ends (head and tail within the log
-    limit): the open page draws a running job's curve as soon as its run phase has
-    ended, while it is still being evaluated, labelled as running."""
+def test_a_training_curve_grows_on_the_open_page_while_it_trains(tmp_path):
+    """The worker streams the head of a phase's output to its log (procs.CappedLog), the
+    server passes growing logs on (at most every LOG_REFRESH_S), and the open page redraws
+    the running job's curve, labelled running, longer each time: never reloaded."""
     import os
     import subprocess
 
@@ -179,8 +187,12 @@ def test_a_running_candidates_curve_is_on_the_open_page_before_its_verdict(tmp_p
         "ratchet.toml": config_text(
             task=TASK, search='[search]\nproposer = "tune"\nparallel = 1\nrounds = 1\n',
             knobs='[tune.knobs]\n"solution.py:X" = { choices = [3.0, 2.0, 1.5, 1.0] }\n'),
-        "evaluate.py": SLOW_EVALUATOR, "train.py": TRAIN, "solution.py": SOLUTION})
+        "evaluate.py": EVALUATOR, "train.py": SLOW_TRAIN, "solution.py": SOLUTION})
     ratchet(repo, "run", check=True)  # the baseline: the ledger exists
+    curve = ("(() => { const p = Array.from(document.querySelectorAll("
+             "'path.line[data-series=loss]')).find(p => p.closest('svg')"
+             ".textContent.includes(p.dataset.id + ' (running)'));"
+             " return p && [p.dataset.id, p.getAttribute('d').split('L').length]; })()")
     with serving(repo) as url, Browser(tmp_path / "profile") as browser:
         browser.goto(url)
         browser.eval("window.stillThisPage = 7")
@@ -188,21 +200,22 @@ def test_a_running_candidates_curve_is_on_the_open_page_before_its_verdict(tmp_p
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
         try:
-            seen = browser.wait_for(
-                "(() => { const p = Array.from(document.querySelectorAll("
-                "'path.line[data-series=loss]')).find(p => p.closest('svg')"
-                ".textContent.includes(p.dataset.id + ' (running)'));"
-                " const row = p && Array.from(document.querySelectorAll('#running tbody tr'))"
-                ".find(r => r.cells[0].textContent === p.dataset.id);"
-                " return p && row && [p.dataset.id, p.getAttribute('d').split('L').length,"
-                " row.cells[2].textContent]; })()", timeout=90, interval=0.1)
+            cand_id, first = browser.wait_for(curve, timeout=90, interval=0.1)
+            assert first < 10  # drawn while train.py was still printing
+            later = browser.wait_for(
+                f"(() => {{ const c = {curve}; return c && c[1] > {first} && c[1]; }})()",
+                timeout=60, interval=0.1)
+            assert first < later <= 10
             assert run.wait(timeout=120) == 0, run.stderr.read() if run.stderr else ""
         finally:
             if run.poll() is None:
                 run.kill()
-        cand_id, points, phase = seen
-        assert points == 5 and phase == "evaluate"  # every step train.py printed; not judged yet
         assert browser.eval("window.stillThisPage") == 7
+        final = browser.wait_for(
+            f"(() => {{ const p = document.querySelector('path.line[data-series=loss]"
+            f"[data-id={cand_id}]'); return p && p.getAttribute('d').split('L').length; }})()",
+            timeout=30)
+        assert final == 10  # every step train.py printed, from the finished run's log
     ledger = Ledger.readonly(repo / ".ratchet" / "ledger.db")
-    assert ledger.candidate(cand_id).is_judged  # and then it was judged
+    assert ledger.candidate(cand_id).is_judged
     ledger.close()

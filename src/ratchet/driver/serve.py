@@ -48,6 +48,7 @@ TOKEN_ENV = "RATCHET_SERVE_TOKEN"
 TOKEN_COOKIE = "ratchet_token"
 MIN_TOKEN_CHARS = 16
 POLL_S = 0.5  # how often an open event stream looks at the ledger
+LOG_REFRESH_S = 2.0  # growing logs alone redraw an open page at most this often
 HEARTBEAT_S = 15.0  # a comment line on a quiet stream, so proxies and browsers keep it
 LOG_LIMIT = 8 << 20  # the most of one log /log/ sends (its tail)
 STRICT_CSP = "default-src 'none'; style-src 'unsafe-inline'; sandbox"
@@ -98,10 +99,11 @@ class ReadOnlyStudy:
         self.ledger.close()
 
 
-def version(study: StudyLike, watch: str | None = None) -> str:
-    """A short key that changes whenever what the pages show changes: an event, a
-    verdict, a job placed or finished, a phase begun; and, for the page of a running
-    candidate (`watch`), its logs growing."""
+def version(study: StudyLike) -> str:
+    """A short key that changes whenever what the pages show changes: `structure:growth`.
+    Structure: an event, a verdict, a job placed or finished, a phase begun. Growth: the
+    logs of running jobs getting longer (a training curve, a log's tail), which the event
+    stream passes on at most every LOG_REFRESH_S."""
     db = study.ledger.db
     last_event = db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
     rows = db.execute("SELECT COUNT(*), TOTAL(judged_at), TOTAL(finished_at), "
@@ -111,13 +113,17 @@ def version(study: StudyLike, watch: str | None = None) -> str:
     running = db.execute("SELECT id, job_id FROM candidates WHERE status = ?",
                          (Status.SUBMITTED.value,)).fetchall()
     phases = [(r["id"], pages.job_state(study, r["job_id"]).get("phase")) for r in running]
-    growing: list[int] = []
-    if watch:
-        row = db.execute("SELECT job_id, status FROM candidates WHERE id = ?", (watch,)).fetchone()
-        if row is not None and row["status"] == Status.SUBMITTED.value:
-            growing = [p.stat().st_size for p in pages.live_logs(study, row["job_id"])]
-    key = json.dumps([last_event, list(rows), [m[0] for m in meta], phases, growing], default=str)
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
+    sizes = []
+    for r in running:
+        for log in pages.live_logs(study, r["job_id"]):
+            with contextlib.suppress(OSError):  # a job may end and be cleaned up meanwhile
+                sizes.append((r["id"], log.name, log.stat().st_size))
+    structure = json.dumps([last_event, list(rows), [m[0] for m in meta], phases], default=str)
+    return f"{_short(structure)}:{_short(json.dumps(sizes))}"
+
+
+def _short(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 # ---------------------------------------------------------------------------------------
@@ -207,8 +213,7 @@ SCRIPT = r"""
       if (again !== null && again !== version) { const v = again; again = null; refresh(v); }
     }
   }
-  const watch = document.body.dataset.watch;
-  const events = new EventSource('/events' + (watch ? '?watch=' + encodeURIComponent(watch) : ''));
+  const events = new EventSource('/events');
   events.onopen = () => { state.textContent = 'live'; };
   events.onmessage = (e) => { if (e.data !== version) refresh(e.data); };
   events.onerror = () => { state.textContent = 'reconnecting…'; };
@@ -229,7 +234,6 @@ class View:
     title: Callable[[StudyLike, pages.Snapshot], str]
     body: Callable[[StudyLike, pages.Snapshot], str]
     above: Callable[[pages.Snapshot], str] = lambda _snap: ""  # outside the live part
-    watch: str | None = None  # a candidate whose growing logs also update the page
 
 
 def overview_view() -> View:
@@ -258,7 +262,7 @@ def candidate_view(cand_id: str) -> View:
             raise LookupError(cand_id)
         return pages.candidate_page(study, snap, cand, LIVE)
 
-    return View(title=lambda study, _s: f"{cand_id}: {study.name}", body=body, watch=cand_id)
+    return View(title=lambda study, _s: f"{cand_id}: {study.name}", body=body)
 
 
 # ---------------------------------------------------------------------------------------
@@ -280,16 +284,16 @@ class Dashboard:
         self.log = log
         self.port = 0
 
-    def version(self, watch: str | None = None) -> str:
+    def version(self) -> str:
         with self.lock:
-            return version(self.study, watch)
+            return version(self.study)
 
     def render(self, view: View, fragment: bool) -> tuple[str, str, str]:
         """(html, version, policy) of a view: its live part alone, or the whole page."""
         with self.lock:
             snap = pages.snapshot(self.study)
             body = view.body(self.study, snap)
-            now = version(self.study, view.watch)
+            now = version(self.study)
             title = view.title(self.study, snap)
             above = view.above(snap)
         if fragment:
@@ -298,9 +302,8 @@ class Dashboard:
         shell = (f'{pages.nav(LIVE, "<span id=live-state>connecting…</span>")}{above}'
                  f'<main id="live">{body}</main>'
                  f'<script nonce="{nonce}">{SCRIPT}</script>')
-        watch = f' data-watch="{pages._e(view.watch)}"' if view.watch else ""
         html = pages.page(title, shell, csp(nonce)).replace(
-            "<body>", f'<body data-version="{pages._e(now)}"{watch}>', 1)
+            "<body>", f'<body data-version="{pages._e(now)}">', 1)
         return html, now, csp(nonce) + "; frame-ancestors 'none'"  # a header may say that
 
     def log_text(self, cand_id: str, index: int) -> str | None:
@@ -434,7 +437,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if self.command == "HEAD":
                 self._headers(200, "text/event-stream", None)
             else:
-                self._events(query.get("watch", [None])[0])
+                self._events()
             return
         if path == "/api/summary":
             self._send(200, json.dumps(self.app.summary()), "application/json")
@@ -466,21 +469,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return
         self._send(200, html, extra={"X-Ratchet-Version": now, "Content-Security-Policy": policy})
 
-    def _events(self, watch: str | None) -> None:
-        """Server-sent events: the ledger's version whenever it changes."""
+    def _events(self) -> None:
+        """Server-sent events: the version whenever the study moves, and at most every
+        LOG_REFRESH_S while only running jobs' logs grow (an open page redraws on each)."""
         self._headers(200, "text/event-stream", None, {"Connection": "close"})
         self.close_connection = True
-        sent, quiet_since = "", time.monotonic()
+        sent, at = "", 0.0
         while not self.app.stopping.is_set():
-            now = self.app.version(watch)
-            if now != sent:
+            now = self.app.version()
+            moved = now.split(":")[0] != sent.split(":")[0]
+            grew = now != sent and time.monotonic() - at >= LOG_REFRESH_S
+            if moved or grew:
                 self.wfile.write(f"retry: 2000\ndata: {now}\n\n".encode())
                 self.wfile.flush()
-                sent, quiet_since = now, time.monotonic()
-            elif time.monotonic() - quiet_since > HEARTBEAT_S:
+                sent, at = now, time.monotonic()
+            elif time.monotonic() - at > HEARTBEAT_S:
                 self.wfile.write(b": still here\n\n")
                 self.wfile.flush()
-                quiet_since = time.monotonic()
+                at = time.monotonic()
             self.app.stopping.wait(POLL_S)
 
 

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 PR_SET_CHILD_SUBREAPER = 36
 KILL_GRACE_S = 2.0
@@ -123,11 +124,28 @@ class CappedLog:
         self.head = bytearray()
         self.tail = bytearray()
         self.dropped = 0
+        self._live: IO[bytes] | None = None
+        self._live_failed = False
+
+    def _stream(self, data: bytes) -> None:
+        """The head also goes to the file as it comes, so the study's live views (a log's
+        tail, a training curve) can read a running phase; `save` writes the whole log."""
+        if self._live_failed or not data:
+            return
+        try:
+            if self._live is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._live = open(self.path, "wb")  # noqa: SIM115 - closed by save
+            self._live.write(data)
+            self._live.flush()
+        except (OSError, ValueError):  # ValueError: closed by `save` meanwhile
+            self._live_failed = True  # a view's convenience: the log itself is in memory
 
     def feed(self, chunk: bytes) -> None:
         room = self.head_limit - len(self.head)
         if room > 0:
             self.head += chunk[:room]
+            self._stream(chunk[:room])
             chunk = chunk[room:]
         if chunk:
             self.tail += chunk
@@ -153,6 +171,11 @@ class CappedLog:
         return bytes(self.head) + marker + bytes(self.tail)
 
     def save(self) -> None:
+        self._live_failed = True  # a late chunk must not reopen (and empty) the saved log
+        if self._live is not None:
+            with contextlib.suppress(OSError):
+                self._live.close()
+            self._live = None
         self.path.parent.mkdir(parents=True, exist_ok=True)  # a candidate may delete it
         self.path.write_bytes(self.content())
 
