@@ -292,6 +292,41 @@ class Search(Strict):
         return kind
 
 
+def parse_hours(value: Any) -> float:
+    """Hours: a bare number (8, 0.5), or a duration ('90m', '8h', '30s')."""
+    if isinstance(value, bool):
+        raise ValueError("expected hours (8, 0.5) or a duration such as '90m'")
+    if isinstance(value, int | float):
+        if value <= 0:
+            raise ValueError("must be positive")
+        return float(value)
+    try:
+        return parse_duration(value) / 3600.0
+    except ValueError:
+        raise ValueError(f"expected hours (8, 0.5) or a duration such as '90m', got "
+                         f"{value!r}") from None
+
+
+Hours = Annotated[float, BeforeValidator(parse_hours)]
+
+
+class Budget(Strict):
+    """Limits that stop a study cleanly at the first one it would cross (budget.py):
+    no new proposals, running jobs finished and judged. Any subset; the whole study's
+    spend counts (a resumed study goes on from what it spent), and a higher limit in
+    ratchet.toml lets `ratchet run` resume a study a limit stopped."""
+
+    usd: float | None = Field(default=None, gt=0)  # proposer calls + priced compute
+    tokens: int | None = Field(default=None, ge=1)  # proposer tokens, in + out
+    hours: Hours | None = None  # slot-hours of compute (GPU/CPU-hours)
+    wall: Hours | None = None  # wall-clock hours of the study's sessions
+    candidates: int | None = Field(default=None, ge=1)  # candidates proposed
+
+    @property
+    def limits(self) -> dict[str, float]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 KnobValue = int | float | str | bool | None
 
 
@@ -444,6 +479,7 @@ class Config(Strict):
     acceptance: Acceptance = Acceptance()
     prep: Prep | None = None
     search: Search = Search()
+    budget: Budget = Budget()
     tune: Tune = Tune()
     backend: Backend = Backend()
     notify: Notify | None = None
@@ -451,6 +487,21 @@ class Config(Strict):
     agent: dict[str, Any] = {}
     patches: dict[str, Any] = {}
     context: dict[str, Any] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _search_budget(cls, data: Any) -> Any:
+        """`[search] budget = {usd = 20, ...}` is the same table as `[budget]`."""
+        if not isinstance(data, dict) or not isinstance(data.get("search"), dict) \
+                or "budget" not in data["search"]:
+            return data
+        data = dict(data)
+        search = dict(data["search"])
+        if "budget" in data:
+            raise ValueError("budget: given both as [budget] and as search.budget; keep one")
+        data["budget"] = search.pop("budget")
+        data["search"] = search
+        return data
 
     @model_validator(mode="after")
     def _knobs_in_editable_files(self) -> Config:

@@ -22,6 +22,7 @@ from typing import TypeVar
 from ratchet.backends import Backend, JobState, make_backend
 from ratchet.driver.config import Config
 from ratchet.driver.ledger import Candidate, Ledger
+from ratchet.driver.spend import compute_usd
 from ratchet.errors import InfrastructureError
 from ratchet.job.faults import fault_point
 from ratchet.job.jobspec import COMPILE_CACHE_VARS, JobResult, JobSpec, PinnedFile
@@ -323,7 +324,15 @@ class Jobs:
                 self.record_result(cand, result)  # it finished before the cancel landed
                 return
         self.ledger.update(cand.id, "interrupted", status=Status.INTERRUPTED,
-                           reasons="interrupted (Ctrl-C); rerun on resume")
+                           reasons="interrupted (Ctrl-C); rerun on resume",
+                           **self._held_meanwhile(cand))
+
+    def _held_meanwhile(self, cand: Candidate) -> dict:
+        """An attempt that ends with no result (interrupted, lost) still held its slot
+        from its placing until now: spent, and counted (`extra_slot_s`, `cost_usd`)."""
+        held = max(0.0, time.time() - (cand.submitted_at or time.time()))
+        return {"extra_slot_s": round((cand.extra_slot_s or 0.0) + held, 3),
+                "cost_usd": round((cand.cost_usd or 0.0) + compute_usd(self.config, held), 6)}
 
     def handle_lost(self, cand: Candidate) -> None:
         max_attempts = self.backend.max_attempts
@@ -362,16 +371,14 @@ class Jobs:
             slot=result.slot,
             queue_s=result.queue_seconds,
             run_s=run_s,
-            cost_usd=self.cost(run_s) + proposal_cost(cand),
+            # compute alone: the proposal's calls are priced in the ledger's calls
+            # (spend.py); what earlier attempts held is added, not overwritten
+            cost_usd=round(compute_usd(self.config, slot_seconds_of(result))
+                           + (cand.cost_usd or 0.0), 6),
             finished_at=time.time(),
             reasons=result.reason or None,
             result=json.loads(result.to_json()),
         )
-
-    def cost(self, run_s: float) -> float:
-        backend = self.config.backend
-        rate = backend.gpu_hourly_usd or backend.cpu_hourly_usd
-        return round(rate * run_s / 3600.0, 6)
 
     # -- hold-out follow-up jobs ----------------------------------------------------------
 
@@ -396,8 +403,14 @@ class Jobs:
             time.sleep(POLL_S)
         held = self.call("result", lambda: self.backend.result(spec.job_id), cand.id) or \
             JobResult(job_id=spec.job_id, outcome="error", reason="hold-out job lost")
-        if held.outcome == "ok":
-            self.ledger.update(cand.id, "holdout", holdout=held.holdout)
+        # the follow-up job held a slot too: its time and price join the row's
+        spent = slot_seconds_of(held)
+        cand = self.ledger.row(cand.id)
+        self.ledger.update(cand.id, "holdout", holdout=held.holdout if held.outcome == "ok"
+                           else cand.holdout,
+                           extra_slot_s=round((cand.extra_slot_s or 0.0) + spent, 3),
+                           cost_usd=round((cand.cost_usd or 0.0)
+                                          + compute_usd(self.config, spent), 6))
         return held
 
     # -- after judging --------------------------------------------------------------------
@@ -427,8 +440,6 @@ def _placed(cand: Candidate) -> str:
     return cand.job_id
 
 
-def proposal_cost(cand: Candidate) -> float:
-    """What proposing it cost (an LLM's tokens), so `cost_usd` is the whole bill."""
-    usage = (cand.params or {}).get("llm") if isinstance(cand.params, dict) else None
-    cost = usage.get("cost_usd") if isinstance(usage, dict) else None
-    return float(cost) if isinstance(cost, int | float) else 0.0
+def slot_seconds_of(result: JobResult) -> float:
+    """What a job's phases held of its slot (a build on a CPU build slot excluded)."""
+    return sum(p.seconds for p in result.phases if not getattr(p, "off_slot", False))

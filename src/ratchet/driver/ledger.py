@@ -96,6 +96,48 @@ MIGRATIONS: tuple[str, ...] = (
     "ALTER TABLE candidates ADD COLUMN confirms TEXT",
     # v2: the verdict's reason code (judge.Reason) beside its text, matched by code
     "ALTER TABLE candidates ADD COLUMN code TEXT",
+    # v3: every proposer call (each HTTP request, each agent run), whatever became of it
+    # (spend.py); the proposal's candidate when it became one, NULL while it did not
+    """CREATE TABLE IF NOT EXISTS calls (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        t REAL NOT NULL,
+        proposer TEXT NOT NULL,
+        model TEXT,
+        outcome TEXT NOT NULL,
+        input_tokens INTEGER NOT NULL DEFAULT 0,
+        output_tokens INTEGER NOT NULL DEFAULT 0,
+        cost_usd REAL NOT NULL DEFAULT 0,
+        seconds REAL NOT NULL DEFAULT 0,
+        candidate TEXT,
+        fate TEXT,
+        detail TEXT)""",
+    # v4: proposals of older ledgers kept their tokens in params.llm, and each job's
+    # cost_usd held them too: they become calls, and cost_usd the job's compute alone
+    """INSERT INTO calls (t, proposer, model, outcome, input_tokens, output_tokens,
+        cost_usd, seconds, candidate, detail)
+        SELECT created_at, 'llm', json_extract(params, '$.llm.model'), 'ok',
+               COALESCE(json_extract(params, '$.llm.input_tokens'), 0),
+               COALESCE(json_extract(params, '$.llm.output_tokens'), 0),
+               COALESCE(json_extract(params, '$.llm.cost_usd'), 0), 0, id,
+               'migrated: ' || COALESCE(json_extract(params, '$.llm.calls'), 1) || ' request(s)'
+        FROM candidates WHERE json_valid(params)
+          AND json_type(params, '$.llm') = 'object'""",
+    """UPDATE candidates SET cost_usd = MAX(0, cost_usd
+        - COALESCE(json_extract(params, '$.llm.cost_usd'), 0))
+        WHERE cost_usd IS NOT NULL AND json_valid(params)
+          AND json_type(params, '$.llm') = 'object'""",
+    # v5: slot time a row's jobs held beyond its own result: a hold-out follow-up job,
+    # attempts that were lost or interrupted (spent, and counted, though they measured
+    # nothing)
+    "ALTER TABLE candidates ADD COLUMN extra_slot_s REAL",
+    # v6: each driver session (`ratchet run`, `wait`): the study's wall time is theirs,
+    # not the idle time between them
+    """CREATE TABLE IF NOT EXISTS sessions (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        command TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        seen_at REAL NOT NULL,
+        ended_at REAL)""",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -141,6 +183,9 @@ class Candidate:
     result: dict[str, Any] | None = None
     confirms: str | None = None  # a confirmation row: the id of the candidate it confirms
     code: str | None = None  # the verdict's reason code (judge.Reason)
+    # slot seconds of this row's other jobs (hold-out follow-up, lost or interrupted
+    # attempts): compute spent beyond `phases`
+    extra_slot_s: float | None = None
 
     @property
     def short(self) -> str:
@@ -262,8 +307,11 @@ class Ledger:
         return _Transaction(self.db)
 
     def new_candidate(
-        self, round: int, kind: str = "candidate", status: str = "proposed", **fields: Any
+        self, round: int, kind: str = "candidate", status: str = "proposed",
+        calls: list[int] | None = None, **fields: Any
     ) -> Candidate:
+        """A new row; `calls`: the proposer calls (spend.py) that made it, which are
+        its from now on, in the same transaction."""
         with self.transaction():
             row = self.db.execute("SELECT COALESCE(MAX(seq), -1) + 1 AS n FROM candidates")
             seq = max(0, row.fetchone()["n"])
@@ -275,7 +323,43 @@ class Ledger:
             self.db.execute(f"INSERT INTO candidates ({cols}) VALUES ({marks})",
                             tuple(data.values()))
             self._event(cand.id, status, {"description": cand.description})
+            if calls:
+                self.link_calls(calls, cand.id)
         return cand
+
+    # -- spend: proposer calls and driver sessions ------------------------------------------
+
+    def link_calls(self, ids: list[int], cand_id: str | None, fate: str | None = None) -> None:
+        """The calls `ids` made `cand_id` (or, with cand_id None, came to `fate`)."""
+        if not ids:
+            return
+        marks = ", ".join("?" * len(ids))
+        with self.transaction():
+            self.db.execute(f"UPDATE calls SET candidate = COALESCE(?, candidate), "
+                            f"fate = COALESCE(?, fate) WHERE id IN ({marks})",
+                            (cand_id, fate, *ids))
+
+    def calls(self) -> list[sqlite3.Row]:
+        return list(self.db.execute("SELECT * FROM calls ORDER BY id"))
+
+    def start_session(self, command: str) -> int:
+        now = time.time()
+        with self.transaction():
+            cur = self.db.execute("INSERT INTO sessions (command, started_at, seen_at) "
+                                  "VALUES (?, ?, ?)", (command, now, now))
+        return int(cur.lastrowid or 0)
+
+    def see_session(self, session: int, ended: bool = False) -> None:
+        """The session is alive now (or has ended): the end of its wall time so far."""
+        now = time.time()
+        with self.transaction():
+            self.db.execute("UPDATE sessions SET seen_at = ?, ended_at = CASE WHEN ? THEN ? "
+                            "ELSE ended_at END WHERE id = ?", (now, ended, now, session))
+
+    def sessions(self) -> list[tuple[float, float]]:
+        """(start, last seen) of every driver session, in order."""
+        return [(row["started_at"], row["seen_at"]) for row in self.db.execute(
+            "SELECT started_at, seen_at FROM sessions ORDER BY id")]
 
     def new_confirmation(self, cand: Candidate, commit: str | None, description: str,
                          parent: str | None) -> Candidate:
@@ -488,14 +572,45 @@ def slot_seconds(cand: Candidate) -> float:
     return sum(p.get("seconds") or 0.0 for p in cand.phases if not p.get("off_slot"))
 
 
-def throughput(cands: list[Candidate], slots: int) -> Throughput:
-    """Duty cycle and the limit, from the ledger alone (no clock of the driver's)."""
+def active_seconds(spans: list[tuple[float, float]]) -> float:
+    """The time covered by the union of `spans` ((start, end) pairs): overlaps count
+    once, the gaps between them not at all."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
+
+
+def study_wall(cands: list[Candidate], sessions: list[tuple[float, float]]) -> float:
+    """The study's wall time: while a driver session ran or a job ran (a job placed by
+    `ratchet submit` runs with no session), never the idle time between invocations."""
+    jobs = [(c.submitted_at, c.finished_at) for c in cands
+            if c.submitted_at is not None and c.finished_at is not None]
+    return active_seconds([*jobs, *sessions])
+
+
+def throughput(cands: list[Candidate], slots: int,
+               sessions: list[tuple[float, float]] | None = None) -> Throughput:
+    """Duty cycle and the limit, from the ledger alone (no clock of the driver's).
+
+    The wall time runs from the first job placed to the last finished, less the time no
+    driver session and no job ran (a study resumed the next morning does not count the
+    night); `sessions`: Ledger.sessions(). Without any (a ledger of an older ratchet),
+    the whole span counts, as it did then."""
     ran = [c for c in cands if c.run_s is not None and c.submitted_at is not None
            and c.finished_at is not None]
     if not ran or slots < 1:
         return Throughput(slots, 0, 0.0, 0.0, None, None, None, None)
-    wall = (max(c.finished_at for c in ran if c.finished_at is not None)
-            - min(c.submitted_at for c in ran if c.submitted_at is not None))
+    first = min(c.submitted_at for c in ran if c.submitted_at is not None)
+    last = max(c.finished_at for c in ran if c.finished_at is not None)
+    if sessions:
+        wall = study_wall(ran, [(max(a, first), min(b, last)) for a, b in sessions
+                                if b > first and a < last])
+    else:
+        wall = last - first
     busy = sum(slot_seconds(c) for c in ran)
     mean = busy / len(ran)
     return Throughput(
