@@ -10,8 +10,7 @@ import os
 from helpers import make_repo, ratchet
 from llm_server import LLMServer
 
-from ratchet.driver import views
-from ratchet.driver.ledger import Candidate, Ledger
+from ratchet.driver.ledger import Ledger
 
 TOML = """
 [task]
@@ -74,12 +73,3 @@ def test_status_cost_counts_proposals_that_never_ran(tmp_path):
     status = json.loads(ratchet(repo, "status", "--json").stdout)
     assert status["cost_usd"] == round(spent, 4)
     assert "RATCHET_TEST_LLM_KEY" not in os.environ  # the key stayed with the subprocess
-
-
-def test_total_cost_adds_proposals_without_a_job():
-    ran = Candidate(id="c1", seq=1, round=1, status="keep", cost_usd=0.5,
-                    params={"llm": {"cost_usd": 0.1}})  # job cost already includes tokens
-    rejected = Candidate(id="c2", seq=2, round=1, status="rejected",
-                         params={"llm": {"cost_usd": 0.2}})
-    baseline = Candidate(id="c0", seq=0, round=1, status="keep", kind="baseline")
-    assert views.total_cost([ran, rejected, baseline]) == 0.7

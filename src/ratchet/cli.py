@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ratchet import __version__, backends, proposers
-from ratchet.driver import infra, views
+from ratchet.driver import budget, infra, spend, views
 from ratchet.driver.config import CONFIG_FILE, Config, load_config
 from ratchet.driver.ledger import Candidate
 from ratchet.driver.study import Progress, Study
@@ -435,13 +435,13 @@ def status(
         counts: dict[str, int] = {}
         for cand in cands:
             counts[cand.status] = counts.get(cand.status, 0) + 1
-        run_s = sum(c.run_s or 0 for c in cands)
-        created = ledger.get("created")
-        wall = (max((c.finished_at or 0) for c in cands) - created) if cands and created else 0.0
+        # every call and job as recorded (spend.py); wall time without idle gaps
+        spent = spend.summary(ledger)
+        wall = spent.wall_hours * 3600
         hypotheses = sum(1 for c in cands if c.kind == Kind.CANDIDATE and c.is_judged)
         from ratchet.driver.ledger import throughput  # duty cycle and the limit, from the ledger
 
-        busy = throughput(cands, study.busy_slots)
+        busy = throughput(cands, study.busy_slots, ledger.sessions())
         summary = {
             "study": study.name,
             "started": study.started,
@@ -457,9 +457,12 @@ def status(
             "false_keep_rate": study.config.acceptance.rate,
             "counts": counts,
             "running": [c.id for c in cands if c.status == Status.SUBMITTED],
-            "job_hours": round(run_s / 3600, 4),
-            "cost_usd": round(views.total_cost(cands), 4),
-            "wall_hours": round(max(wall, 0) / 3600, 4),
+            "job_hours": round(spent.slot_hours, 4),
+            "cost_usd": round(spent.usd, 4),
+            "tokens": spent.tokens,
+            "spend": spent.as_dict(),  # proposer, compute and wasted, as recorded
+            "budget": budget.status(study.config.budget, spent, cands, ledger),
+            "wall_hours": round(spent.wall_hours, 4),
             "hypotheses_per_hour": round(hypotheses / (wall / 3600), 2) if wall > 0 else None,
             "duty_cycle": busy.duty,  # job time / (slots x wall time of the jobs)
             "limit_per_hour": busy.limit_per_hour,  # slots x 3600 / mean run time
@@ -499,9 +502,10 @@ def status(
         if study.config.acceptance.noise == "ignore":
             emit(console, "warning: acceptance.noise = \"ignore\": a keep rests on one "
                  "measurement, not on a confirmation beyond the noise")
-        emit(console, f"job time {summary['job_hours']:.3f} h, cost "
-             f"${summary['cost_usd']:.2f}, wall {summary['wall_hours']:.3f} h; sandbox: "
-             f"{summary['sandbox']}")
+        emit(console, spent.line())
+        for line in budget.lines(summary["budget"]):
+            emit(console, line)
+        emit(console, f"sandbox: {summary['sandbox']}")
         if summary["agent_sandbox"]:
             emit(console, f"agents: {summary['agent_sandbox']}")
         if busy.duty is not None:
@@ -552,6 +556,8 @@ def show(
         for line in views.show_lines(cand, study.config.metric.name, parent):
             console.print(line)
         for line in _measurement_lines(cand.result or {}):
+            console.print(line, highlight=False, markup=False)
+        for line in spend.candidate_lines(study.ledger, cand.id):  # its calls and compute
             console.print(line, highlight=False, markup=False)
         if cand.context_path:
             console.print(f"context the proposer saw: {cand.context_path}")

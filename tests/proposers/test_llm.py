@@ -65,9 +65,12 @@ def test_openai_round_through_a_study(tmp_path, server):
     assert usage["model"] == "m-openai" and usage["input_tokens"] == 100
     assert usage["output_tokens"] == 50 and usage["calls"] == 1
     assert usage["cost_usd"] == pytest.approx((100 * 2.0 + 50 * 10.0) / 1e6)
-    # the candidate's cost column (what `ratchet status` sums) includes its tokens
-    assert kept.cost_usd == pytest.approx(usage["cost_usd"])  # compute is priced at 0 here
-    assert rows["baseline"].cost_usd == 0
+    # the candidate's cost column is its compute (priced at 0 here); its request is a
+    # call of its own in the ledger, linked to it, with its tokens and their price
+    assert kept.cost_usd == 0 and rows["baseline"].cost_usd == 0
+    [call] = [c for c in ledger_of(repo).calls() if c["candidate"] == kept.id]
+    assert (call["outcome"], call["input_tokens"], call["output_tokens"]) == ("ok", 100, 50)
+    assert call["cost_usd"] == pytest.approx(usage["cost_usd"])
     diff = git(repo, "diff", kept.parent, kept.commit_sha)
     assert "-VALUE = 10" in diff and "+VALUE = 4" in diff
     # the study branch moved to the kept candidate

@@ -31,6 +31,7 @@ class Proposal:
     idea: str | None = None
     context: str | None = None  # exactly what the proposer saw (saved with the candidate)
     error: str | None = None  # a proposal that failed to materialise (bad patch, ...)
+    calls: list[int] = field(default_factory=list)  # the ledger's calls that made it (spend.py)
 
 
 def study_ref(study: str, cand_id: str) -> str:
@@ -115,7 +116,8 @@ def materialise(repo: Path, state_dir: Path, config: Config, proposal: Proposal,
     (parent, commit) (a proposal built ahead of time).
     """
     fields = dict(parent=incumbent, description=sanitize.line(proposal.description, 200),
-                  proposer=proposer, params=proposal.params, idea=proposal.idea)
+                  proposer=proposer, params=proposal.params, idea=proposal.idea,
+                  calls=list(proposal.calls))
     if proposal.context is not None:
         ctx_dir = state_dir / "contexts"
         path = ctx_dir / f"{cand_id}.md"

@@ -43,6 +43,7 @@ from ratchet.proposers.knobs import KnobError, knob_values
 from ratchet.vocab import Kind, Status
 
 STATE_DIR = ".ratchet"
+SESSION_BEAT_S = 2.0  # how often a running driver marks its session alive
 __all__ = ["Progress", "StopFlag", "Study", "StudyError"]
 
 
@@ -108,6 +109,8 @@ class Study:
         self.log = log
         self.stop = StopFlag()
         self._last_progress: Progress | None = None
+        self._session: int | None = None  # this driver's row in the ledger's sessions
+        self._seen = 0.0  # when the session was last marked alive
         self._best: tuple[tuple, float | None] = ((), None)  # (status counts, best so far)
         self.lock = StudyLock(self.state_dir / "lock")
         self.jobs = Jobs(self.repo, self.state_dir, self.config, self.ledger, self.backend_kind,
@@ -133,6 +136,7 @@ class Study:
         self.close()
 
     def close(self) -> None:
+        self._end_session()
         self.proposals.close()
         self.jobs.close()
         self.ledger.close()
@@ -183,6 +187,37 @@ class Study:
                             **Ledger.incumbent_meta(Incumbent(commit=head)))
             self.ledger.event("study-started", None, commit=head)
 
+    # -- sessions: the study's wall time is theirs, not the idle time between them ---------
+
+    def _start_session(self, command: str) -> None:
+        if self._session is None:
+            self._session = self.ledger.start_session(command)
+            self._seen = time.monotonic()
+
+    def _see_session(self) -> None:
+        """Marked alive every few seconds (a killed driver's wall time ends there)."""
+        if self._session is not None and time.monotonic() - self._seen >= SESSION_BEAT_S:
+            self._seen = time.monotonic()
+            self.ledger.see_session(self._session)
+
+    def _end_session(self) -> None:
+        if self._session is not None:
+            with contextlib.suppress(Exception):  # closing after a failure: best effort
+                self.ledger.see_session(self._session, ended=True)
+            self._session = None
+
+    def _preview(self) -> None:
+        """Before the first round: what a round is expected to cost, against the budget."""
+        if self.ledger.candidates():
+            return
+        from ratchet.driver.budget import preview
+
+        with contextlib.suppress(UserError, gitrepo.GitError):  # an estimate, never a stop
+            estimate = preview(self.config, self.repo, self.ledger.get("incumbent"),
+                               self.parallel, self.proposer_kind)
+            if estimate.usd > 0 or self.config.budget.limits:
+                self.log(estimate.line(self.config.budget))
+
     def _check_ideas_file(self) -> None:
         from ratchet.driver.ideas import IDEAS_FILE, read_ideas_file
 
@@ -210,6 +245,8 @@ class Study:
             except KnobError as exc:
                 raise StudyError(str(exc)) from None
         self.ensure_started()
+        self._start_session("run")
+        self._preview()
         with _as_study_errors():
             if self.config.search.mode == "rolling":
                 # the budget is a number of candidates (search.candidates, else rounds x K)
@@ -302,6 +339,7 @@ class Study:
         self.lock.acquire(on_wait=lambda holder: self.log(
             f"the study is held by {holder} (a ratchet run); waiting for it to end"))
         self.ensure_started()
+        self._start_session("wait")
         cands = []
         for ref in ids:
             cand = self.ledger.find(ref)
@@ -374,6 +412,7 @@ class Study:
         write_results_tsv(self.repo / "results.tsv", self.ledger, self.config.metric.name)
 
     def _report(self, round_no: int, target: int, running: list) -> None:
+        self._see_session()
         counts = self.ledger.status_counts()  # polled every few ms: one cheap query
         key = tuple(sorted(counts.items()))
         if self._best[0] != key:  # the pooled best changes only with a verdict

@@ -138,20 +138,6 @@ def show_lines(cand, metric: str, parent: str | None) -> list[str]:
     return lines
 
 
-def total_cost(cands: list) -> float:
-    """The whole bill: each job's cost (which includes its proposal's tokens) and the
-    tokens of proposals that never ran (rejected before running, duplicates)."""
-    total = 0.0
-    for cand in cands:
-        if cand.cost_usd is not None:
-            total += cand.cost_usd
-            continue
-        usage = (cand.params or {}).get("llm") if isinstance(cand.params, dict) else None
-        cost = usage.get("cost_usd") if isinstance(usage, dict) else None
-        total += float(cost) if isinstance(cost, int | float) else 0.0
-    return total
-
-
 # ---------------------------------------------------------------------------------------
 # headlines: pooled estimates, never one re-measure
 

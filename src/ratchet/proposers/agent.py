@@ -29,6 +29,8 @@ becomes the candidate's description.
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import re
 import shlex
@@ -37,6 +39,7 @@ import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +49,7 @@ from ratchet.driver import sanitize
 from ratchet.driver.candidate import Proposal
 from ratchet.driver.config import CONFIG_FILE, Config, Duration
 from ratchet.driver.ledger import Candidate
+from ratchet.driver.spend import Call, Meter, Outcome
 from ratchet.job import gitrepo, sandbox
 from ratchet.job.procs import CappedLog
 from ratchet.proposers import ProposalContext, Proposer, ProposerError, scratch
@@ -93,6 +97,8 @@ class AgentSettings(BaseModel):
     # run agents with the driver's own rights where no sandbox works (shown by `status`
     # and the report); without it such a machine refuses to start agents
     unsandboxed: bool = False
+    # the price of an agent's time, for a CLI that does not report its own cost
+    hourly_usd: float = Field(default=0.0, ge=0)
 
     @model_validator(mode="after")
     def _one_command(self) -> AgentSettings:
@@ -146,15 +152,19 @@ class AgentProposer(Proposer):
         warm_context(self.context)  # the machine's description, before the first round
 
     def propose(self, k: int, ctx: ProposalContext) -> list[Proposal]:
+        with Meter(ctx.state_dir) as meter:  # every agent run is in the ledger as it ends
+            return self._propose(k, ctx, meter)
+
+    def _propose(self, k: int, ctx: ProposalContext, meter: Meter) -> list[Proposal]:
         files = editable_files(ctx.repo, ctx.incumbent, ctx.config)
         shared = build_context(ctx, self.context, files)
         plans = hypotheses(k, ctx)
         if ctx.alone is not None:  # no filesystem sandbox: one at a time, each watched
-            return [self._watched(ctx, i, k, idea, angle, shared, sorted(files))
+            return [self._watched(ctx, i, k, idea, angle, shared, sorted(files), meter)
                     for i, (idea, angle) in enumerate(plans)]
         with ThreadPoolExecutor(max_workers=max(k, 1)) as pool:
             futures = [
-                pool.submit(self._one, ctx, i, k, idea, angle, shared, sorted(files))
+                pool.submit(self._one, ctx, i, k, idea, angle, shared, sorted(files), meter)
                 for i, (idea, angle) in enumerate(plans)
             ]
             return [f.result() for f in futures]
@@ -171,12 +181,12 @@ class AgentProposer(Proposer):
         return agent_contained(self.level)
 
     def _watched(self, ctx: ProposalContext, i: int, k: int, idea: str | None, angle: str,
-                 shared: str, files: list[str]) -> Proposal:
+                 shared: str, files: list[str], meter: Meter | None = None) -> Proposal:
         """One agent alone, the study's state checked around it: what changed meanwhile is
         this agent's doing, and only its proposal is rejected for it."""
         assert ctx.alone is not None
         proposal, tampered = ctx.alone(
-            lambda: self._one(ctx, i, k, idea, angle, shared, files))
+            lambda: self._one(ctx, i, k, idea, angle, shared, files, meter))
         if tampered:
             proposal.files, proposal.commit = {}, None
             proposal.error = ("tampering: the study's state changed while this agent ran "
@@ -184,7 +194,7 @@ class AgentProposer(Proposer):
         return proposal
 
     def _one(self, ctx: ProposalContext, i: int, k: int, idea: str | None, angle: str,
-             shared: str, files: list[str]) -> Proposal:
+             shared: str, files: list[str], meter: Meter | None = None) -> Proposal:
         name = f"{ctx.round}-{i}"
         work_dir = ctx.state_dir / "agents" / name  # the driver's record: prompt and log
         work_dir.mkdir(parents=True, exist_ok=True)
@@ -204,13 +214,13 @@ class AgentProposer(Proposer):
             if isinstance(argv, str):
                 return Proposal(description=fallback, idea=idea, context=prompt, error=argv)
             return self._run_in(copy, ctx, argv, prompt, prompt_file, work_dir, idea, angle,
-                                fallback)
+                                fallback, meter)
         finally:
             copy.remove()
 
     def _run_in(self, copy: scratch.Scratch, ctx: ProposalContext, argv: list[str],
                 prompt: str, prompt_file: Path, work_dir: Path, idea: str | None, angle: str,
-                fallback: str) -> Proposal:
+                fallback: str, meter: Meter | None = None) -> Proposal:
         # a home and a temp dir of its own, inside the only place it may write: CLIs keep
         # sessions and caches there (the real HOME is out of reach in the sandbox), with
         # copies of the config dirs the user names (scratch.private_home)
@@ -235,6 +245,11 @@ class AgentProposer(Proposer):
         found = _DESCRIPTION.findall(output)
         description = sanitize.line(found[-1].strip().strip("`"), 200) if found else fallback
         base = Proposal(description=description, idea=idea, context=prompt, params=params)
+        if meter is not None:  # the run is spent whatever becomes of its change
+            call = self._call_record(argv[0], code, timed_out, output, seconds)
+            base.calls = [meter.record(call)]
+            params["agent"].update(cost_usd=round(call.cost_usd, 6),
+                                   cost_source=call.detail)
         if timed_out:
             base.error = (f"agent timed out after {self.settings.timeout:g}s; its process "
                           "tree was killed")
@@ -259,6 +274,22 @@ class AgentProposer(Proposer):
             return base
         base.files = got.files
         return base
+
+    def _call_record(self, command: str, code: int | None, timed_out: bool, output: str,
+                     seconds: float) -> Call:
+        """One agent run as a call: its time, and its cost as its CLI reports it (Claude
+        Code's and Codex's JSON output), else its time at agent.hourly_usd."""
+        reported = reported_usage(output)
+        if reported.cost_usd is not None:
+            cost, source = reported.cost_usd, "cost reported by the agent's CLI"
+        else:
+            cost = self.settings.hourly_usd * seconds / 3600
+            source = f"{seconds:.1f} s at ${self.settings.hourly_usd:g}/h agent.hourly_usd"
+        outcome = (Outcome.TIMEOUT if timed_out else Outcome.OK if code == 0
+                   else Outcome.FAILED)
+        return Call(proposer="agent", model=command, outcome=outcome,
+                    input_tokens=reported.input_tokens, output_tokens=reported.output_tokens,
+                    cost_usd=cost, seconds=seconds, detail=source)
 
     def _policy(self, argv: list[str], env: dict[str, str], copy: scratch.Scratch,
                 ctx: ProposalContext) -> sandbox.Policy:
@@ -337,6 +368,54 @@ def run_agent(argv: list[str], cwd: Path, env: dict[str, str], log_path: Path,
     log.save()
     code = None if timed_out else jail.proc.returncode
     return code, timed_out, log.text(), time.monotonic() - start
+
+
+@dataclass
+class Usage:
+    cost_usd: float | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+MAX_REPORTED_USD = 10_000.0  # an agent's output is untrusted: a figure past this is not one
+
+
+def reported_usage(output: str) -> Usage:
+    """What the agent's CLI says it spent, from the JSON objects on its output's lines:
+    Claude Code's result (`total_cost_usd`, `usage`), Codex's `turn.completed` usage
+    (summed over turns). Untrusted text: only finite, non-negative, bounded numbers."""
+    found = Usage()
+    for line in output.splitlines()[-2000:]:
+        line = line.strip()
+        if not (line.startswith("{") and line.endswith("}")) or len(line) > 1_000_000:
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(event, dict):
+            continue
+        cost = _number(event.get("total_cost_usd"))
+        if cost is not None and cost <= MAX_REPORTED_USD:
+            found.cost_usd = cost  # the whole run's, in the last result
+        usage = event.get("usage")
+        if isinstance(usage, dict) and (event.get("type") in ("result", "turn.completed")):
+            tokens_in = sum(int(_number(usage.get(key)) or 0) for key in (
+                "input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
+            tokens_out = int(_number(usage.get("output_tokens")) or 0)
+            if event.get("type") == "result":  # the whole run's
+                found.input_tokens, found.output_tokens = tokens_in, tokens_out
+            else:
+                found.input_tokens += tokens_in
+                found.output_tokens += tokens_out
+    return found
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) and 0 <= number <= 1e12 else None
 
 
 def _git_common_dir(repo: Path) -> Path | None:

@@ -7,18 +7,51 @@ response body is read through a counter that stops it
   same reply again), and
 - at the request's total deadline, `deadline_s` after it was sent (a timeout, which the
   SDK and our backoff retry like any other).
+
+It is also where each HTTP request is seen, the SDK's own retries included: inside
+`with tap() as sent:` every request this thread sends is noted (when, how it ended, how
+long it took), so the proposer can record each one as a call (spend.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 try:  # the SDKs moved to httpx2; older installs use httpx
     import httpx2 as httpx
 except ImportError:  # pragma: no cover - depends on the installed SDK
     import httpx  # type: ignore[no-redef]
+
+
+@dataclass
+class Sent:
+    """One HTTP request as the transport saw it."""
+
+    started: float  # time.monotonic()
+    seconds: float  # until its response headers (or its failure)
+    status: int | None  # None: no response (refused, timed out, dropped)
+    error: str | None = None
+
+
+_taps = threading.local()
+
+
+@contextlib.contextmanager
+def tap() -> Iterator[list[Sent]]:
+    """Note every request this thread sends meanwhile (the SDKs' sync clients send on
+    the caller's thread)."""
+    previous = getattr(_taps, "sent", None)
+    sent: list[Sent] = []
+    _taps.sent = sent
+    try:
+        yield sent
+    finally:
+        _taps.sent = previous
 
 
 class ReplyTooLarge(Exception):
@@ -53,8 +86,18 @@ class BoundedTransport(httpx.HTTPTransport):
         self.max_bytes, self.deadline_s = max_bytes, deadline_s
 
     def handle_request(self, request: Any) -> Any:
-        deadline = time.monotonic() + self.deadline_s
-        response = super().handle_request(request)
+        started = time.monotonic()
+        deadline = started + self.deadline_s
+        sent = getattr(_taps, "sent", None)
+        try:
+            response = super().handle_request(request)
+        except Exception as exc:
+            if sent is not None:
+                sent.append(Sent(started, time.monotonic() - started, None,
+                                 f"{type(exc).__name__}: {str(exc)[:200]}"))
+            raise
+        if sent is not None:
+            sent.append(Sent(started, time.monotonic() - started, response.status_code))
         response.stream = _Bounded(response.stream, request, self.max_bytes, deadline)
         return response
 

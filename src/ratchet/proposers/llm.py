@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ratchet.driver.candidate import Proposal
 from ratchet.driver.config import CONFIG_FILE, Config, Duration
 from ratchet.driver.ledger import Candidate
+from ratchet.driver.spend import Call, Meter, Outcome
 from ratchet.proposers import ProposalContext, Proposer, ProposerError, bounded_http
 from ratchet.proposers.context import (
     build_context,
@@ -211,17 +212,21 @@ class LLMProposer(Proposer):
         warm_context(self.context)
 
     def propose(self, k: int, ctx: ProposalContext) -> list[Proposal]:
-        limit = self.settings.max_cost_usd
-        spent = sum(_cost_of(c) for c in ctx.history)
-        if limit is not None and spent >= limit:
-            return []  # llm.max_cost_usd reached: no new proposals
-        files = editable_files(ctx.repo, ctx.incumbent, ctx.config)
-        shared = build_context(ctx, self.context, files)
-        attempts = self.plan(k, ctx)
-        workers = min(k, self.settings.concurrency or k)
-        with ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
-            futures = [pool.submit(self._attempt, a, k, ctx, shared, files) for a in attempts]
-            proposals = [f.result() for f in futures]  # re-raises a ProposerError
+        with Meter(ctx.state_dir) as meter:  # every request is in the ledger as it ends
+            limit = self.settings.max_cost_usd
+            # every call's cost (dropped proposals' too), or the history's where the
+            # proposer runs without the study's ledger
+            spent = max(meter.spent_usd(), sum(_cost_of(c) for c in ctx.history))
+            if limit is not None and spent >= limit:
+                return []  # llm.max_cost_usd reached: no new proposals
+            files = editable_files(ctx.repo, ctx.incumbent, ctx.config)
+            shared = build_context(ctx, self.context, files)
+            attempts = self.plan(k, ctx)
+            workers = min(k, self.settings.concurrency or k)
+            with ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
+                futures = [pool.submit(self._attempt, a, k, ctx, shared, files, meter)
+                           for a in attempts]
+                proposals = [f.result() for f in futures]  # re-raises a ProposerError
         return dedupe(proposals)
 
     def plan(self, k: int, ctx: ProposalContext) -> list[Attempt]:
@@ -237,14 +242,22 @@ class LLMProposer(Proposer):
     # -- one request (and at most one repair) ------------------------------------------------
 
     def _attempt(self, attempt: Attempt, k: int, ctx: ProposalContext, shared: str,
-                 files: dict[str, str]) -> Proposal:
+                 files: dict[str, str], meter: Meter | None = None) -> Proposal:
+        calls: list[int] = []
+        proposal = self._attempt_calls(attempt, k, ctx, shared, files, meter, calls)
+        proposal.calls = calls  # each request it took, recorded: linked to its candidate
+        return proposal
+
+    def _attempt_calls(self, attempt: Attempt, k: int, ctx: ProposalContext, shared: str,
+                       files: dict[str, str], meter: Meter | None,
+                       calls: list[int]) -> Proposal:
         spec = self.settings.models[attempt.spec_index]
         system = SYSTEM_PROMPT.format(whole_lines=self.settings.whole_file_max_lines)
         messages = [{"role": "user", "content": shared + "\n" + _instruction(attempt, k)}]
         usage = {"input_tokens": 0, "output_tokens": 0, "calls": 0}
 
         def ask() -> str:
-            reply = self.complete(attempt.spec_index, system, messages)
+            reply = self.complete(attempt.spec_index, system, messages, meter, calls)
             if reply.error:
                 raise _Unusable(reply.error)
             usage["input_tokens"] += reply.input_tokens
@@ -313,24 +326,42 @@ class LLMProposer(Proposer):
 
     # -- the API call, with bounded retries ---------------------------------------------------
 
-    def complete(self, spec_index: int, system: str, messages: list[dict]) -> Reply:
+    def complete(self, spec_index: int, system: str, messages: list[dict],
+                 meter: Meter | None = None, calls: list[int] | None = None) -> Reply:
+        """One reply, with bounded retries. With a `meter`, every HTTP request sent (the
+        SDK's retries and ours) is recorded as a call as it ends, its id added to `calls`."""
         spec = self.settings.models[spec_index]
         delay = self.settings.backoff
         tries = self.settings.retries + 1
         started = time.monotonic()
         last = ""
+
+        def note(sent: list[bounded_http.Sent], outcome: Outcome, detail: str | None,
+                 reply: Reply | None = None) -> None:
+            if meter is not None:
+                ids = record_requests(meter, spec, sent, outcome, detail, reply)
+                if calls is not None:
+                    calls.extend(ids)
+
         for attempt in range(tries):
-            try:
-                return self._call(spec_index, system, messages)
-            except Exception as exc:  # classified below; unknown errors are not retried
-                big = bounded_http.too_large(exc)
-                if big is not None:  # the same request would fetch the same reply
-                    return Reply("", 0, 0, error=f"{spec.label}: {big}; the reply is not used "
-                                 "(llm.max_reply_mb)")
-                retryable, why, wait = _classify(exc)
-                if not retryable:
-                    raise ProposerError(f"llm: {spec.label}: {why}") from None
-                last = why
+            with bounded_http.tap() as sent:
+                try:
+                    reply = self._call(spec_index, system, messages)
+                except Exception as exc:  # classified below; unknown errors are not retried
+                    big = bounded_http.too_large(exc)
+                    if big is not None:  # the same request would fetch the same reply
+                        note(sent, Outcome.UNUSABLE, str(big))
+                        return Reply("", 0, 0, error=f"{spec.label}: {big}; the reply is not "
+                                     "used (llm.max_reply_mb)")
+                    retryable, why, wait = _classify(exc)
+                    again = retryable and attempt + 1 < tries
+                    note(sent, Outcome.RETRIED if again else Outcome.FAILED, why)
+                    if not retryable:
+                        raise ProposerError(f"llm: {spec.label}: {why}") from None
+                    last = why
+                else:
+                    note(sent, Outcome.OK, None, reply)
+                    return reply
             if attempt + 1 < tries:
                 time.sleep(min(max(delay, wait or 0.0), self.settings.backoff_max))
                 delay = min(delay * 2, self.settings.backoff_max)
@@ -432,6 +463,27 @@ def _malformed(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def record_requests(meter: Meter, spec: ModelSpec, sent: list[bounded_http.Sent],
+                    outcome: Outcome, detail: str | None, reply: Reply | None) -> list[int]:
+    """Each request of one try, as a call: those the SDK sent again were retried; the
+    last ended as the try did, and carries the reply's tokens and their price."""
+    ids = []
+    now = time.monotonic()
+    for i, one in enumerate(sent):
+        last = i == len(sent) - 1
+        why = f"HTTP {one.status}" if one.status is not None else (one.error or "no response")
+        tokens_in = reply.input_tokens if last and reply is not None else 0
+        tokens_out = reply.output_tokens if last and reply is not None else 0
+        ids.append(meter.record(Call(
+            proposer="llm", model=spec.label, outcome=outcome if last else Outcome.RETRIED,
+            input_tokens=tokens_in, output_tokens=tokens_out,
+            cost_usd=(tokens_in * spec.price_per_mtok_in
+                      + tokens_out * spec.price_per_mtok_out) / 1e6,
+            seconds=(now - one.started) if last else one.seconds,
+            detail=(detail or why) if last else why)))
+    return ids
 
 
 def _cost_of(cand: Candidate) -> float:
