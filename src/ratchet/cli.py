@@ -343,6 +343,7 @@ def _print_summary(study: Study) -> None:
              f"{str(ledger.get('incumbent'))[:7]})")
     if head.noise_ignored:
         emit(console, "warning: acceptance.noise = \"ignore\": keeps rest on one measurement")
+    emit(console, spend.summary(ledger).line())  # every call and job, as recorded
     ledger.close()
 
 

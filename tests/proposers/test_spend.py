@@ -1,0 +1,224 @@
+"""Every dollar and minute counted (issue 23), through `ratchet run` as a user runs it.
+
+A loopback server speaking the OpenAI protocol counts every request it is sent and the
+tokens it bills; the ledger's calls, `status --json` and `ratchet show` must agree with
+it exactly, in rounds and in rolling mode, with rate limits (the SDK's retries and
+ours), unusable replies that are repaired, and an incumbent that moves. A fake coding
+agent reports its own cost, or is priced by the hour. Budgets stop a study at the limit,
+and a higher limit resumes it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import ledger_of, make_repo
+from helpers import git as hgit
+from helpers import ratchet
+from llm_server import Answer, LLMServer
+
+PRICE_IN, PRICE_OUT = 2.0, 10.0  # $ per million tokens
+
+
+def llm_toml(url: str, *, rounds: int = 3, mode: str = "rounds", budget: str = "",
+             search: str = "") -> tuple[str, str]:
+    """The [llm] and [budget] sections, and the [search] lines."""
+    return f"""
+[llm]
+timeout = 10
+max_retries = 1
+retries = 2
+backoff = 0.01
+concurrency = 2
+
+[[llm.models]]
+provider = "openai"
+model = "m"
+base_url = "{url}"
+price_per_mtok_in = {PRICE_IN}
+price_per_mtok_out = {PRICE_OUT}
+{budget}
+""", f'mode = "{mode}"\nrounds = {rounds}\n{search}'
+
+
+def whole_file(value: int) -> str:
+    """A reply rewriting solution.py whole: it applies on any incumbent."""
+    return (f"DESCRIPTION: set VALUE to {value}\n\nsolution.py\n<<<<<<< FILE\n"
+            f"VALUE = {value}\n\n\ndef compute():\n    return VALUE\n>>>>>>> FILE\n")
+
+
+class Billing:
+    """The server's side of the bill: every request, and the tokens of every reply it
+    sent. Replies improve (the incumbent moves), some requests are rate-limited (429)
+    and some replies cannot be used (a repair request follows)."""
+
+    def __init__(self, *, limit_every: int = 0, junk_every: int = 0,
+                 tokens: tuple[int, int] | None = None) -> None:
+        self.lock = threading.Lock()
+        self.n = 0
+        self.billed_in = self.billed_out = 0
+        self.limited = 0
+        self.value = 9
+        self.limit_every, self.junk_every, self.tokens = limit_every, junk_every, tokens
+
+    def __call__(self, request) -> Answer:
+        with self.lock:
+            self.n += 1
+            n = self.n
+            if self.limit_every and n % self.limit_every == 0:
+                self.limited += 1
+                return Answer(status=429, retry_after=0.01)
+            tokens_in, tokens_out = self.tokens or (100 + n, 40 + n % 7)
+            self.billed_in += tokens_in
+            self.billed_out += tokens_out
+            if self.junk_every and n % self.junk_every == 0:
+                text = "I would rather not edit anything."  # no edit: asked to repair
+            else:
+                self.value -= 1
+                text = whole_file(self.value)
+        return Answer(text, input_tokens=tokens_in, output_tokens=tokens_out)
+
+    @property
+    def usd(self) -> float:
+        return (self.billed_in * PRICE_IN + self.billed_out * PRICE_OUT) / 1e6
+
+
+def study_repo(tmp_path: Path, url: str, parallel: int = 3, **kw) -> Path:
+    llm, search = llm_toml(url, **kw)
+    repo = make_repo(tmp_path / "r", "llm", llm, parallel=parallel)
+    toml = (repo / "ratchet.toml").read_text()
+    toml = toml.replace("rounds = 1\n", search)
+    (repo / "ratchet.toml").write_text(toml)
+    hgit(repo, "commit", "-qam", "study settings")
+    return repo
+
+
+def status_of(repo: Path) -> dict:
+    proc = ratchet(repo, "status", "--json", check=True)
+    return json.loads(proc.stdout)
+
+
+def assert_bill_agrees(repo: Path, server: LLMServer, billing: Billing) -> None:
+    """The ledger, `status --json` and the server count the same requests and tokens."""
+    ledger = ledger_of(repo)
+    calls = ledger.calls()
+    ids = {c.id for c in ledger.candidates(confirmations=True)}
+    ledger.close()
+    assert len(calls) == len(server.requests)
+    assert sum(c["input_tokens"] for c in calls) == billing.billed_in
+    assert sum(c["output_tokens"] for c in calls) == billing.billed_out
+    assert sum(1 for c in calls if c["outcome"] == "retried") == billing.limited
+    assert all(c["candidate"] in ids for c in calls if c["candidate"])
+    spend = status_of(repo)["spend"]
+    assert spend["calls"] == len(server.requests)
+    assert spend["input_tokens"] == billing.billed_in
+    assert spend["output_tokens"] == billing.billed_out
+    assert spend["proposer_usd"] == pytest.approx(billing.usd, abs=1e-9)
+
+
+@pytest.mark.parametrize("mode", ["rounds", "rolling"])
+def test_the_ledger_bills_what_the_server_billed(tmp_path, mode):
+    billing = Billing(limit_every=5, junk_every=4)
+    with LLMServer() as server:
+        server.respond_with(billing)
+        repo = study_repo(tmp_path, server.openai_url, mode=mode, rounds=3)
+        proc = ratchet(repo, "run", check=True)
+        requests = len(server.requests)
+    assert billing.limited > 0 and requests > billing.limited
+    assert_bill_agrees(repo, server, billing)
+    ledger = ledger_of(repo)
+    kept = [c for c in ledger.candidates() if c.status == "keep" and c.kind == "candidate"]
+    ledger.close()
+    assert kept, "the incumbent moved"
+    # the run's last lines say what was spent, as status does
+    assert f"{requests} calls" in proc.stdout
+    shown = ratchet(repo, "show", kept[-1].id, check=True).stdout
+    assert re.search(r"proposer: \d+ calls? \(", shown), shown
+
+
+def test_status_and_show_split_spend_per_candidate(tmp_path):
+    billing = Billing(tokens=(200, 50))
+    with LLMServer() as server:
+        server.respond_with(billing)
+        repo = study_repo(tmp_path, server.openai_url, parallel=2, rounds=1)
+        # compute is priced: each job's slot time at $36/h (a cent a second)
+        toml = (repo / "ratchet.toml").read_text().replace(
+            'kind = "local"\n', 'kind = "local"\ncpu_hourly_usd = 36.0\n')
+        (repo / "ratchet.toml").write_text(toml)
+        hgit(repo, "commit", "-qam", "priced")
+        ratchet(repo, "run", check=True)
+    ledger = ledger_of(repo)
+    [cand] = [c for c in ledger.candidates() if c.kind == "candidate"]
+    from ratchet.spend import job_slot_seconds
+
+    slot_s = job_slot_seconds(cand)
+    ledger.close()
+    assert cand.cost_usd == pytest.approx(slot_s * 0.01, abs=1e-5)
+    status = status_of(repo)
+    assert status["tokens"] == 250
+    spend = status["spend"]
+    assert spend["proposer_usd"] == pytest.approx((200 * PRICE_IN + 50 * PRICE_OUT) / 1e6)
+    assert spend["compute_usd"] > cand.cost_usd  # the baseline's job is compute too
+    assert status["cost_usd"] == round(spend["proposer_usd"] + spend["compute_usd"], 4)
+    shown = ratchet(repo, "show", cand.id, check=True).stdout
+    assert "proposer: 1 call (1 ok), 200 tokens in / 50 out, $0.0009" in shown
+    assert f"compute: {slot_s:.1f} slot-s" in shown
+
+
+# -- agents ------------------------------------------------------------------------------
+
+FAKE_AGENT = r'''
+import json, pathlib, re, sys, time
+prompt = pathlib.Path(sys.argv[2]).read_text()
+attempt = int(re.search(r"attempt (\d+) of", prompt).group(1))
+time.sleep(0.3)
+path = pathlib.Path("solution.py")
+value = 100 + attempt  # never better: what matters here is the bill
+path.write_text(re.sub(r"VALUE = \d+", f"VALUE = {value}", path.read_text()))
+if sys.argv[1] == "reports":
+    print(json.dumps({"type": "result", "total_cost_usd": 0.25 * attempt,
+                      "usage": {"input_tokens": 1000, "cache_read_input_tokens": 500,
+                                "output_tokens": 70}}))
+print(f"DESCRIPTION: agent sets VALUE to {value}")
+'''
+
+
+@pytest.mark.parametrize("mode", ["reports", "silent"])
+def test_every_agent_run_is_billed_with_its_time(tmp_path, mode):
+    script = tmp_path / "agent.py"
+    script.write_text(FAKE_AGENT)
+    extra = f"""
+[agent]
+command = ["{sys.executable}", "{script}", "{mode}", "{{prompt_file}}"]
+timeout = "60s"
+hourly_usd = 3600.0
+"""
+    repo = make_repo(tmp_path / "r", "agent", extra, parallel=3)
+    toml = (repo / "ratchet.toml").read_text().replace("rounds = 1\n", "rounds = 2\n")
+    (repo / "ratchet.toml").write_text(toml)
+    hgit(repo, "commit", "-qam", "two rounds")
+    ratchet(repo, "run", check=True)
+    ledger = ledger_of(repo)
+    calls = ledger.calls()
+    cands = [c for c in ledger.candidates() if c.kind == "candidate"]
+    ledger.close()
+    runs = sum(1 for d in (tmp_path / "r" / ".ratchet" / "agents").iterdir()
+               if (d / "agent.log").exists())
+    assert len(calls) == runs == 2 + 3  # round 1: K-1 beside the baseline; round 2: K
+    assert all(c["proposer"] == "agent" and c["outcome"] == "ok" for c in calls)
+    assert all(c["seconds"] >= 0.3 for c in calls)
+    assert {c["candidate"] for c in calls} == {c.id for c in cands}
+    if mode == "reports":  # the CLI's own figure wins over the hourly price
+        assert sorted(c["cost_usd"] for c in calls) == pytest.approx(
+            sorted([0.25, 0.5, 0.25, 0.5, 0.75]))
+        assert all(c["input_tokens"] == 1500 and c["output_tokens"] == 70 for c in calls)
+    else:  # $3600/h: a dollar a second of the agent's time
+        assert all(c["cost_usd"] == pytest.approx(c["seconds"], abs=0.01) for c in calls)
+    status = status_of(repo)
+    assert status["spend"]["calls"] == 5
+    assert status["spend"]["proposer_usd"] == pytest.approx(sum(c["cost_usd"] for c in calls))
