@@ -99,6 +99,12 @@ def open_study(repo: Path, **kwargs) -> Study:
     on_disk = load_config(top)  # the file as it is: a broken one stops us, even uncommitted
     config, source = _study_config(top, on_disk)
     log = kwargs.setdefault("log", lambda m: err.print(m))
+    if source and config.budget != on_disk.budget:
+        # the budget limits the study, it is not part of what is measured: the file as it
+        # is now is taken, so a higher limit resumes a study a limit stopped
+        config = config.model_copy(update={"budget": on_disk.budget})
+        limits = ", ".join(f"{k} = {v:g}" for k, v in on_disk.budget.limits.items())
+        log(f"budget from ratchet.toml as it is now: {limits or 'no limits'}")
     if source and config != on_disk:
         log(f"warning: ratchet.toml has changes that are not in the study's config; "
             f"they are ignored: the study reads ratchet.toml as {source}")

@@ -476,21 +476,21 @@ def running_now(study: StudyLike, snap: Snapshot, site: Site) -> str:
 
 def costs(study: StudyLike, snap: Snapshot) -> str:
     """Job time, duty and its limit, spend (and against a budget, where one is set)."""
+    from ratchet.driver.spend import summary
+
     cands = snap.cands
-    created = study.ledger.get("created")
-    run_s = sum(c.run_s or 0.0 for c in cands)
+    spent = summary(study.ledger)  # every proposer call and job, as recorded
     queue_s = sum(c.queue_s or 0.0 for c in cands)
-    finished = [c.finished_at for c in cands if c.finished_at]
-    wall = max(finished) - created if finished and created else None
+    wall = spent.wall_hours * 3600  # while a session or a job ran, not the idle gaps
     judged = sum(1 for c in cands if c.kind == Kind.CANDIDATE and c.is_judged)
     slots = study.busy_slots
     facts = [
-        ("job hours", f"{run_s / 3600:.4f}"),
+        ("job hours (GPU/CPU slot-hours)", f"{spent.slot_hours:.4f}"),
         ("queue hours", f"{queue_s / 3600:.4f}"),
-        ("wall time", duration(wall) if wall and wall > 0 else ""),
-        ("candidates judged per hour", f"{judged / (wall / 3600):.1f}" if wall and wall > 0 else ""),
+        ("wall time", duration(wall) if wall > 0 else ""),
+        ("candidates judged per hour", f"{judged / (wall / 3600):.1f}" if wall > 0 else ""),
     ]
-    busy = throughput(cands, slots)  # how busy the slots were, and the most they could do
+    busy = throughput(cands, slots, study.ledger.sessions())  # how busy the slots were
     if busy.duty is not None:
         facts += [
             (f"duty cycle ({slots} slot{'s' * (slots != 1)})", f"{busy.duty:.0%}"),
@@ -510,21 +510,26 @@ def token_usage(cand: Candidate) -> dict[str, float]:
 
 
 def spend_facts(study: StudyLike, snap: Snapshot) -> list[tuple[str, str]]:
-    """Spend: USD (jobs and tokens, as `ratchet status` counts it), tokens, and the
-    budget when the config has one. The hook for the spend issue's figures: a `budget`
-    section with `usd` / `tokens` limits is shown against what was spent."""
-    spent = views.total_cost(snap.cands)
-    tokens_in = sum(token_usage(c).get("input_tokens", 0.0) for c in snap.cands)
-    tokens_out = sum(token_usage(c).get("output_tokens", 0.0) for c in snap.cands)
-    facts = [("cost (USD)", f"{spent:.2f}")]
-    if tokens_in or tokens_out:
-        facts.append(("model tokens in / out", f"{tokens_in:,.0f} / {tokens_out:,.0f}"))
-    budget = getattr(study.config, "budget", None)
-    for name, spent_now, unit in (("usd", spent, "USD"), ("tokens", tokens_in + tokens_out, "tokens")):
-        limit = getattr(budget, name, None) if budget is not None else None
-        if isinstance(limit, int | float) and limit > 0:
-            facts.append((f"budget ({unit})", f"{spent_now:,.2f} of {limit:,.2f} "
-                          f"({spent_now / limit:.0%})"))
+    """Spend as the ledger records it (driver/spend.py): proposer calls and tokens,
+    compute, waste, and each [budget] limit against what is used of it."""
+    from ratchet.driver import budget
+    from ratchet.driver.spend import summary
+
+    spent = summary(study.ledger)
+    facts = [
+        ("cost (USD)", f"{spent.usd:.4f}"),
+        ("proposer (USD)", f"{spent.proposer_usd:.4f} ({spent.calls} calls)"),
+        ("model tokens in / out", f"{spent.input_tokens:,} / {spent.output_tokens:,}"),
+        ("compute (USD)", f"{spent.compute_usd:.4f}"),
+        ("wasted (USD): unused proposals, crashed and rejected candidates",
+         f"{spent.wasted_usd:.4f} ({spent.unused_calls} unused calls)"),
+    ]
+    limits = getattr(study.config, "budget", None)
+    if limits is not None:
+        used = budget.used(spent, snap.cands)
+        for name, allowed in limits.limits.items():
+            facts.append((f"budget.{name}", f"{budget.show(name, used[name])} of "
+                          f"{budget.show(name, allowed)} ({used[name] / allowed:.0%})"))
     return facts
 
 
@@ -643,8 +648,12 @@ def candidate_page(study: StudyLike, snap: Snapshot, cand: Candidate, site: Site
         ("slot", _e(cand.slot or "")),
         ("queued", duration(cand.queue_s)),
         ("ran", duration(cand.run_s)),
-        ("cost (USD)", f"{cand.cost_usd:.4f}" if cand.cost_usd is not None else ""),
+        ("compute cost (USD)", f"{cand.cost_usd:.4f}" if cand.cost_usd is not None else ""),
     ]
+    from ratchet.driver.spend import candidate_lines
+
+    # its proposer calls (each request, each agent run) and its compute, as recorded
+    facts += [("spend", _e(line)) for line in candidate_lines(study.ledger, cand.id)]
     if usage:
         facts.append(("model usage", _e(", ".join(f"{k} {views.fmt(v)}" for k, v in usage.items()))))
     if cand.confirms:

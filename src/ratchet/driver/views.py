@@ -33,7 +33,12 @@ def shorten(text: str, width: int) -> str:
 
 
 def results_rows(ledger: Ledger, metric: str) -> list[list[str]]:
-    rows = [["commit", metric, "memory_gb", "status", "description"]]
+    """karpathy's columns, then each candidate's spend: its proposer calls' tokens and
+    the dollars of those calls and of its jobs (spend.py)."""
+    from ratchet.spend import per_candidate
+
+    rows = [["commit", metric, "memory_gb", "status", "description", "tokens", "cost_usd"]]
+    spent = per_candidate(ledger)
     for cand in ledger.candidates():
         if cand.status not in TSV_STATUSES:
             continue
@@ -43,8 +48,10 @@ def results_rows(ledger: Ledger, metric: str) -> list[list[str]]:
         description = _clean(cand.description)
         if cand.status in (Status.CRASH, Status.REJECTED) and cand.reasons:
             description = f"{description} [{shorten(cand.reasons, 160)}]"
+        mine = spent.get(cand.id, {})
         rows.append([cand.short or "-------", f"{value:.6f}", f"{memory:.1f}", cand.status,
-                     description])
+                     description, str(int(mine.get("tokens", 0))),
+                     f"{mine.get('usd', 0.0):.6f}"])
     return rows
 
 
