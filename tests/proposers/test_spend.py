@@ -154,7 +154,7 @@ def test_status_and_show_split_spend_per_candidate(tmp_path):
         ratchet(repo, "run", check=True)
     ledger = ledger_of(repo)
     [cand] = [c for c in ledger.candidates() if c.kind == "candidate"]
-    from ratchet.spend import job_slot_seconds
+    from ratchet.driver.spend import job_slot_seconds
 
     slot_s = job_slot_seconds(cand)
     ledger.close()

@@ -35,7 +35,7 @@ def shorten(text: str, width: int) -> str:
 def results_rows(ledger: Ledger, metric: str) -> list[list[str]]:
     """karpathy's columns, then each candidate's spend: its proposer calls' tokens and
     the dollars of those calls and of its jobs (spend.py)."""
-    from ratchet.spend import per_candidate
+    from ratchet.driver.spend import per_candidate
 
     rows = [["commit", metric, "memory_gb", "status", "description", "tokens", "cost_usd"]]
     spent = per_candidate(ledger)
