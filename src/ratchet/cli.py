@@ -350,6 +350,9 @@ def _print_summary(study: Study) -> None:
     if head.noise_ignored:
         emit(console, "warning: acceptance.noise = \"ignore\": keeps rest on one measurement")
     emit(console, spend.summary(ledger).line())  # every call and job, as recorded
+    stop = ledger.get("budget_stop")
+    if isinstance(stop, dict):  # a limit of [budget] stopped it: which one, how to go on
+        emit(console, stop["line"])
     ledger.close()
 
 

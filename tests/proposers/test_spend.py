@@ -222,3 +222,145 @@ hourly_usd = 3600.0
     status = status_of(repo)
     assert status["spend"]["calls"] == 5
     assert status["spend"]["proposer_usd"] == pytest.approx(sum(c["cost_usd"] for c in calls))
+
+
+# -- a round sees the last round's verdicts; speculation is billed -----------------------
+
+
+def test_each_round_is_proposed_from_the_last_rounds_verdicts(tmp_path):
+    billing = Billing(tokens=(100, 50))
+    with LLMServer() as server:
+        server.respond_with(billing)
+        repo = study_repo(tmp_path, server.openai_url, parallel=3, rounds=3)
+        ratchet(repo, "run", check=True)
+        prompts = [r.prompt for r in server.requests]
+    ledger = ledger_of(repo)
+    cands = [c for c in ledger.candidates() if c.kind == "candidate"]
+    calls = ledger.calls()
+    ledger.close()
+    assert [c.round for c in cands] == [1, 1, 2, 2, 2, 3, 3, 3]
+    assert len(calls) == len(prompts) == 8  # nothing asked ahead, nothing dropped
+    assert all(c["candidate"] for c in calls)
+    by_id = {c.id: c for c in cands}
+    for call, prompt in zip(calls, prompts, strict=True):
+        mine = by_id[call["candidate"]]
+        # every candidate of every earlier round is in its prompt with its verdict
+        for earlier in (c for c in cands if c.round < mine.round):
+            assert f"- {earlier.id} (round {earlier.round}) [{earlier.status}]" in prompt
+
+
+def test_speculation_is_an_option_and_what_it_drops_is_billed(tmp_path):
+    billing = Billing(tokens=(100, 50))
+    with LLMServer() as server:
+        server.respond_with(billing)
+        repo = study_repo(tmp_path, server.openai_url, parallel=3, rounds=3,
+                          search="ahead = true\n")
+        ratchet(repo, "run", check=True)
+        requests = len(server.requests)
+    ledger = ledger_of(repo)
+    calls = ledger.calls()
+    made = sum(1 for c in ledger.candidates() if c.kind == "candidate")
+    ledger.close()
+    dropped = [c for c in calls if (c["fate"] or "").startswith("dropped")]
+    # the incumbent moved every round: round 2 and 3's speculative proposals conflicted
+    # with it, were asked again, and the dropped ones stay in the bill
+    assert dropped and all(c["candidate"] is None for c in dropped)
+    assert requests == len(calls) > made
+    status = status_of(repo)
+    assert status["spend"]["unused_calls"] == requests - made
+    assert status["spend"]["unused_usd"] == pytest.approx(
+        (requests - made) * (100 * PRICE_IN + 50 * PRICE_OUT) / 1e6)
+    assert status["spend"]["wasted_usd"] >= status["spend"]["unused_usd"]
+
+
+# -- budgets -------------------------------------------------------------------------------
+
+PER_REQUEST = {"tokens": 150, "usd": (100 * PRICE_IN + 50 * PRICE_OUT) / 1e6}
+
+
+@pytest.mark.parametrize("limit", ["tokens", "usd"])
+def test_a_budget_stops_the_study_and_a_higher_one_resumes_it(tmp_path, limit):
+    one = PER_REQUEST[limit]
+    # K=2: round 1 is the baseline and one proposal, then two a round. After round 2,
+    # 3 requests are spent and a round costs 2 more: 5 would cross 3.5
+    billing = Billing(tokens=(100, 50))
+    with LLMServer() as server:
+        server.respond_with(billing)
+        allowed = 3.5 * one
+        value = f"{allowed:g}" if limit == "usd" else str(int(allowed))
+        repo = study_repo(tmp_path, server.openai_url, parallel=2, rounds=10,
+                          budget=f"[budget]\n{limit} = {value}\n")
+        first = ratchet(repo, "run")
+        assert first.returncode == 0, first.stderr
+        assert len(server.requests) == 3
+        assert f"stopped at budget.{limit}: " in first.stdout
+        assert "raise budget." + limit in first.stdout
+        status = status_of(repo)
+        assert status["budget"]["stopped"]["limit"] == f"budget.{limit}"
+        assert status["budget"]["limits"][limit]["used"] == pytest.approx(3 * one)
+        ledger = ledger_of(repo)
+        cands = ledger.candidates()
+        ledger.close()
+        assert all(c.is_judged for c in cands)  # what ran was finished and judged
+        assert [c.round for c in cands if c.kind == "candidate"] == [1, 2, 2]
+        # the same limit again: nothing new is asked for
+        again = ratchet(repo, "run", check=True)
+        assert len(server.requests) == 3 and f"stopped at budget.{limit}" in again.stdout
+        # a higher limit in ratchet.toml (not committed: a limit is not an experiment)
+        raised = 5.5 * one
+        value = f"{raised:g}" if limit == "usd" else str(int(raised))
+        toml = (repo / "ratchet.toml").read_text()
+        (repo / "ratchet.toml").write_text(re.sub(rf"(?m)^{limit} = .*$",
+                                                  f"{limit} = {value}", toml))
+        resumed = ratchet(repo, "run", check=True)
+        assert "budget from ratchet.toml as it is now" in resumed.stderr
+        assert len(server.requests) == 5
+        assert f"stopped at budget.{limit}" in resumed.stdout
+    ledger = ledger_of(repo)
+    rounds = [c.round for c in ledger.candidates() if c.kind == "candidate"]
+    ledger.close()
+    assert rounds == [1, 2, 2, 3, 3]
+    assert_bill_agrees(repo, server, billing)
+
+
+def test_budget_candidates_cuts_the_last_round(tmp_path):
+    billing = Billing(tokens=(100, 50))
+    with LLMServer() as server:
+        server.respond_with(billing)
+        repo = study_repo(tmp_path, server.openai_url, parallel=3, rounds=10,
+                          budget="[budget]\ncandidates = 4\n")
+        proc = ratchet(repo, "run", check=True)
+        assert len(server.requests) == 4
+    ledger = ledger_of(repo)
+    rounds = [c.round for c in ledger.candidates() if c.kind == "candidate"]
+    ledger.close()
+    assert rounds == [1, 1, 2, 2]  # round 2 cut to the two candidates left
+    assert "stopped at budget.candidates: 4 candidates made of 4 candidates" in proc.stdout
+
+
+def test_rolling_stops_at_the_budget_and_bills_the_request_in_flight(tmp_path):
+    billing = Billing(tokens=(100, 50))
+    with LLMServer() as server:
+        server.respond_with(billing)
+        repo = study_repo(tmp_path, server.openai_url, parallel=2, rounds=10,
+                          mode="rolling", budget="[budget]\ntokens = 900\n")
+        proc = ratchet(repo, "run", check=True)
+        assert "stopped at budget.tokens" in proc.stdout
+        requests = len(server.requests)
+        ledger = ledger_of(repo)
+        cands = ledger.candidates()
+        ledger.close()
+        assert all(c.is_judged for c in cands)
+        made = sum(1 for c in cands if c.kind == "candidate")
+        # one request is always in flight, and none is sent that would cross the limit:
+        # at the stop the last one is waited for and billed
+        assert made <= requests and 150 * requests <= 900
+        assert_bill_agrees(repo, server, billing)
+        toml = (repo / "ratchet.toml").read_text().replace("tokens = 900", "tokens = 1800")
+        (repo / "ratchet.toml").write_text(toml)
+        ratchet(repo, "run", check=True)
+        ledger = ledger_of(repo)
+        more = sum(1 for c in ledger.candidates() if c.kind == "candidate")
+        ledger.close()
+        assert more > made
+        assert_bill_agrees(repo, server, billing)

@@ -53,11 +53,10 @@ class Reached:
 
     def line(self) -> str:
         """One line: which limit, spent of allowed, and how to go on."""
+        verb = "made" if self.limit == "candidates" else "spent"
+        where = f"{show(self.limit, self.spent)} {verb} of {show(self.limit, self.allowed)}"
         if self.step and self.spent < self.allowed:
-            where = (f"{show(self.limit, self.spent)} spent of {show(self.limit, self.allowed)}"
-                     f", and the next step would take about {show(self.limit, self.step)}")
-        else:
-            where = f"{show(self.limit, self.spent)} spent of {show(self.limit, self.allowed)}"
+            where += f", and the next step would take about {show(self.limit, self.step)}"
         return (f"stopped at {self.field}: {where}; raise {self.field} in ratchet.toml and "
                 "run `ratchet run` to resume")
 

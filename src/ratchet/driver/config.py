@@ -278,6 +278,11 @@ class Search(Strict):
     # rolling: the budget in candidates (default rounds x parallel)
     candidates: int | None = Field(default=None, ge=1)
     seed: int = 0
+    # rounds: propose round R+1 while round R runs (speculation), before its verdicts.
+    # Hides the proposer's latency, but R+1 does not see R's results, and when R moves
+    # the incumbent its proposals are re-based or dropped (each dropped one is billed);
+    # default off: each round sees the last one's verdicts, as the practice defines it
+    ahead: bool = False
 
     @field_validator("proposer")
     @classmethod

@@ -122,6 +122,26 @@ class Proposals:
     def has_ahead(self, key: object) -> bool:
         return key in self._ahead
 
+    def drop(self, proposals: list[Proposal], why: str) -> None:
+        """Proposals that will never be candidates: their calls stay billed (spend.py),
+        marked with why they made nothing."""
+        self.ledger.link_calls([i for p in proposals for i in p.calls], None, fate=why)
+
+    def finish_ahead(self, wait: bool) -> None:
+        """The study ends with proposals asked for and never used: with `wait`, a request
+        still in flight is waited for, so what it spends is recorded (its calls are written
+        as they end); what they made is marked unused."""
+        for key in list(self._ahead):
+            _, future = self._ahead.pop(key)
+            if not wait and not future.done():
+                future.cancel()
+                continue
+            try:
+                made = future.result()
+            except Exception:  # noqa: BLE001 - a failed request is billed as it failed
+                continue
+            self.drop(list(made or []), "unused: the study stopped before it was needed")
+
     def observe(self, cand: Candidate) -> None:
         if self._proposer is not None:
             self._pool.submit(_quietly, self._proposer.observe, cand)

@@ -1,6 +1,12 @@
 """The rolling policy: a freed slot gets a new candidate from the current incumbent at once;
 a finished candidate is judged at once (with the same noise, hold-out and integrity rules);
 the budget is a number of candidates.
+
+It is the mode for never waiting: one request to the proposer is always in flight while
+jobs run, so a slot never waits for a reply it could have had. Before each new candidate
+(and each new request) the `[budget]` limits are checked (driver/budget.py); at one, the
+study stops as a first Ctrl-C stops it, and the request still in flight is waited for and
+billed.
 """
 
 from __future__ import annotations
@@ -80,7 +86,12 @@ class Rolling:
                                         or self.made() >= self.budget):
                 break
             time.sleep(0.02)
-        loop.proposals.take_ahead(self.KEY)
+        # what was asked for and never used is billed as unused (a request in flight is
+        # waited for unless the user cancelled: its calls are recorded as they end)
+        loop.proposals.drop([p for _, p in self.ready], "unused: the study stopped before "
+                            "it was needed")
+        self.ready = []
+        loop.proposals.finish_ahead(wait=not loop.stop.hard)
 
     def start_early(self) -> None:
         """Before start-up work (workers, prep): the first proposals are asked for now."""
@@ -173,6 +184,9 @@ class Rolling:
         want = min(loop.parallel - busy, self.budget - self.made())
         if want <= 0 or self.exhausted:
             return []
+        want = loop.affordable(want)  # 0: a limit is reached, and the study stops
+        if want <= 0:
+            return []
         incumbent = loop.ledger.get("incumbent")
         tried = {json.dumps(c.params, sort_keys=True) for c in loop.ledger.candidates()
                  if c.params and c.kind == Kind.CANDIDATE and c.parent == incumbent}
@@ -215,8 +229,11 @@ class Rolling:
         """Keep one request in flight, for as many slots as will need a candidate."""
         loop, led = self.loop, self.loop.ledger
         want = min(loop.parallel, self.budget - self.made()) - len(self.ready)
-        if want <= 0 or self.exhausted or loop.proposals.has_ahead(self.KEY):
+        if want <= 0 or self.exhausted or loop.stop.soft or loop.proposals.has_ahead(self.KEY):
             return
+        want = loop.affordable(want + len(self.ready), fresh=True) - len(self.ready)
+        if want <= 0:
+            return  # what is ready is all the budget allows
         incumbent = led.get("incumbent")
         # a number never asked before (the tuner seeds each ask with it)
         ask_no = next_seq(led) + len(self.ready)

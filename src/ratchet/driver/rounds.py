@@ -1,9 +1,20 @@
 """The rounds policy: propose K from the incumbent, run them, judge them together, promote
-the best, repeat. While a round runs, the next round's proposals are already being made.
+the best, repeat.
 
-The proposals for round R are always made from the same view of the ledger: round R-1 in
-flight (verdicts hidden) on its own incumbent. Whether they were made ahead or after a
-restart, a resumed study proposes exactly what an uninterrupted one would.
+A round is proposed from the previous round's verdicts, as the practice defines a round:
+round R+1 is asked for once round R is settled, on the incumbent R made; only the K within
+a round are independent. The proposer's latency is then paid once per round (the study's
+start-up hides the first round's).
+
+`search.ahead = true` speculates instead: round R+1 is asked for while round R runs, from
+round R in flight (its verdicts hidden) on its own incumbent, always the same view, so a
+resumed study proposes what an uninterrupted one would. When R moves the incumbent, a
+speculative proposal is re-based onto it, and one that conflicts is dropped (its calls stay
+billed, marked dropped) and the proposer is asked again.
+
+Before a round is proposed, the budget (`[budget]`, driver/budget.py) is checked: a round
+that would cross a limit is not started, and `budget.candidates` cuts the last round to
+what is left.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ class Rounds:
     def __init__(self, loop: Loop, target: int) -> None:
         self.loop, self.target = loop, target
         loop.target = target
+        self.ahead = loop.config.search.ahead  # speculation: asked before the verdicts
 
     def run(self) -> None:
         try:
@@ -54,6 +66,8 @@ class Rounds:
             if not cands:
                 if round_no > self.target:
                     break
+                if self.over_budget(round_no):
+                    break  # the limit is said, and what ran is judged
                 cands = self.propose(round_no)
                 if not cands:
                     loop.log(f"round {round_no}: the proposer has nothing new to try; stopping")
@@ -67,11 +81,25 @@ class Rounds:
             fault_point("judged")
             if all(led.row(c.id).status not in OPEN_STATES for c in cands):
                 led.set(round=round_no + 1)
+        loop.proposals.finish_ahead(wait=not loop.stop.hard)  # a speculation left is billed
+
+    def over_budget(self, round_no: int, stop: bool = True) -> bool:
+        """Would round `round_no` cross a limit (a mean round's wall time, and K more
+        candidates at what each has cost so far)?"""
+        loop = self.loop
+        done = max(1, round_no - 1)
+        wall = loop.spent(fresh=True).wall_hours / done if round_no > 1 else 0.0
+        return loop.over_budget(self.slots_for_proposals(), wall, stop=stop)
 
     def view(self, round_no: int) -> tuple[str, ProposalContext]:
-        """Round R's proposer input: round R-1 in flight on its own incumbent."""
+        """Round R's proposer input: every verdict so far on the incumbent; speculating
+        (`search.ahead`), round R-1 in flight on its own incumbent."""
         led = self.loop.ledger
         history = led.candidates()
+        if not self.ahead:
+            incumbent = led.get("incumbent")
+            return incumbent, self.loop.proposals.context(
+                round_no, incumbent, history, led.get("incumbent_metric"))
         previous = [c for c in history if c.round == round_no - 1]
         base = previous[0].parent if previous and previous[0].parent else led.get("incumbent")
         shown = [c for c in history if c.round < round_no - 1] + [without_verdict(c) for c in previous]
@@ -80,17 +108,23 @@ class Rounds:
         return base, self.loop.proposals.context(round_no, base, shown, metric)
 
     def slots_for_proposals(self) -> int:
-        """K, less the baseline's slot in the study's first round."""
+        """K, less the baseline's slot in the study's first round, within the room
+        budget.candidates leaves."""
         baseline = any(c.kind == Kind.BASELINE for c in self.loop.ledger.candidates())
-        return self.loop.parallel - (0 if baseline else 1)
+        return self.loop.room(self.loop.parallel - (0 if baseline else 1))
 
     def ask_ahead(self, round_no: int) -> None:
-        """While round R runs, round R+1's proposals are made (same view as after R)."""
+        """Round `round_no`'s proposals are asked for now, on the proposer's thread: the
+        next round while this one runs (speculating, `search.ahead`), or the round about
+        to start while the study starts (its previous round is judged: the same view as
+        asked later)."""
         loop = self.loop
         if round_no > self.target or loop.stop.soft or loop.ledger.candidates(round=round_no):
             return
         if not loop.proposals.proposer.contained:
             return  # it could tamper: it proposes between rounds, in a window of its own
+        if self.over_budget(round_no, stop=False):
+            return  # said when the round would start
         k = self.slots_for_proposals()
         if k > 0:
             base, ctx = self.view(round_no)
@@ -123,7 +157,7 @@ class Rounds:
         loop, led = self.loop, self.loop.ledger
         incumbent = led.get("incumbent")
         rows = loop.fixed_rows(incumbent)
-        k = loop.parallel - sum(1 for r in rows if r["kind"] == Kind.BASELINE)
+        k = loop.room(loop.parallel - sum(1 for r in rows if r["kind"] == Kind.BASELINE))
         proposals: list[Proposal] = []
         stale = None
         if k:
@@ -139,6 +173,9 @@ class Rounds:
                 proposals += self.ask(len(conflicting), ctx).result()
                 # a proposer with nothing else to offer: run them as made, on their base
                 stale = (base, conflicting[:max(0, k - len(proposals))])
+                loop.proposals.drop(conflicting[len(stale[1]):], f"dropped: made ahead on "
+                                    f"{base[:7]}, conflicts with the incumbent "
+                                    f"{incumbent[:7]}")
         created = loop.proposals.record(round_no, incumbent, proposals, rows,
                                         stale=stale)
         loop.write_views()
@@ -152,10 +189,11 @@ class Rounds:
         asked = False
 
         def report(running: list) -> None:
-            # the proposer works while the round runs, once its jobs are in their phases:
-            # asked at once, its git work would compete with the jobs' own start-up
+            # speculating, the proposer works while the round runs, once its jobs are in
+            # their phases: asked at once, its git work would compete with the jobs' own
+            # start-up
             nonlocal asked
-            if not asked and (started_all(running)
+            if self.ahead and not asked and (started_all(running)
                               or time.monotonic() - started >= AHEAD_AFTER_S):
                 asked = True
                 self.ask_ahead(round_no + 1)
@@ -163,7 +201,7 @@ class Rounds:
 
         ids = [c.id for c in cands]
         loop.jobs.wait(ids, report, lambda: loop.stop.hard)
-        if not asked:  # a round over before it was asked: the same view
+        if self.ahead and not asked:  # a round over before it was asked: the same view
             self.ask_ahead(round_no + 1)
         if loop.guard.check(trusted, ids):
             loop.write_views()

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
-from ratchet.driver import judge
+from ratchet.driver import budget, judge, spend
 from ratchet.driver.candidate import (
     study_ref,
 )
@@ -29,6 +29,7 @@ from ratchet.driver.integrity import Guard
 from ratchet.driver.jobs import Jobs
 from ratchet.driver.ledger import Candidate, Kind, Ledger, Status
 from ratchet.driver.proposals import Proposals
+from ratchet.driver.spend import Spend
 from ratchet.driver.views import reported_errors
 from ratchet.errors import UserError
 from ratchet.job import gitrepo
@@ -39,6 +40,9 @@ from ratchet.job.jobspec import JobResult
 # proposal is recorded committed or rejected in one transaction)
 OPEN_STATES: tuple[str, ...] = (Status.COMMITTED, Status.SUBMITTED, Status.INTERRUPTED,
                                 Status.FINISHED)
+
+
+SPEND_FRESH_S = 0.5  # a summed spend is reused this long by the budget's checks
 
 
 class ScheduleError(UserError):
@@ -98,6 +102,59 @@ class Loop:
     # candidates whose jobs run while a would-be keep is confirmed (rolling): any of them
     # could tamper meanwhile, so a tampering check then names them all, not one
     in_flight: list[str] = field(default_factory=list)
+    # the study's spend as last summed (time.monotonic(), Spend): budget checks reuse it
+    # briefly, the rolling loop asks many times a second
+    _spent: tuple[float, Spend] | None = None
+
+    # -- the budget ([budget], driver/budget.py) ---------------------------------------------
+
+    def spent(self, fresh: bool = False) -> Spend:
+        """The study's spend (summed at most SPEND_FRESH_S ago, or now when `fresh`)."""
+        now = time.monotonic()
+        if fresh or self._spent is None or now - self._spent[0] > SPEND_FRESH_S:
+            self._spent = (now, spend.summary(self.ledger))
+        return self._spent[1]
+
+    def room(self, want: int) -> int:
+        """How many of `want` new candidates budget.candidates leaves room for."""
+        return budget.room(self.config.budget, self.ledger.candidates(), want)
+
+    def over_budget(self, next_candidates: int, next_wall_h: float = 0.0,
+                    stop: bool = True) -> bool:
+        """Has the study reached a limit, or would `next_candidates` more cross one? With
+        `stop`, the study then stops as a first Ctrl-C stops it (nothing new; what runs is
+        finished and judged), and the limit is recorded and said in one line."""
+        if not self.config.budget.limits:
+            return False
+        cands = self.ledger.candidates()
+        if self.config.budget.candidates is not None and not self.room(next_candidates or 1):
+            made = float(sum(1 for c in cands if c.kind == Kind.CANDIDATE))
+            reached: budget.Reached | None = budget.Reached(
+                "candidates", made, float(self.config.budget.candidates))
+        else:
+            reached = budget.check(self.config.budget, self.spent(), cands, next_candidates,
+                                   next_wall_h)
+        if reached is None:
+            return False
+        if stop and not self.stop.soft:
+            self.ledger.set(budget_stop={**reached.as_dict(), "line": reached.line()})
+            self.ledger.event("budget-stop", None, **reached.as_dict())
+            self.stop.request()
+            self.log(reached.line())
+        return True
+
+    def affordable(self, want: int, fresh: bool = False) -> int:
+        """The most of `want` new candidates that cross no limit (rolling asks for
+        candidates one by one); 0 stops the study at the limit, and says it. `fresh`: on
+        the spend as it is now (before a request: the last reply may be seconds old)."""
+        if fresh and self.config.budget.limits:
+            self.spent(fresh=True)
+        want = self.room(want)
+        while want > 0 and self.over_budget(want, stop=False):
+            want -= 1
+        if want == 0 and self.config.budget.limits:
+            self.over_budget(1)  # the limit, said once; the study stops
+        return want
 
     def progress(self, round_no: int, target: int, running: list) -> None:
         """Report progress, then the lines held back: the view prints a judged round's

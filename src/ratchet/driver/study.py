@@ -246,6 +246,8 @@ class Study:
                 raise StudyError(str(exc)) from None
         self.ensure_started()
         self._start_session("run")
+        if self.ledger.get("budget_stop") is not None:
+            self.ledger.set(budget_stop=None)  # this run checks the limits anew
         self._preview()
         with _as_study_errors():
             if self.config.search.mode == "rolling":
