@@ -1,10 +1,12 @@
 """Throughput, side by side in one run: is every slot kept busy?
 
-1. LLM latency hidden: the `llm` proposer against a fake OpenAI-compatible server on
+1. LLM latency hidden by speculation: the `llm` proposer (`search.ahead = true`, the
+   next round asked while a round runs) against a fake OpenAI-compatible server on
    loopback (inside this process), K=4, evaluations of TASK_S seconds, 16 candidates
    (--llm-candidates); once answering at once, once after LLM_DELAY_S per reply. Target:
    within 3%. The fake model proposes settings that never beat the incumbent, so
-   proposals made ahead are used as made (the case where the incumbent does not move).
+   proposals made ahead are used as made (the case where the incumbent does not move;
+   case 5 is the one where it does).
    The first round's reply has nothing to overlap but the study's own start-up, so it
    weighs 1 / rounds of the study; the line "beyond the first reply" is what the study
    failed to hide of the others. Then, in a fresh driver process (as `ratchet run`), the
@@ -22,6 +24,13 @@
    first job's submission (the first build cannot overlap anything) and from the first
    GPU phase.
    Target: >= 0.95, against about 0.6 one at a time.
+5. Research speed, the incumbent moving: a history-aware fake model (its next proposal
+   is built on the incumbent it is shown, and steps further after the keeps it has seen
+   in the history), K=4, 32 candidates of TASK_S seconds, score = X from 100, target
+   X <= 60. Rounds as the practice defines them (each round sees the last one's
+   verdicts), rounds with `search.ahead` (speculation), and rolling, each at 0 s and
+   LLM_DELAY_S proposer latency, side by side in one run: wall time and candidates until
+   the target was first kept, and the whole study's wall time.
 
 Each study runs in this process (`Study.run`), timed from constructing the study to the
 last verdict. The duty cycle is `ratchet.driver.ledger.throughput`: job time over slots x wall.
@@ -35,10 +44,13 @@ import argparse
 import itertools
 import os
 import platform
+import random
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -73,6 +85,14 @@ def make_repo(path: Path, *, k: int, rounds: int, sleep: float, proposer: str = 
     return synthetic.make_repo(path, name="tp", k=k, rounds=rounds, sleep=sleep,
                                proposer=proposer, sampler="random", extra=extra,
                                lognormal=lognormal)
+
+
+def speculate(repo: Path) -> None:
+    """`search.ahead = true`: the next round is asked for while a round runs."""
+    toml = (repo / "ratchet.toml").read_text().replace('mode = "rounds"\n',
+                                                       'mode = "rounds"\nahead = true\n')
+    (repo / "ratchet.toml").write_text(toml)
+    synthetic.git(repo, "commit", "-qam", "speculate")
 
 
 def timed_run(repo: Path, *, rolling: bool = False, candidates: int | None = None) -> dict:
@@ -117,6 +137,100 @@ class FakeModel:
         value = next(self.values)
         return Answer(f"DESCRIPTION: set X to {value}\n\nknob.py\n<<<<<<< SEARCH\nX = 10\n"
                       f"=======\nX = {value}\n>>>>>>> REPLACE\n", delay=self.delay)
+
+
+class HistoryModel:
+    """A fake model that learns from what it is shown: it proposes X below the incumbent's
+    value in the file it sees, by a step that grows with the keeps in the history it is
+    shown (momentum) and shrinks after discards; some steps go the wrong way. Its choice
+    is a function of what it saw (the file, the history, which of the K it is), so two
+    studies that show it the same things get the same proposals."""
+
+    def __init__(self) -> None:
+        self.delay = 0.0
+        self.lock = threading.Lock()
+        self.requests = 0
+
+    def __call__(self, request) -> Answer:
+        with self.lock:
+            self.requests += 1
+        prompt = request.prompt
+        x = int(re.search(r"(?m)^X = (\d+)\s*$", prompt).group(1))
+        attempt = int(re.search(r"attempt (\d+) of", prompt).group(1))
+        verdicts = re.findall(r"\[(keep|discard|rejected|crash)\]", prompt)[-8:]
+        keeps = verdicts.count("keep")
+        rng = random.Random(x * 1000 + attempt * 37 + keeps)
+        step = rng.choice([-4, -2, 1, 2, 3, 5]) * (1 + 0.5 * keeps)
+        value = max(0, x - round(step))
+        if value == x:
+            value = x + 1
+        text = (f"DESCRIPTION: move X from {x} to {value}\n\nknob.py\n<<<<<<< SEARCH\n"
+                f"X = {x}\n=======\nX = {value}\n>>>>>>> REPLACE\n")
+        return Answer(text, delay=self.delay)
+
+
+def to_target(repo: Path, target: float, started_at: float) -> tuple[float | None, int | None]:
+    """(seconds from the study's start until a candidate at or below `target` was kept,
+    candidates made until then), or (None, None) when it never was."""
+    ledger = Ledger(repo / ".ratchet" / "ledger.db")
+    cands = ledger.candidates()
+    ledger.close()
+    hits = [c for c in cands if c.kind == "candidate" and c.status == "keep"
+            and c.metric is not None and c.metric <= target and c.judged_at]
+    if not hits:
+        return None, None
+    first = min(hits, key=lambda c: c.judged_at or 0.0)
+    made = sum(1 for c in cands if c.kind == "candidate" and c.seq <= first.seq)
+    return (first.judged_at or 0.0) - started_at, made
+
+
+def research_speed(base: Path, task_s: float, delay: float, candidates: int = 32,
+                   target: float = 60.0) -> list[str]:
+    model = HistoryModel()
+    os.environ.setdefault("OPENAI_API_KEY", "sk-bench")
+    modes = (("rounds (each round sees the last one's verdicts)", "rounds", ""),
+             ("rounds, search.ahead = true (speculation)", "rounds", "ahead = true"),
+             ("rolling", "rolling", ""))
+    rows = [f"**5. Research speed, the incumbent moving** (llm proposer, history-aware fake "
+            f"model, K=4, {candidates} candidates of {task_s:g} s, score = X from 100, "
+            f"target X <= {target:g})",
+            "| mode | proposer latency | to target: wall s | to target: candidates | "
+            "study wall s | kept | requests |", "|---|---|---|---|---|---|---|"]
+    walls: dict[tuple[str, float], float] = {}
+    with LLMServer() as server:
+        server.respond_with(model)
+        for name, mode, search in modes:
+            for d in (0.0, delay):
+                model.delay = d
+                before = model.requests
+                llm = LLM.format(url=server.openai_url).replace(
+                    "[llm]\n", "[llm]\nhistory = 8\n")
+                repo = synthetic.make_repo(
+                    base / f"research-{mode}-{bool(search)}-{d:g}", name="rs", k=4,
+                    rounds=candidates // 4, sleep=task_s, proposer="llm", mode=mode,
+                    start=100, extra=llm)
+                if search:
+                    toml = (repo / "ratchet.toml").read_text().replace(
+                        f'mode = "{mode}"\n', f'mode = "{mode}"\n{search}\n')
+                    (repo / "ratchet.toml").write_text(toml)
+                    synthetic.git(repo, "commit", "-qam", "speculate")
+                started_at = time.time()
+                r = timed_run(repo, rolling=mode == "rolling", candidates=candidates - 1
+                              if mode == "rolling" else None)
+                seconds, made = to_target(repo, target, started_at)
+                walls[(name, d)] = r["wall"]
+                ledger = Ledger(repo / ".ratchet" / "ledger.db")
+                kept = sum(1 for c in ledger.candidates()
+                           if c.kind == "candidate" and c.status == "keep")
+                ledger.close()
+                rows.append(f"| {name} | {d:g} s | "
+                            f"{'not reached' if seconds is None else f'{seconds:.2f}'} | "
+                            f"{'—' if made is None else made} | {r['wall']:.2f} | {kept} | "
+                            f"{model.requests - before} |")
+    for name, _, _ in modes:
+        rows.append(f"{name}: {delay:g} s of latency per reply costs "
+                    f"{walls[(name, delay)] / walls[(name, 0.0)]:.2f}x the study's wall time")
+    return rows
 
 
 # a new driver process, as `ratchet run` is: every import and client is made anew
@@ -167,12 +281,14 @@ def llm_latency(base: Path, task_s: float, delay: float, repeats: int,
                 repo = make_repo(base / f"llm-{d:g}-{rep}", k=4, rounds=candidates // 4,
                                  sleep=task_s, proposer="llm",
                                  extra=LLM.format(url=server.openai_url))
+                speculate(repo)
                 runs[name].append(timed_run(repo))
         model.delay = 0.0
         fresh = first_request(base, server, model, repeats)
     results = {name: min(rs, key=lambda r: r["wall"]) for name, rs in runs.items()}
     ratio = results[f"{delay:g} s latency"]["wall"] / results["no latency"]["wall"]
-    rows.append("**1. LLM latency hidden** (llm proposer, loopback fake server, K=4, "
+    rows.append("**1. LLM latency hidden by speculation** (llm proposer, search.ahead = true, "
+                "loopback fake server, K=4, "
                 f"{task_s:g} s tasks, {candidates} candidates)")
     rows.append(f"| LLM reply | wall s (best of {repeats}) | all runs s | duty | candidates |")
     rows.append("|---|---|---|---|---|")
@@ -279,7 +395,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--task-s", type=float, default=3.0)
     parser.add_argument("--delay", type=float, default=1.0)
-    parser.add_argument("--only", choices=["llm", "fanout", "rolling", "gpu"], default=None)
+    parser.add_argument("--only", choices=["llm", "fanout", "rolling", "gpu", "research"],
+                        default=None)
     parser.add_argument("--repeats", type=int, default=2, help="LLM runs per setting")
     parser.add_argument("--llm-candidates", type=int, default=16,
                         help="candidates of the LLM case's study (a multiple of 4)")
@@ -298,7 +415,9 @@ def main() -> None:
         if args.only in (None, "rolling"):
             lines += rolling_vs_rounds(base, args.task_s) + [""]
         if args.only in (None, "gpu"):
-            lines += one_gpu(base)
+            lines += one_gpu(base) + [""]
+        if args.only in (None, "research"):
+            lines += research_speed(base, args.task_s, args.delay)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     text = "\n".join(lines)
