@@ -425,9 +425,10 @@ def main() -> None:
     if args.record:
         stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         with (ROOT / "bench" / "RESULTS.md").open("a") as fh:
+            only = f" --only {args.only}" if args.only else ""
             fh.write(f"\n### throughput, {stamp}\n\nCommand: `.venv/bin/python "
                      f"bench/throughput.py --task-s {args.task_s:g} --delay {args.delay:g}"
-                     f" --llm-candidates {args.llm_candidates} --record`\n\n{text}\n")
+                     f" --llm-candidates {args.llm_candidates}{only} --record`\n\n{text}\n")
 
 
 if __name__ == "__main__":
