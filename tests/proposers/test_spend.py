@@ -180,11 +180,14 @@ time.sleep(0.3)
 path = pathlib.Path("solution.py")
 value = 100 + attempt  # never better: what matters here is the bill
 path.write_text(re.sub(r"VALUE = \d+", f"VALUE = {value}", path.read_text()))
-if sys.argv[1] == "reports":
+said = f"DESCRIPTION: agent sets VALUE to {value}"
+if sys.argv[1] == "reports":  # as `claude -p --output-format json` prints its run
     print(json.dumps({"type": "result", "total_cost_usd": 0.25 * attempt,
+                      "result": "Done.\n" + said,
                       "usage": {"input_tokens": 1000, "cache_read_input_tokens": 500,
                                 "output_tokens": 70}}))
-print(f"DESCRIPTION: agent sets VALUE to {value}")
+else:
+    print(said)
 '''
 
 
@@ -213,6 +216,8 @@ hourly_usd = 3600.0
     assert all(c["proposer"] == "agent" and c["outcome"] == "ok" for c in calls)
     assert all(c["seconds"] >= 0.3 for c in calls)
     assert {c["candidate"] for c in calls} == {c.id for c in cands}
+    # the description is found in the CLI's JSON result too
+    assert all(re.fullmatch(r"agent sets VALUE to 10\d", c.description) for c in cands)
     if mode == "reports":  # the CLI's own figure wins over the hourly price
         assert sorted(c["cost_usd"] for c in calls) == pytest.approx(
             sorted([0.25, 0.5, 0.25, 0.5, 0.75]))

@@ -242,11 +242,13 @@ class AgentProposer(Proposer):
         params: dict[str, dict[str, Any]] = {"agent": {"command": argv[0], "exit_code": code,
                             "seconds": round(seconds, 2), "log": str(work_dir / "agent.log"),
                             "hypothesis": idea or angle, "sandbox": str(self.level)}}
-        found = _DESCRIPTION.findall(output)
+        # a CLI printing JSON (claude --output-format json) has its final text in it
+        reported = reported_usage(output)
+        found = _DESCRIPTION.findall(output) or _DESCRIPTION.findall(reported.text)
         description = sanitize.line(found[-1].strip().strip("`"), 200) if found else fallback
         base = Proposal(description=description, idea=idea, context=prompt, params=params)
         if meter is not None:  # the run is spent whatever becomes of its change
-            call = self._call_record(argv[0], code, timed_out, output, seconds)
+            call = self._call_record(argv[0], code, timed_out, reported, seconds)
             base.calls = [meter.record(call)]
             params["agent"].update(cost_usd=round(call.cost_usd, 6),
                                    cost_source=call.detail)
@@ -275,11 +277,10 @@ class AgentProposer(Proposer):
         base.files = got.files
         return base
 
-    def _call_record(self, command: str, code: int | None, timed_out: bool, output: str,
-                     seconds: float) -> Call:
+    def _call_record(self, command: str, code: int | None, timed_out: bool,
+                     reported: Usage, seconds: float) -> Call:
         """One agent run as a call: its time, and its cost as its CLI reports it (Claude
         Code's and Codex's JSON output), else its time at agent.hourly_usd."""
-        reported = reported_usage(output)
         if reported.cost_usd is not None:
             cost, source = reported.cost_usd, "cost reported by the agent's CLI"
         else:
@@ -375,6 +376,7 @@ class Usage:
     cost_usd: float | None = None
     input_tokens: int = 0
     output_tokens: int = 0
+    text: str = ""  # the final text of a CLI that prints JSON (Claude Code's `result`)
 
 
 MAX_REPORTED_USD = 10_000.0  # an agent's output is untrusted: a figure past this is not one
@@ -398,6 +400,8 @@ def reported_usage(output: str) -> Usage:
         cost = _number(event.get("total_cost_usd"))
         if cost is not None and cost <= MAX_REPORTED_USD:
             found.cost_usd = cost  # the whole run's, in the last result
+        if event.get("type") == "result" and isinstance(event.get("result"), str):
+            found.text = event["result"][-100_000:]
         usage = event.get("usage")
         if isinstance(usage, dict) and (event.get("type") in ("result", "turn.completed")):
             tokens_in = sum(int(_number(usage.get(key)) or 0) for key in (
