@@ -164,7 +164,9 @@ class HistoryModel:
         attempt = int(re.search(r"attempt (\d+) of", prompt).group(1))
         verdicts = re.findall(r"\[(keep|discard|rejected|crash)\]", prompt)[-8:]
         keeps = verdicts.count("keep")
-        rng = random.Random(x * 1000 + attempt * 37 + keeps)
+        # what it was shown last: asked again after more verdicts, it answers anew
+        seen = max((int(n) for n in re.findall(r"- c(\d{4}) \(round", prompt)), default=0)
+        rng = random.Random(x * 100_003 + attempt * 1009 + keeps * 101 + seen)
         step = rng.choice([-4, -2, 1, 2, 3, 5]) * (1 + 0.5 * keeps)
         value = max(0, x - round(step))
         if value == x:

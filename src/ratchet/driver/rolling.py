@@ -191,11 +191,18 @@ class Rolling:
         tried = {json.dumps(c.params, sort_keys=True) for c in loop.ledger.candidates()
                  if c.params and c.kind == Kind.CANDIDATE and c.parent == incumbent}
         take: list[Proposal] = []
+        knobs = set(loop.config.tune.knobs)
         while len(take) < want and (self.ready or self.collect()):
             base, proposal = self.ready.pop(0)
-            key = json.dumps(proposal.params, sort_keys=True) if proposal.params else None
+            # settings of declared knobs (the tuner's params) name the experiment; an LLM's
+            # or an agent's params describe the call (model, tokens), not the change
+            key = json.dumps(proposal.params, sort_keys=True) if (
+                proposal.params and set(proposal.params) <= knobs) else None
             if key is not None and key in tried:
-                continue  # asked twice ahead of time: the same settings on the same code
+                # asked twice ahead of time: the same settings on the same code
+                loop.proposals.drop([proposal], "dropped: the same settings were already "
+                                    "tried on this incumbent")
+                continue
             moved, conflicting = loop.proposals.on(base, incumbent, [proposal])
             # a conflicting one is recorded, not dropped unseen (a queued patch would
             # vanish); it takes a slot of the budget but no job, and the proposer is
