@@ -289,7 +289,8 @@ def _nodes(mean: float, lower: float, upper: float, r: int) -> tuple[list[float]
     ends = [max(lower, base[0])] + inside + [min(upper, base[-1])]
     if ends[-1] <= ends[0]:
         return [], []
-    points, weights = [], []
+    points: list[float] = []
+    weights: list[float] = []
     for left, right in zip(ends, ends[1:], strict=False):
         width = right - left
         if not points:

@@ -311,9 +311,9 @@ class Confirmation:
         relative = bool(parts) and all(p[0] for p in parts) \
             and all(v > 0 for _, v in self.reported)
         reported = [sem / abs(v) if relative else sem for sem, v in self.reported]
-        which = 2 if relative else 1
-        return stats.noise_from_sums(sum(p[which][0] for p in parts),
-                                     sum(p[which][1] for p in parts), reported, relative)
+        sums = [p[2] if relative else p[1] for p in parts]
+        return stats.noise_from_sums(sum(s[0] for s in sums), sum(s[1] for s in sums),
+                                     reported, relative)
 
 
 def reported_noise(result: JobResult, metric: str) -> float | None:

@@ -319,7 +319,8 @@ def _verdict(results: list[PointResult], mode: str, expected: float | None, fals
     noise = stats.Noise(spread, float(len(diffs) - 1), "paired end-to-end repetitions", relative=True)
     # one look, after the repetitions the timing rule chose (it stops on precision, never
     # on the sign of the gain): the whole false-keep rate is spent on it
-    test = stats.sequential(diffs, noise, false_keep_rate, max_pairs=1, per_pair=True)
+    test = stats.sequential(diffs, noise, stats.Design(false_keep_rate, 1, prior=0.0),
+                            per_pair=True)
     out.test = {"step": test.step.value, "pairs": test.pairs, "mean": test.mean, "t": test.t, "critical": test.critical, "reason": test.reason}
     est = f" (Amdahl estimate {expected:.3f}x)" if expected else ""
     if test.step is stats.Step.KEEP and bound and out.speedup and out.speedup > bound * 1.1:
