@@ -284,6 +284,7 @@ def run(
     backend: Annotated[str | None, typer.Option(help=backends.names_help())] = None,
 ) -> None:
     """Run (or resume) the study: rounds of K candidates, keep the best, revert the rest."""
+    _start_over_if_changed(repo)
     view = RunView()
     study = open_study(repo, backend=backend, proposer=proposer, parallel=parallel,
                        progress=view.update, log=view.note)
@@ -328,6 +329,29 @@ def run(
         # the shell's convention for a command ended by a signal (130 after Ctrl-C), so a
         # script that runs `ratchet run && next-step` does not carry on after a stop
         raise typer.Exit(128 + stopped_by[0])
+
+
+def _start_over_if_changed(repo: Path) -> None:
+    """Until a candidate is judged, a committed change to ratchet.toml is taken: the study
+    starts over from HEAD (driver/reset.py archives the old one)."""
+    from ratchet.driver.reset import start_over_if_changed
+
+    top = gitrepo.work_tree(repo.resolve()) if repo.is_dir() else None
+    if top is not None:  # else open_study says what is wrong
+        line = start_over_if_changed(top)
+        if line:
+            err.print(line)
+
+
+@app.command()
+def reset(repo: RepoOption = Path(".")) -> None:
+    """Archive the study (ledger, jobs, refs) under a new name; the next run starts afresh."""
+    from ratchet.driver.reset import reset_study
+
+    top = gitrepo.work_tree(repo.resolve()) if repo.is_dir() else None
+    if top is None:
+        fail(f"{repo.resolve()}: not a git repository (check --repo / -C)")
+    console.print(reset_study(top).line())
 
 
 def _print_summary(study: Study) -> None:

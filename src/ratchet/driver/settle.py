@@ -278,8 +278,8 @@ class Loop:
                 raise ScheduleError(
                     f"the baseline (unmodified {cand.short}) failed, so nothing can be "
                     f"compared: {cand.reasons} (see `ratchet logs {cand.id}`; fix the task, "
-                    f"commit, and start afresh: rm -rf .ratchet && git branch -D "
-                    f"ratchet/{self.name})")
+                    f"commit, and start afresh: ratchet reset, then ratchet run; the "
+                    f"old study is archived, not deleted)")
 
     def ensure_refs(self, cands: list[Candidate]) -> None:
         """Resumed: the driver may have died before a candidate's ref was written."""
