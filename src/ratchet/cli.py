@@ -223,6 +223,8 @@ class RunView:
             for cand_id, description, elapsed, state in p.running:
                 table.add_row(cand_id, state, f"{elapsed:.1f}s", description)
             parts.append(table)
+        if p.waiting:  # a proposer call in flight: what the study waits for, and how long
+            parts.append(Text(p.waiting, style="cyan", no_wrap=True, overflow="ellipsis"))
         if p.message:  # infrastructure trouble being retried
             parts.append(Text(p.message, style="yellow", no_wrap=True, overflow="ellipsis"))
         return Group(*parts)

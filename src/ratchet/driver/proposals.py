@@ -12,6 +12,7 @@ again.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
@@ -35,6 +36,15 @@ from ratchet.vocab import Kind, Status
 # -- proposals, made ahead in a background thread ----------------------------------------
 
 
+def _duration(seconds: float) -> str:
+    """3.2 s, 6 min, 1 h 5 min: as precise as a glance at the live view needs."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
+
+
 class Proposals:
     """The proposer behind one worker thread: `observe` and `propose` calls run in order
     there, never on the loop that polls jobs. Only the loop touches the ledger."""
@@ -49,6 +59,9 @@ class Proposals:
         self._ahead: dict[object, tuple[str, Future]] = {}  # key -> (base commit, proposals)
         self._checked: dict[tuple[str, str], list[str]] = {}  # (parent, commit) -> problems
         self._trees: dict[str, str] = {}  # commit -> its tree (a commit's tree never changes)
+        # when the proposer call now running on the thread began (None: none is); written
+        # there, read by the loop for the live view (one float: no lock needed)
+        self._since: float | None = None
 
     @property
     def proposer(self) -> Proposer:
@@ -87,7 +100,28 @@ class Proposals:
 
     def ask(self, k: int, ctx: ProposalContext) -> Future:
         proposer = self.proposer  # built here: its errors belong to the caller
-        return self._pool.submit(proposer.propose, k, ctx)
+        return self._pool.submit(self._timed, proposer.propose, k, ctx)
+
+    def _timed(self, call: Callable, *args: object) -> object:
+        self._since = time.monotonic()
+        try:
+            return call(*args)
+        finally:
+            self._since = None
+
+    def waiting(self, jobs_running: bool) -> str:
+        """The live view's line about the proposer: "waiting for the proposer (llm:
+        3.2 s)", "agent 2 of 4 running (6 min)"; "" while no proposer call runs."""
+        since = self._since
+        if since is None:
+            return ""
+        took = _duration(time.monotonic() - since)
+        detail = self._proposer.activity() if self._proposer is not None else None
+        if detail:
+            return f"{detail} ({took})"
+        if jobs_running:  # asked ahead: nothing waits for it yet
+            return f"the proposer is at work ({self.kind}: {took})"
+        return f"waiting for the proposer ({self.kind}: {took})"
 
     def ask_ahead(self, key: object, base: str, k: int, ctx: ProposalContext | None,
                   future: Future | None = None) -> None:
@@ -97,7 +131,8 @@ class Proposals:
                 if ctx is None:
                     raise ValueError("ask_ahead needs a context or a future")
                 proposer = self.proposer
-                future = self._pool.submit(self._propose_and_build, proposer, k, ctx, base)
+                future = self._pool.submit(self._timed, self._propose_and_build, proposer,
+                                           k, ctx, base)
             self._ahead[key] = (base, future)
 
     def _propose_and_build(self, proposer: Proposer, k: int, ctx: ProposalContext,

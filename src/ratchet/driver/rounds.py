@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import replace
 
 from ratchet.driver.candidate import (
@@ -36,6 +36,7 @@ from ratchet.vocab import Kind, Status
 # the next round's proposals are asked for once every job of the round is in a phase, or
 # this long after the round started (a backend that does not tell phases)
 AHEAD_AFTER_S = 0.5
+WAIT_REPORT_S = 0.25  # how often the live view hears while a round waits for its proposals
 
 
 def started_all(running: list[tuple[str, str, float, str]]) -> bool:
@@ -166,11 +167,12 @@ class Rounds:
                 base, ctx = self.view(round_no)
                 ahead = (base, self.ask(k, ctx))
             base, future = ahead
-            proposals, conflicting = loop.proposals.on(base, incumbent, future.result())
+            proposals, conflicting = loop.proposals.on(base, incumbent,
+                                                       self.wait_for(future, round_no))
             if conflicting:  # they conflict with the new incumbent: ask again, on it
                 ctx = loop.proposals.context(round_no, incumbent, led.candidates(),
                                              led.get("incumbent_metric"), taken=proposals)
-                proposals += self.ask(len(conflicting), ctx).result()
+                proposals += self.wait_for(self.ask(len(conflicting), ctx), round_no)
                 # a proposer with nothing else to offer: run them as made, on their base
                 stale = (base, conflicting[:max(0, k - len(proposals))])
                 loop.proposals.drop(conflicting[len(stale[1]):], f"dropped: made ahead on "
@@ -180,6 +182,13 @@ class Rounds:
                                         stale=stale)
         loop.write_views()
         return created
+
+    def wait_for(self, future: Future, round_no: int) -> list[Proposal]:
+        """The proposer's answer; meanwhile the live view says what it waits for."""
+        while not future.done():
+            self.loop.progress(round_no, self.target, [])
+            wait([future], timeout=WAIT_REPORT_S)
+        return future.result()
 
     def run_group(self, cands: list[Candidate], round_no: int) -> None:
         loop = self.loop

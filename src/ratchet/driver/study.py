@@ -71,6 +71,7 @@ class Progress:
     best: float | None = None
     counts: dict[str, int] = field(default_factory=dict)
     message: str = ""
+    waiting: str = ""  # what the proposer is doing: "waiting for the proposer (llm: 3.2 s)"
 
 
 def _noop(_: Progress) -> None:
@@ -422,7 +423,8 @@ class Study:
             self._notify(lambda: self.notifier.check(self.ledger))
         self._last_progress = Progress(round=round_no, rounds=target, running=running,
                                        best=self._best[1], counts=counts,
-                                       message=self.jobs.trouble)
+                                       message=self.jobs.trouble,
+                                       waiting=self.proposals.waiting(bool(running)))
         self.progress(self._last_progress)
 
     def _show_trouble(self, message: str) -> None:

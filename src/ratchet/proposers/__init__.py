@@ -61,6 +61,12 @@ class Proposer:
         """Told of every judged candidate. Default: nothing (the next context carries the
         whole history)."""
 
+    def activity(self) -> str | None:
+        """What a `propose` in flight is doing, for the live view ("2 of 4 agents
+        running"); called from the driver's loop, so it only reads. Default: None (the
+        view says the proposer's kind and how long it has been at it)."""
+        return None
+
 
 P = TypeVar("P", bound="Proposer")
 

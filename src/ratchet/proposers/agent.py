@@ -138,6 +138,10 @@ class AgentProposer(Proposer):
         if shutil.which(argv[0], path=self.env.get("PATH")) is None:
             raise ProposerError(f"agent: command {argv[0]!r} not found on PATH")
         self.level = agent_sandbox_level(config, self.settings)
+        # which of the K agents asked for run now (the live view reads it: `activity`)
+        self._count_lock = threading.Lock()
+        self._asked = 0
+        self._running: set[int] = set()
 
     def _environment(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
@@ -152,8 +156,21 @@ class AgentProposer(Proposer):
         warm_context(self.context)  # the machine's description, before the first round
 
     def propose(self, k: int, ctx: ProposalContext) -> list[Proposal]:
+        with self._count_lock:
+            self._asked, self._running = k, set()
         with Meter(ctx.state_dir) as meter:  # every agent run is in the ledger as it ends
             return self._propose(k, ctx, meter)
+
+    def activity(self) -> str | None:
+        with self._count_lock:
+            running, asked = sorted(self._running), self._asked
+        if not running:
+            return None
+        if asked == 1:
+            return "agent running"
+        if len(running) == 1:  # one at a time (alone), or the last one of them
+            return f"agent {running[0] + 1} of {asked} running"
+        return f"{len(running)} of {asked} agents running"
 
     def _propose(self, k: int, ctx: ProposalContext, meter: Meter) -> list[Proposal]:
         files = editable_files(ctx.repo, ctx.incumbent, ctx.config)
@@ -195,6 +212,16 @@ class AgentProposer(Proposer):
 
     def _one(self, ctx: ProposalContext, i: int, k: int, idea: str | None, angle: str,
              shared: str, files: list[str], meter: Meter | None = None) -> Proposal:
+        with self._count_lock:
+            self._running.add(i)
+        try:
+            return self._one_agent(ctx, i, k, idea, angle, shared, files, meter)
+        finally:
+            with self._count_lock:
+                self._running.discard(i)
+
+    def _one_agent(self, ctx: ProposalContext, i: int, k: int, idea: str | None, angle: str,
+                   shared: str, files: list[str], meter: Meter | None = None) -> Proposal:
         name = f"{ctx.round}-{i}"
         work_dir = ctx.state_dir / "agents" / name  # the driver's record: prompt and log
         work_dir.mkdir(parents=True, exist_ok=True)
