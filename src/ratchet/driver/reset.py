@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ratchet.driver.candidate import study_branch
 from ratchet.driver.config import CONFIG_FILE, loads_config
-from ratchet.driver.ledger import Ledger
+from ratchet.driver.ledger import Ledger, LedgerError
 from ratchet.driver.lock import StudyLock
 from ratchet.errors import UserError
 from ratchet.job import gitrepo
@@ -61,7 +61,7 @@ def reset_study(repo: Path) -> Archived:
 
 
 def _archive(repo: Path, state: Path) -> Archived:
-    ledger = Ledger(state / "ledger.db")
+    ledger = _open(state / "ledger.db")
     try:
         study = ledger.get("study") or _config_name(repo)
     finally:
@@ -91,6 +91,13 @@ def _archive(repo: Path, state: Path) -> Archived:
         if (repo / view).exists():
             (repo / view).rename(directory / view)
     return Archived(name=name, directory=directory, refs=len(refs))
+
+
+def _open(db: Path) -> Ledger:
+    try:
+        return Ledger(db)
+    except LedgerError as exc:  # unreadable or from a newer ratchet: one line, no traceback
+        raise ResetError(str(exc)) from None
 
 
 def _config_name(repo: Path) -> str:
@@ -152,7 +159,7 @@ def start_over_if_changed(repo: Path) -> str | None:
     line that says so, or None when the study goes on as pinned."""
     if not (repo / STATE_DIR / "ledger.db").exists():
         return None
-    ledger = Ledger(repo / STATE_DIR / "ledger.db")
+    ledger = _open(repo / STATE_DIR / "ledger.db")
     try:
         head = unjudged_config_change(repo, ledger)
         start = str(ledger.get("pinned") or "")
