@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from helpers import config_text, make_repo, ratchet
+from helpers import SCORE_SOLUTION, config_text, make_repo, ratchet
 
 from ratchet.driver import views
 from ratchet.driver.ledger import Ledger
@@ -36,15 +36,7 @@ print("correct: true")
 print(f"score: {solution.score():.6f}")
 '''
 
-SOLUTION = '''
-"""Editable."""
-
-X = 3.0  # the knob
-
-
-def score():
-    return (X - 1.25) ** 2
-'''
+SOLUTION = SCORE_SOLUTION  # the knob X, as every score study of the suite
 
 
 class Receiver(http.server.ThreadingHTTPServer):

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from helpers import RATCHET, ROOT, config_text, git, make_repo, ratchet
+from helpers import RATCHET, ROOT, SCORE_SOLUTION, config_text, git, make_repo, ratchet
 
 from ratchet.driver import views
 from ratchet.driver.ledger import Ledger
@@ -43,15 +43,7 @@ print("correct: true")
 print(f"score: {solution.score():.6f}")
 '''
 
-SOLUTION = '''
-"""Editable."""
-
-X = 3.0  # the knob
-
-
-def score():
-    return (X - 1.25) ** 2
-'''
+SOLUTION = SCORE_SOLUTION  # the knob X, as every score study of the suite
 
 # a candidate's own words and output, hostile: they must stay text
 XSS_SUBJECT = "<script>window.pwned=1</script> X=1.4 <img src=x onerror=\"window.pwned=2\">"

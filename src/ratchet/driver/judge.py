@@ -105,6 +105,17 @@ def outcome_status(result: JobResult) -> Verdict | None:
     return Verdict(Status.CRASH, [result.reason or result.outcome], code=Reason.FAILED)
 
 
+def not_measured(config: Config, result: JobResult) -> Verdict | None:
+    """The verdict of a result that cannot be compared at all: a broken constraint
+    (rejected) or no metric (crash); None when it can."""
+    problems = check_constraints(config, result)
+    if problems:
+        return Verdict(Status.REJECTED, problems, code=Reason.CONSTRAINT)
+    if result.metric is None:
+        return Verdict(Status.CRASH, [f"no {config.metric.name} measured"], code=Reason.FAILED)
+    return None
+
+
 def check_constraints(config: Config, result: JobResult) -> list[str]:
     problems = []
     for rule in config.task.constraints:
@@ -173,11 +184,10 @@ def compare(
 ) -> Verdict:
     """Is this (clean) result a real improvement over the incumbent?"""
     metric = config.metric
-    problems = check_constraints(config, result)
-    if problems:
-        return Verdict(Status.REJECTED, problems, code=Reason.CONSTRAINT)
-    if result.metric is None:
-        return Verdict(Status.CRASH, [f"no {metric.name} measured"], code=Reason.FAILED)
+    unmeasured = not_measured(config, result)
+    if unmeasured is not None:
+        return unmeasured
+    assert result.metric is not None  # else not_measured said crash
     gain = metric.gain(result.metric, incumbent_metric)
     required = config.acceptance.min_improvement.margin(incumbent_metric)
     noise = noise_margin(result.samples, incumbent_samples, paired,
@@ -558,11 +568,10 @@ def screen(config: Config, result: JobResult, incumbent_metric: float,
     (`noise`) of that comparison? Losers stop here, after one evaluation; a pass makes
     it a contender (status keep until the confirmation decides)."""
     metric = config.metric
-    problems = check_constraints(config, result)
-    if problems:
-        return Verdict(Status.REJECTED, problems, code=Reason.CONSTRAINT)
-    if result.metric is None:
-        return Verdict(Status.CRASH, [f"no {metric.name} measured"], code=Reason.FAILED)
+    unmeasured = not_measured(config, result)
+    if unmeasured is not None:
+        return unmeasured
+    assert result.metric is not None  # else not_measured said crash
     gain = metric.gain(result.metric, incumbent_metric)
     required = config.acceptance.min_improvement.margin(incumbent_metric)
     verdict = Verdict(Status.DISCARD, gain=gain, margin=required, noise=noise)
