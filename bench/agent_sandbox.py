@@ -15,18 +15,14 @@ The target (issue 20) is at most 0.5 s per agent run.
 
 from __future__ import annotations
 
+import argparse
+import os
+import statistics
+import subprocess
 import sys
-
-# bench/ holds statistics.py: off sys.path, or it shadows the standard library's
-sys.path[:] = [p for p in sys.path if p not in ("", __file__.rsplit("/", 1)[0])]
-
-import argparse  # noqa: E402
-import os  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import tempfile
+import time
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))

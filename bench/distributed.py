@@ -21,22 +21,17 @@ otherwise one is started for the run and stopped after it (only its own processe
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
 import sys
-
-# bench/statistics.py shares the stdlib module's name: this folder leaves the path before
-# anything imports `statistics`
-sys.path[:] = [p for p in sys.path if p not in ("", __file__.rsplit("/", 1)[0])]
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import platform  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import tempfile
+import time
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))

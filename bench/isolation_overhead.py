@@ -19,23 +19,18 @@ seconds used by the evaluation's process tree (less sensitive to other load).
 
 from __future__ import annotations
 
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import subprocess
 import sys
-
-# bench/statistics.py shares the stdlib module's name: this folder leaves the path before
-# anything imports `statistics`
-sys.path[:] = [p for p in sys.path if p not in ("", __file__.rsplit("/", 1)[0])]
-
-import argparse  # noqa: E402
-import os  # noqa: E402
-import resource  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tarfile  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from io import BytesIO  # noqa: E402
-from pathlib import Path  # noqa: E402
+import tarfile
+import tempfile
+import time
+from io import BytesIO
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples/kernel-cpu"

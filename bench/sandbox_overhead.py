@@ -15,20 +15,15 @@ freeze/thaw round trip of a running party.
 
 from __future__ import annotations
 
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
 import sys
-
-# bench/statistics.py shares the stdlib module's name: this folder leaves the path before
-# anything imports `statistics`
-sys.path[:] = [p for p in sys.path if p not in ("", __file__.rsplit("/", 1)[0])]
-
-import argparse  # noqa: E402
-import os  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import tempfile
+import time
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))

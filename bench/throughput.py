@@ -55,13 +55,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# bench/ holds statistics.py: off the front of sys.path, or it shadows the standard
-# library's; synthetic.py (next to this file) is then found at the back
-sys.path[:] = [p for p in sys.path if p not in ("", str(ROOT / "bench"),
-                                                __file__.rsplit("/", 1)[0])]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path.append(str(ROOT / "bench"))
 
 import synthetic  # noqa: E402  (bench/, next to this file)
 from llm_server import Answer, LLMServer  # noqa: E402

@@ -2,7 +2,7 @@
 sequential test that confirms a would-be winner on fresh paired measurements.
 
 Pure functions of numbers (no ledger, no config), so the judge, the headlines and
-bench/statistics.py all use the same arithmetic. docs/statistics.md says what the test
+bench/keep_statistics.py all use the same arithmetic. docs/statistics.md says what the test
 assumes and why it holds the false-keep rate the user sets.
 
 scipy is not a dependency of ratchet: the two distributions needed here (Student's t

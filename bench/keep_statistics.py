@@ -1,7 +1,7 @@
 """Keeps you can trust, measured: false keeps, power, cost and early stopping side by side.
 
-    .venv/bin/python bench/statistics.py            # every section, ~10-20 minutes
-    .venv/bin/python bench/statistics.py --quick    # fewer studies (a smoke run)
+    .venv/bin/python bench/keep_statistics.py            # every section, ~10-20 minutes
+    .venv/bin/python bench/keep_statistics.py --quick    # fewer studies (a smoke run)
 
 What is real and what is simulated:
 - real: the judge (`judge.judge_group` with its screen, the sequential confirmation
@@ -22,23 +22,18 @@ reference, one side of a confirmation pair, or one of `repeats`.
 
 from __future__ import annotations
 
+import argparse
+import json
+import math
+import random
+import statistics
+import subprocess
 import sys
-
-# this file is named after the stdlib module it would shadow: its folder leaves the path
-# before anything imports `statistics`
-sys.path[:] = [p for p in sys.path if p not in ("", __file__.rsplit("/", 1)[0])]
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import random  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from pathlib import Path  # noqa: E402
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -418,7 +413,7 @@ def main() -> None:
     def show(lines: list[str]) -> None:  # each section as it is done: a long run loses none
         print("\n".join([*lines, ""]), flush=True)
 
-    show([f"# bench/statistics.py (seed {args.seed}{', quick' if args.quick else ''})"])
+    show([f"# bench/keep_statistics.py (seed {args.seed}{', quick' if args.quick else ''})"])
     show(aa_section(max(2, int(10 * scale)), 200, args.seed))
     show(power_section(max(20, int(400 * scale)), args.seed))
     show(cost_section(max(2, int(10 * scale)), 200, args.seed))
