@@ -289,12 +289,17 @@ class Search(Strict):
     def _proposer_is_registered(cls, kind: str) -> str:
         from ratchet.proposers import proposer_kinds
 
-        known = list(proposer_kinds())
-        if kind not in known:
-            close = difflib.get_close_matches(kind, known, n=1, cutoff=0.6)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"unknown proposer {kind!r}{hint} (expected {' | '.join(known)})")
-        return kind
+        return registered(kind, list(proposer_kinds()), "proposer")
+
+
+def registered(kind: str, known: list[str], what: str) -> str:
+    """`kind` when a plug-in of that name is registered, else the error naming the
+    closest one and every known name (the one check for every plug-in registry)."""
+    if kind not in known:
+        close = difflib.get_close_matches(kind, known, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown {what} {kind!r}{hint} (expected {' | '.join(known)})")
+    return kind
 
 
 def parse_hours(value: Any) -> float:
@@ -411,12 +416,7 @@ class Backend(Strict):
     def _kind_is_registered(cls, kind: str) -> str:
         from ratchet.backends import backends
 
-        known = list(backends())
-        if kind not in known:
-            close = difflib.get_close_matches(kind, known, n=1, cutoff=0.6)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"unknown backend {kind!r}{hint} (expected {' | '.join(known)})")
-        return kind
+        return registered(kind, list(backends()), "backend")
 
     @model_validator(mode="before")
     @classmethod
