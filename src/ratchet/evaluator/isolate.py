@@ -64,7 +64,7 @@ from typing import Any, cast
 from ratchet.evaluator import (
     channel,  # noqa: F401 - takes the metric channel (and goes non-dumpable) before any child starts
 )
-from ratchet.job import sandbox
+from ratchet.job import sandbox, warden
 from ratchet.job.jobspec import COMPILE_CACHE_VARS, is_secret
 
 CHILD_SCRIPT = Path(__file__).with_name("isolate_child.py")
@@ -169,12 +169,7 @@ def _tree(root: int) -> list[int]:
     while todo:
         pid = todo.pop()
         found.append(pid)
-        try:
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
-                    todo += [int(p) for p in fh.read().split()]
-        except OSError:
-            continue
+        todo += warden.children(pid)
     return found
 
 

@@ -199,7 +199,9 @@ def _state(pid: int) -> str | None:
         return None
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
+    """The direct children of every thread of `pid` (Linux: /proc/<pid>/task/*/children);
+    [] once it is gone. The evaluator's tree walk (isolate) uses this one too."""
     out: list[int] = []
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
@@ -221,11 +223,11 @@ class Sandbox:
         if self.opts.pidns:
             return [int(p) for p in os.listdir("/proc")
                     if p.isdigit() and int(p) not in (self.me, 1)]
-        found, todo = [], _children(self.me)
+        found, todo = [], children(self.me)
         while todo:
             pid = todo.pop()
             found.append(pid)
-            todo += _children(pid)
+            todo += children(pid)
         return found
 
     def signal_all(self, sig: int) -> list[int]:
