@@ -63,19 +63,27 @@ def kill_descendants(grace_s: float = KILL_GRACE_S) -> int:
         return 0
     if not children:
         return 0
-    for child in children:
-        with contextlib.suppress(psutil.Error):
-            child.terminate()
-    _, alive = psutil.wait_procs(children, timeout=grace_s)
-    for child in alive:
-        with contextlib.suppress(psutil.Error):
-            child.kill()
-    psutil.wait_procs(alive, timeout=grace_s)
+    psutil.wait_procs(_terminate_then_kill(children, grace_s), timeout=grace_s)
     # reap anything that re-parented to us meanwhile
     with contextlib.suppress(ChildProcessError):
         while os.waitpid(-1, os.WNOHANG)[0] > 0:
             pass
     return len(children)
+
+
+def _terminate_then_kill(procs: list, grace_s: float) -> list:
+    """SIGTERM each of `procs` (psutil processes), SIGKILL those still alive after
+    `grace_s`; returns the ones that had to be killed."""
+    import psutil
+
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    return alive
 
 
 def kill_group(pgid: int, grace_s: float = KILL_GRACE_S) -> None:
@@ -101,13 +109,7 @@ def kill_tree(pid: int, grace_s: float = KILL_GRACE_S) -> None:
         procs = [root, *root.children(recursive=True)]
     except psutil.Error:
         return
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            proc.terminate()
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for proc in alive:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
+    _terminate_then_kill(procs, grace_s)
 
 
 class CappedLog:
