@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sqlite3
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -297,7 +299,11 @@ def run(
         stopped_by.append(signum)
         study.stop.request()
         if study.stop.hard:
-            view.note("stopping: cancelling running jobs…")
+            view.note("stopping: cancelling running jobs and proposer calls…")
+            # the calls in flight are billed off this handler (it may have interrupted a
+            # write of the proposer's own), and the proposer stops waiting for them
+            threading.Thread(target=study.interrupt, name="ratchet-interrupt",
+                             daemon=True).start()
         else:
             view.note("stopping after the running jobs are judged (Ctrl-C again to cancel them)")
 
@@ -323,6 +329,9 @@ def run(
             finally:
                 view.print_judged()
     if problem is not None:
+        if study.stop.hard:
+            err.print(Text.assemble(("error:", "bold red"), " ", problem))
+            _leave_at_once(2)
         fail(problem)
     _print_summary(study)
     _write_progress(study)
@@ -330,7 +339,18 @@ def run(
         err.print("stopped; run `ratchet run` again to resume")
         # the shell's convention for a command ended by a signal (130 after Ctrl-C), so a
         # script that runs `ratchet run && next-step` does not carry on after a stop
+        if study.stop.hard:
+            _leave_at_once(128 + stopped_by[0])
         raise typer.Exit(128 + stopped_by[0])
+
+
+def _leave_at_once(code: int) -> NoReturn:
+    """Stopped at once (Ctrl-C twice): the study is recorded and closed, the proposer
+    calls in flight billed as interrupted. A proposer thread may still wait on a reply
+    nobody needs, and the interpreter would wait for it at exit: this exit does not."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _start_over_if_changed(repo: Path) -> None:
@@ -656,7 +676,6 @@ def serve(
              "for any --host but loopback")] = None,
 ) -> None:
     """A live, read-only dashboard of the study in your browser (the report's views)."""
-    import os
 
     from ratchet.driver.serve import TOKEN_ENV, make_server, serve_forever, url_of
 

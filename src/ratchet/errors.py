@@ -24,3 +24,9 @@ class UserError(RatchetError):
 class InfrastructureError(UserError):
     """A backend, cluster or service that does not answer: never a candidate's fault,
     and everything is recorded, so fixing it and running again resumes."""
+
+
+class HardStop(RatchetError):
+    """A second Ctrl-C stopped the study at once: a proposer call in flight is not waited
+    for (it is recorded as interrupted, spend.py) and nothing it would have made is used.
+    Not a user error: the study catches it and stops as the user asked."""

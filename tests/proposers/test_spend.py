@@ -276,6 +276,7 @@ def test_speculation_is_an_option_and_what_it_drops_is_billed(tmp_path):
     assert status["spend"]["unused_usd"] == pytest.approx(
         (requests - made) * (100 * PRICE_IN + 50 * PRICE_OUT) / 1e6)
     assert status["spend"]["wasted_usd"] >= status["spend"]["unused_usd"]
+    assert_bill_agrees(repo, server, billing)  # tokens and dollars too, as the server billed
 
 
 # -- budgets -------------------------------------------------------------------------------
@@ -369,3 +370,173 @@ def test_rolling_stops_at_the_budget_and_bills_the_request_in_flight(tmp_path):
         ledger.close()
         assert more > made
         assert_bill_agrees(repo, server, billing)
+
+
+# -- Ctrl-C twice: the request in flight is billed, and the driver does not wait for it --
+
+
+def prompt_estimate(request) -> int:
+    """The prompt's tokens as the proposer estimates them (4 characters a token), from
+    what the server received: the server never answered, so nobody counted them."""
+    chars = sum(len(str(m.get("content", ""))) for m in request.body["messages"])
+    return -(-chars // 4)
+
+
+@pytest.mark.parametrize("mode", ["rounds", "rolling"])
+def test_a_second_ctrl_c_bills_the_request_in_flight(tmp_path, mode):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from helpers import RATCHET, ROOT
+
+    slow = threading.Event()  # once set, every reply takes a minute
+
+    def answer(request) -> Answer:
+        if slow.is_set():
+            return Answer(whole_file(3), delay=60.0)
+        slow.set()  # the first proposal is answered at once; the rest hang
+        return Answer(whole_file(5), input_tokens=120, output_tokens=30)
+
+    with LLMServer() as server:
+        server.respond_with(answer)
+        repo = study_repo(tmp_path, server.openai_url, parallel=2, rounds=3, mode=mode)
+        toml = (repo / "ratchet.toml").read_text().replace("timeout = 10\n", "timeout = 120\n")
+        (repo / "ratchet.toml").write_text(toml)  # no client timeout cuts the wait short
+        hgit(repo, "commit", "-qam", "patient client")
+        proc = subprocess.Popen([*RATCHET, "run", "--repo", str(repo)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        deadline = time.monotonic() + 90
+        while len(server.requests) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # a request hangs at the server
+        assert len(server.requests) >= 2, proc.communicate(timeout=30)
+        time.sleep(1.0)
+        hanging = server.requests[1:]
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        signalled = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        stopped_after = time.monotonic() - signalled
+        requests = list(server.requests)
+    assert proc.returncode == 130, err
+    assert stopped_after < 30, stopped_after  # at once: not after the minute-long reply
+    assert "Traceback" not in err and "error:" not in err, err
+    ledger = ledger_of(repo)
+    calls = [dict(c) for c in ledger.calls()]
+    ledger.close()
+    # every request the server saw is billed: the one answered, and those in flight
+    assert len(calls) == len(requests)
+    answered = [c for c in calls if c["outcome"] == "ok"]
+    assert [(c["input_tokens"], c["output_tokens"]) for c in answered] == [(120, 30)]
+    cut = [c for c in calls if c["outcome"] == "interrupted"]
+    assert len(cut) == len(hanging) >= 1
+    assert sorted(c["input_tokens"] for c in cut) == sorted(map(prompt_estimate, hanging))
+    for call in cut:
+        assert call["output_tokens"] == 0 and call["candidate"] is None
+        assert call["cost_usd"] == pytest.approx(call["input_tokens"] * PRICE_IN / 1e6)
+        assert 1.0 <= call["seconds"] < 1.0 + 0.3 + stopped_after + 5
+        assert call["fate"].startswith("interrupted")
+    spend = status_of(repo)["spend"]
+    assert spend["calls"] == len(requests)
+    assert spend["interrupted_calls"] == len(cut)
+    assert spend["input_tokens"] == sum(c["input_tokens"] for c in calls)
+    assert spend["proposer_usd"] == pytest.approx(sum(c["cost_usd"] for c in calls), abs=1e-6)
+    text = ratchet(repo, "status", check=True).stdout
+    assert f"{len(cut)} interrupted" in text
+
+
+def test_a_second_ctrl_c_bills_the_agent_run_in_flight_by_its_time(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from helpers import RATCHET, ROOT
+
+    script = tmp_path / "agent.py"
+    script.write_text("import time\ntime.sleep(120)\n")  # a long think
+    extra = f"""
+[agent]
+command = ["{sys.executable}", "{script}", "{{prompt_file}}"]
+timeout = "10m"
+hourly_usd = 36.0
+"""
+    repo = make_repo(tmp_path / "r", "agent", extra, parallel=2)
+    proc = subprocess.Popen([*RATCHET, "run", "--repo", str(repo)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    agents = repo / ".ratchet" / "agents"
+    deadline = time.monotonic() + 90
+    while not list(agents.glob("*/prompt.md")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.5)  # it runs
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    signalled = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    stopped_after = time.monotonic() - signalled
+    assert proc.returncode == 130, err
+    assert stopped_after < 30 and "Traceback" not in err, err
+    ledger = ledger_of(repo)
+    calls = [dict(c) for c in ledger.calls()]
+    ledger.close()
+    [call] = calls
+    assert call["proposer"] == "agent" and call["outcome"] == "interrupted"
+    assert 1.5 <= call["seconds"] < 1.5 + 0.3 + stopped_after + 5
+    assert call["cost_usd"] == pytest.approx(call["seconds"] * 0.01, abs=1e-3)  # $36/h
+    assert status_of(repo)["spend"]["proposer_usd"] == pytest.approx(call["cost_usd"], abs=1e-6)
+    # the agent's sandbox was ended with the driver: nothing of it runs on
+    time.sleep(1.0)
+    import psutil
+
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if str(script) in " ".join(p.info["cmdline"] or [])]
+
+
+IMPROVING_AGENT = r'''
+import pathlib, re, sys, time
+prompt = pathlib.Path(sys.argv[1]).read_text()
+attempt = int(re.search(r"attempt (\d+) of", prompt).group(1))
+time.sleep(0.3)
+path = pathlib.Path("solution.py")
+text = path.read_text()
+value = int(re.search(r"VALUE = (\d+)", text).group(1)) - attempt  # better each time
+path.write_text(re.sub(r"VALUE = \d+", f"VALUE = {value}", text))
+print(f"DESCRIPTION: agent sets VALUE to {value}")
+'''
+
+
+def test_agent_runs_made_ahead_and_dropped_are_billed_with_their_time(tmp_path):
+    script = tmp_path / "agent.py"
+    script.write_text(IMPROVING_AGENT)
+    extra = f"""
+[agent]
+command = ["{sys.executable}", "{script}", "{{prompt_file}}"]
+timeout = "60s"
+hourly_usd = 3600.0
+"""
+    repo = make_repo(tmp_path / "r", "agent", extra, parallel=3)
+    toml = (repo / "ratchet.toml").read_text().replace("rounds = 1\n",
+                                                       "rounds = 2\nahead = true\n")
+    (repo / "ratchet.toml").write_text(toml)
+    hgit(repo, "commit", "-qam", "two rounds, speculating")
+    ratchet(repo, "run", check=True)
+    ledger = ledger_of(repo)
+    calls = ledger.calls()
+    cands = [c for c in ledger.candidates() if c.kind == "candidate"]
+    ledger.close()
+    # every run keeps its own record, a round asked again included
+    runs = [d for d in (repo / ".ratchet" / "agents").iterdir() if (d / "agent.log").exists()]
+    assert len(calls) == len(runs) > len(cands)
+    dropped = [c for c in calls if (c["fate"] or "").startswith("dropped")]
+    assert dropped and all(c["candidate"] is None for c in dropped)  # conflicted: re-asked
+    assert all(c["proposer"] == "agent" and c["seconds"] >= 0.3 for c in calls)
+    assert all(c["cost_usd"] == pytest.approx(c["seconds"], abs=0.01) for c in calls)
+    spend = status_of(repo)["spend"]
+    assert spend["calls"] == len(runs)
+    assert spend["unused_calls"] == len(calls) - sum(1 for c in calls if c["candidate"])
+    assert spend["proposer_usd"] == pytest.approx(sum(c["cost_usd"] for c in calls), abs=1e-5)

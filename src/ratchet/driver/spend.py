@@ -8,7 +8,9 @@ Two rooms of spend, both recorded as they happen, never inferred afterwards:
   the proposer's own thread, whatever becomes of its proposal: the proposal's candidate
   is linked when it is recorded (`Ledger.new_candidate(calls=...)`), and a proposal
   dropped (it conflicts with a moved incumbent) or never used (the study stopped) keeps
-  its calls, with no candidate: spent, and counted as wasted.
+  its calls, with no candidate: spent, and counted as wasted. A call under way is a
+  `Flight`: when a second Ctrl-C stops the study at once, nobody waits for its reply,
+  and it is billed `interrupted` with its time so far and what is known of its tokens.
 - **compute** (the candidates' rows): each job's slot time (its phases on the slot,
   `ledger.slot_seconds`) plus what its row's other jobs held (a hold-out follow-up, a
   lost or interrupted attempt: `extra_slot_s`), priced by `backend.gpu_hourly_usd` or
@@ -21,15 +23,20 @@ candidate; proposals and jobs of candidates that crashed or were rejected), whic
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from concurrent.futures import Future, wait
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from ratchet.driver.candidate import Proposal
 from ratchet.driver.ledger import Candidate, Ledger, slot_seconds, study_wall
+from ratchet.errors import HardStop
 from ratchet.vocab import Kind, Status
 
 LEDGER_FILE = "ledger.db"
@@ -43,6 +50,9 @@ class Outcome(StrEnum):
     FAILED = "failed"  # failed, and was not sent again (the proposal fails or the study)
     UNUSABLE = "unusable"  # a reply that cannot be used (too large, not the protocol's)
     TIMEOUT = "timeout"  # an agent killed at its timeout, a request past its deadline
+    # in flight when a second Ctrl-C stopped the study at once: billed with its time so
+    # far and what is known of its tokens (the prompt as sent; no reply came)
+    INTERRUPTED = "interrupted"
 
 
 @dataclass
@@ -55,20 +65,101 @@ class Call:
     cost_usd: float = 0.0
     seconds: float = 0.0
     detail: str | None = None
+    fate: str | None = None  # what became of it, when that is known as it is recorded
     t: float = field(default_factory=time.time)
+
+
+INTERRUPTED_FATE = "interrupted: the study was stopped at once (Ctrl-C twice)"
+
+
+@dataclass(eq=False)  # one flight is itself, whatever its figures
+class Flight:
+    """A proposer call under way (an HTTP request, an agent run): what it would be billed
+    if the study stopped now. `bill(seconds)` gives its calls, `seconds` after it began;
+    `cancel` ends it (an agent's sandbox), called once it is billed."""
+
+    bill: Callable[[float], list[Call]]
+    cancel: Callable[[], None] | None = None
+    began: float = field(default_factory=time.monotonic)
+    interrupted: bool = False
 
 
 class Meter:
     """Writes proposer calls to the ledger of `state_dir` from any thread (its own
-    connection, one writer at a time); `with Meter(state_dir) as meter:`."""
+    connection, one writer at a time); `with Meter(state_dir) as meter:`.
+
+    A call is recorded when it ends. One that may not end before the study does (a
+    second Ctrl-C stops it at once, and nobody waits for a reply) is flown: `begin` it,
+    `land` it when it ends; `interrupt_all` bills every flight still under way as
+    interrupted, from whichever thread sees the stop, and later landings are not
+    billed again."""
+
+    _open: ClassVar[set[Meter]] = set()  # meters in use in this process
+    _open_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, state_dir: Path) -> None:
         path = Path(state_dir) / LEDGER_FILE
         Ledger(path).close()  # made and migrated if it was not (a proposer used alone)
+        self.path = path.resolve()
         self.db = sqlite3.connect(str(path), timeout=30, isolation_level=None,
                                   check_same_thread=False)
         self.db.execute("PRAGMA synchronous=FULL")
         self._lock = threading.Lock()
+        self._flights: list[Flight] = []
+        self.interrupted = False  # a hard stop was seen: no new flight may begin
+        with Meter._open_lock:
+            Meter._open.add(self)
+
+    # -- calls in flight --------------------------------------------------------------------
+
+    def begin(self, bill: Callable[[float], list[Call]],
+              cancel: Callable[[], None] | None = None) -> Flight:
+        """A call starts; HardStop if the study was stopped at once (it is not sent)."""
+        flight = Flight(bill, cancel)
+        with self._lock:
+            if self.interrupted:
+                raise HardStop("the study was stopped at once; no new proposer call")
+            self._flights.append(flight)
+        return flight
+
+    def land(self, flight: Flight) -> bool:
+        """The call ended: True if the caller records it now; False if it was billed as
+        interrupted already (the caller records nothing, and gives up: HardStop)."""
+        with self._lock:
+            if flight in self._flights:
+                self._flights.remove(flight)
+            return not flight.interrupted
+
+    def interrupt(self) -> list[int]:
+        """Bill every flight as interrupted, now, and end them; no new one may begin."""
+        with self._lock:  # a landing after this sees its flight interrupted: one bill each
+            self.interrupted = True
+            flights, self._flights = self._flights, []
+            for flight in flights:
+                flight.interrupted = True
+        ids = []
+        for flight in flights:
+            for call in flight.bill(time.monotonic() - flight.began):
+                ids.append(self.record(replace(call, fate=INTERRUPTED_FATE)))
+            if flight.cancel is not None:
+                with contextlib.suppress(Exception):  # ending it is best effort
+                    flight.cancel()
+        return ids
+
+    def mark(self, ids: list[int], fate: str) -> None:
+        """What became of calls that made no proposal (their proposal was given up)."""
+        if ids:
+            with self._lock:
+                self.db.execute(f"UPDATE calls SET fate = COALESCE(fate, ?) WHERE id IN "
+                                f"({', '.join('?' * len(ids))})", (fate, *ids))
+
+    @classmethod
+    def interrupt_all(cls, state_dir: Path) -> list[int]:
+        """A hard stop: every meter of this study's ledger bills its flights (above)."""
+        path = (Path(state_dir) / LEDGER_FILE).resolve()
+        with cls._open_lock:
+            meters = [m for m in cls._open if m.path == path]
+        return [i for meter in meters for i in meter.interrupt()]
 
     def record(self, call: Call) -> int:
         """Write one call now; its row id (for the proposal's `calls`)."""
@@ -88,6 +179,10 @@ class Meter:
                 "SELECT COALESCE(SUM(cost_usd), 0) FROM calls").fetchone()[0])
 
     def close(self) -> None:
+        with Meter._open_lock:
+            Meter._open.discard(self)
+        if self.interrupted:
+            return  # a call abandoned at the stop may still write what ended before it
         with self._lock:
             self.db.close()
 
@@ -96,6 +191,23 @@ class Meter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def gather(futures: list[Future[Proposal]], meter: Meter,
+           poll_s: float = 0.1) -> list[Proposal]:
+    """The futures' results in order (the first error re-raised), as a proposer waits for
+    its parallel calls; HardStop once `meter` is interrupted: the calls in flight are
+    billed as interrupted, and their replies are not waited for."""
+    while True:
+        _, pending = wait(futures, timeout=poll_s)
+        if not pending:
+            return [f.result() for f in futures]
+        if meter.interrupted:
+            # the calls of the proposals made already are billed; they are not used
+            done = [f.result() for f in futures if f.done() and not f.cancelled()
+                    and f.exception() is None]
+            meter.mark([i for made in done for i in made.calls], INTERRUPTED_FATE)
+            raise HardStop("the study was stopped at once; replies in flight not waited for")
 
 
 # -- the sums ------------------------------------------------------------------------------
@@ -120,6 +232,7 @@ class Spend:
     wasted_slot_hours: float = 0.0
     unused_calls: int = 0  # calls whose proposal never became a candidate
     unused_usd: float = 0.0
+    interrupted_calls: int = 0  # in flight when the study was stopped at once
 
     @property
     def tokens(self) -> int:
@@ -143,9 +256,11 @@ class Spend:
                  f"compute ${self.compute_usd:.4f} ({self.slot_hours:.3f} slot-h over "
                  f"{self.jobs} job{'s' * (self.jobs != 1)})"]
         if self.wasted_usd or self.wasted_slot_hours or self.unused_calls:
+            cut = (f", {self.interrupted_calls} interrupted" if self.interrupted_calls
+                   else "")
             parts.append(f"wasted ${self.wasted_usd:.4f}, {self.wasted_slot_hours:.3f} "
                          f"slot-h ({self.unused_calls} unused call"
-                         f"{'s' * (self.unused_calls != 1)})")
+                         f"{'s' * (self.unused_calls != 1)}{cut})")
         parts.append(f"wall {self.wall_hours:.3f} h")
         return "; ".join(parts)
 
@@ -174,6 +289,7 @@ def summary(ledger: Ledger) -> Spend:
         out.output_tokens += call["output_tokens"]
         out.proposer_usd += call["cost_usd"]
         out.proposer_s += call["seconds"]
+        out.interrupted_calls += call["outcome"] == Outcome.INTERRUPTED
         cand = by_id.get(call["candidate"]) if call["candidate"] else None
         if cand is None:
             out.unused_calls += 1

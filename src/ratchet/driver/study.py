@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ratchet.backends import Backend
-from ratchet.driver import views
+from ratchet.driver import spend, views
 from ratchet.driver.candidate import Proposal, study_branch
 from ratchet.driver.config import Config, load_config
 from ratchet.driver.integrity import Guard, check_commands, committed_config, pin_protected
@@ -35,7 +35,7 @@ from ratchet.driver.rolling import Rolling
 from ratchet.driver.rounds import Rounds
 from ratchet.driver.settle import Loop, StopFlag
 from ratchet.driver.views import write_results_tsv
-from ratchet.errors import UserError
+from ratchet.errors import HardStop, UserError
 from ratchet.job import gitrepo, sandbox
 from ratchet.job.jobspec import JobSpec
 from ratchet.proposers import Proposer
@@ -265,15 +265,28 @@ class Study:
             if self.config.prep:
                 self.prepare()
             with _as_study_errors():
-                policy.run()
+                try:
+                    policy.run()
+                except HardStop:  # Ctrl-C twice: the proposer's reply is not waited for
+                    if not self.stop.hard:
+                        raise
                 self.guard.verify_state()  # the branch at the end, too: nothing planted late
             why = "stopped by the user" if self.stop.soft else "finished"
         except BaseException as exc:
             why = f"failed: {views.shorten(str(exc) or type(exc).__name__, 160)}"
             raise
         finally:
+            if self.stop.hard:  # a call still in flight is billed before the driver ends
+                self.interrupt()
             self._notify(lambda: self.notifier.end(self.ledger, why))
         self._write_views()  # a driver killed after the last verdict left them stale
+
+    def interrupt(self) -> list[int]:
+        """Stopped at once (Ctrl-C twice): every proposer call in flight is billed now as
+        interrupted, with its time and what is known of its tokens, and ended (an agent's
+        sandbox); the proposer gives up on it (HardStop) and nothing waits for its reply.
+        From any thread; the ids of the calls billed."""
+        return spend.Meter.interrupt_all(self.state_dir)
 
     def _notify(self, step: Callable[[], None]) -> None:
         """A notification step; whatever goes wrong in it is logged, never raised."""

@@ -38,8 +38,10 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +51,8 @@ from ratchet.driver import sanitize
 from ratchet.driver.candidate import Proposal
 from ratchet.driver.config import CONFIG_FILE, Config, Duration
 from ratchet.driver.ledger import Candidate
-from ratchet.driver.spend import Call, Meter, Outcome
+from ratchet.driver.spend import Call, Flight, Meter, Outcome, gather
+from ratchet.errors import HardStop
 from ratchet.job import gitrepo, sandbox
 from ratchet.job.procs import CappedLog
 from ratchet.proposers import ProposalContext, Proposer, ProposerError, scratch
@@ -179,12 +182,15 @@ class AgentProposer(Proposer):
         if ctx.alone is not None:  # no filesystem sandbox: one at a time, each watched
             return [self._watched(ctx, i, k, idea, angle, shared, sorted(files), meter)
                     for i, (idea, angle) in enumerate(plans)]
-        with ThreadPoolExecutor(max_workers=max(k, 1)) as pool:
+        pool = ThreadPoolExecutor(max_workers=max(k, 1))
+        try:
             futures = [
                 pool.submit(self._one, ctx, i, k, idea, angle, shared, sorted(files), meter)
                 for i, (idea, angle) in enumerate(plans)
             ]
-            return [f.result() for f in futures]
+            return gather(futures, meter)
+        finally:  # stopped at once: the agents are billed and ended, not waited for
+            pool.shutdown(wait=not meter.interrupted, cancel_futures=True)
 
     @property
     def unsandboxed(self) -> bool:
@@ -223,8 +229,7 @@ class AgentProposer(Proposer):
     def _one_agent(self, ctx: ProposalContext, i: int, k: int, idea: str | None, angle: str,
                    shared: str, files: list[str], meter: Meter | None = None) -> Proposal:
         name = f"{ctx.round}-{i}"
-        work_dir = ctx.state_dir / "agents" / name  # the driver's record: prompt and log
-        work_dir.mkdir(parents=True, exist_ok=True)
+        work_dir = record_dir(ctx.state_dir / "agents", name)  # the driver's: prompt, log
         fallback = f"idea: {idea}" if idea else f"agent: {angle}"
         try:
             copy = scratch.make(ctx.repo, ctx.incumbent, name)
@@ -257,15 +262,24 @@ class AgentProposer(Proposer):
         env["XDG_CACHE_HOME"] = str(Path(env["HOME"]) / ".cache")
         scratch.keep_path_in_login_shells(Path(env["HOME"]), env.get("PATH", ""))
         policy = self._policy(argv, env, copy, ctx)
+        # a hard stop (Ctrl-C twice) bills the run as it stands and ends its sandbox
+        flight = None if meter is None else meter.begin(partial(self._bill_interrupted,
+                                                                argv[0]))
         try:
             code, timed_out, output, seconds = run_agent(
                 argv, copy.tree, env, work_dir / "agent.log", self.settings.timeout,
-                int(self.settings.log_limit_mb * (1 << 20)), self.level, policy)
+                int(self.settings.log_limit_mb * (1 << 20)), self.level, policy,
+                on_start=None if flight is None else partial(_cancel_with, flight))
         except FileNotFoundError as exc:
             # the sandbox program vanished mid-study: the machine's fault, no verdict
+            if meter is not None and flight is not None:
+                meter.land(flight)
             raise ProposerError(f"agent: cannot start the agent's sandbox ({exc}); reinstall "
                                 "it (apt-get install bubblewrap util-linux), then run again"
                                 ) from None
+        if meter is not None and flight is not None and not meter.land(flight):
+            raise HardStop("agent: the study was stopped at once; the run is billed as "
+                           "interrupted")
         params: dict[str, dict[str, Any]] = {"agent": {"command": argv[0], "exit_code": code,
                             "seconds": round(seconds, 2), "log": str(work_dir / "agent.log"),
                             "hypothesis": idea or angle, "sandbox": str(self.level)}}
@@ -319,6 +333,14 @@ class AgentProposer(Proposer):
                     input_tokens=reported.input_tokens, output_tokens=reported.output_tokens,
                     cost_usd=cost, seconds=seconds, detail=source)
 
+    def _bill_interrupted(self, command: str, seconds: float) -> list[Call]:
+        """A run a hard stop does not wait for: its time so far at agent.hourly_usd (its
+        CLI's own figure comes at its end, which never came)."""
+        return [Call(proposer="agent", model=command, outcome=Outcome.INTERRUPTED,
+                     cost_usd=self.settings.hourly_usd * seconds / 3600, seconds=seconds,
+                     detail=f"{seconds:.1f} s at ${self.settings.hourly_usd:g}/h "
+                            "agent.hourly_usd, until the stop")]
+
     def _policy(self, argv: list[str], env: dict[str, str], copy: scratch.Scratch,
                 ctx: ProposalContext) -> sandbox.Policy:
         """Only its copy writable; the user's checkout (with .git and .ratchet), the
@@ -360,14 +382,39 @@ class AgentProposer(Proposer):
         return argv
 
 
+def record_dir(parent: Path, name: str) -> Path:
+    """A new directory for one agent run's prompt and log: `name`, else `name.2`, ... A
+    round asked again (its proposals made ahead conflicted) runs its agents under the
+    same names, and the runs before keep their record (their calls name their logs)."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        path = parent / (name if n == 1 else f"{name}.{n}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise ProposerError(f"agent: {parent} holds 10,000 runs named {name}; clear it")
+
+
+def _cancel_with(flight: Flight, jail: sandbox.Jail) -> None:
+    """The agent's sandbox is up: a hard stop ends it (at once if one came already)."""
+    flight.cancel = partial(jail.kill, grace_s=1.0)
+    if flight.interrupted:
+        flight.cancel()
+
+
 def run_agent(argv: list[str], cwd: Path, env: dict[str, str], log_path: Path,
               timeout: float, log_limit: int, level: sandbox.Level | str,
-              policy: sandbox.Policy) -> tuple[int | None, bool, str, float]:
+              policy: sandbox.Policy,
+              on_start: Callable[[sandbox.Jail], None] | None = None,
+              ) -> tuple[int | None, bool, str, float]:
     """(exit code or None if killed, timed out, output, seconds).
 
     The agent runs as a sandbox.Jail: its whole tree, daemons that left its session
     included, ends when it ends or times out, and nothing else (not the other agents, not
     the local backend's jobs). FileNotFoundError: the sandbox program itself is gone.
+    `on_start` is given the jail once it runs (a hard stop ends it through that).
     """
     log = CappedLog(log_path, log_limit)
     start = time.monotonic()
@@ -383,6 +430,8 @@ def run_agent(argv: list[str], cwd: Path, env: dict[str, str], log_path: Path,
         return 127, False, log.text(), 0.0
     drainer = threading.Thread(target=log.drain, args=(jail.proc.stdout,), daemon=True)
     drainer.start()
+    if on_start is not None:
+        on_start(jail)
     timed_out = False
     try:
         jail.wait(timeout=timeout)

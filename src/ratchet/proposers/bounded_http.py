@@ -33,9 +33,10 @@ class Sent:
     """One HTTP request as the transport saw it."""
 
     started: float  # time.monotonic()
-    seconds: float  # until its response headers (or its failure)
+    seconds: float  # until its response headers (or its failure); 0 while under way
     status: int | None  # None: no response (refused, timed out, dropped)
     error: str | None = None
+    done: bool = True  # False from when it is sent until its headers or its failure
 
 
 _taps = threading.local()
@@ -44,7 +45,8 @@ _taps = threading.local()
 @contextlib.contextmanager
 def tap() -> Iterator[list[Sent]]:
     """Note every request this thread sends meanwhile (the SDKs' sync clients send on
-    the caller's thread)."""
+    the caller's thread), from the moment it is sent: one still under way (`done`
+    False) can be billed by a hard stop that does not wait for it."""
     previous = getattr(_taps, "sent", None)
     sent: list[Sent] = []
     _taps.sent = sent
@@ -89,15 +91,18 @@ class BoundedTransport(httpx.HTTPTransport):
         started = time.monotonic()
         deadline = started + self.deadline_s
         sent = getattr(_taps, "sent", None)
+        one = Sent(started, 0.0, None, done=False)
+        if sent is not None:
+            sent.append(one)
         try:
             response = super().handle_request(request)
         except Exception as exc:
-            if sent is not None:
-                sent.append(Sent(started, time.monotonic() - started, None,
-                                 f"{type(exc).__name__}: {str(exc)[:200]}"))
+            one.seconds, one.error = (time.monotonic() - started,
+                                      f"{type(exc).__name__}: {str(exc)[:200]}")
+            one.done = True
             raise
-        if sent is not None:
-            sent.append(Sent(started, time.monotonic() - started, response.status_code))
+        one.seconds, one.status = time.monotonic() - started, response.status_code
+        one.done = True
         response.stream = _Bounded(response.stream, request, self.max_bytes, deadline)
         return response
 

@@ -32,6 +32,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -39,9 +40,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from ratchet.driver.candidate import Proposal
 from ratchet.driver.config import CONFIG_FILE, Config, Duration
 from ratchet.driver.ledger import Candidate
-from ratchet.driver.spend import Call, Meter, Outcome
+from ratchet.driver.spend import Call, Flight, Meter, Outcome, gather
+from ratchet.errors import HardStop
 from ratchet.proposers import ProposalContext, Proposer, ProposerError, bounded_http
 from ratchet.proposers.context import (
+    CHARS_PER_TOKEN,
     build_context,
     context_settings,
     editable_files,
@@ -223,10 +226,13 @@ class LLMProposer(Proposer):
             shared = build_context(ctx, self.context, files)
             attempts = self.plan(k, ctx)
             workers = min(k, self.settings.concurrency or k)
-            with ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
+            pool = ThreadPoolExecutor(max_workers=max(workers, 1))
+            try:
                 futures = [pool.submit(self._attempt, a, k, ctx, shared, files, meter)
                            for a in attempts]
-                proposals = [f.result() for f in futures]  # re-raises a ProposerError
+                proposals = gather(futures, meter)  # re-raises a ProposerError
+            finally:  # stopped at once: a request in flight is billed, not waited for
+                pool.shutdown(wait=not meter.interrupted, cancel_futures=True)
         return dedupe(proposals)
 
     def plan(self, k: int, ctx: ProposalContext) -> list[Attempt]:
@@ -336,15 +342,22 @@ class LLMProposer(Proposer):
         started = time.monotonic()
         last = ""
 
+        prompt_tokens = estimate_tokens(system, messages)
+        flight: Flight | None = None
+
         def note(sent: list[bounded_http.Sent], outcome: Outcome, detail: str | None,
                  reply: Reply | None = None) -> None:
-            if meter is not None:
+            if meter is not None and flight is not None:
+                if not meter.land(flight):  # billed as interrupted: the study stopped
+                    raise HardStop(f"llm: {spec.label}: the study was stopped at once")
                 ids = record_requests(meter, spec, sent, outcome, detail, reply)
                 if calls is not None:
                     calls.extend(ids)
 
         for attempt in range(tries):
             with bounded_http.tap() as sent:
+                if meter is not None:  # a hard stop bills this try's requests as they are
+                    flight = meter.begin(partial(bill_interrupted, spec, sent, prompt_tokens))
                 try:
                     reply = self._call(spec_index, system, messages)
                 except Exception as exc:  # classified below; unknown errors are not retried
@@ -484,6 +497,38 @@ def record_requests(meter: Meter, spec: ModelSpec, sent: list[bounded_http.Sent]
             seconds=(now - one.started) if last else one.seconds,
             detail=(detail or why) if last else why)))
     return ids
+
+
+def estimate_tokens(system: str, messages: list[dict]) -> int:
+    """A prompt's tokens as the context counts them (CHARS_PER_TOKEN), for a request the
+    server never answered: its reply would have said."""
+    chars = len(system) + sum(len(str(m.get("content", ""))) for m in messages)
+    return max(1, -(-chars // CHARS_PER_TOKEN))
+
+
+def bill_interrupted(spec: ModelSpec, sent: list[bounded_http.Sent], prompt_tokens: int,
+                     seconds: float) -> list[Call]:
+    """One try's requests when a hard stop does not wait for them: those the SDK sent
+    again are retried, as `record_requests` bills them; the last, still under way (or
+    its reply still being read), is interrupted, with the prompt's tokens as sent at the
+    model's input price and its time so far. Nothing sent yet: nothing billed."""
+    out = []
+    now = time.monotonic()
+    for i, one in enumerate(sent):
+        last = i == len(sent) - 1
+        if last and (not one.done or one.status == 200):
+            out.append(Call(
+                proposer="llm", model=spec.label, outcome=Outcome.INTERRUPTED,
+                input_tokens=prompt_tokens,
+                cost_usd=prompt_tokens * spec.price_per_mtok_in / 1e6,
+                seconds=now - one.started,
+                detail=f"no reply before the stop: {prompt_tokens:,} prompt tokens, "
+                       "estimated from the prompt as sent"))
+            continue
+        why = f"HTTP {one.status}" if one.status is not None else (one.error or "no response")
+        out.append(Call(proposer="llm", model=spec.label, outcome=Outcome.RETRIED,
+                        seconds=one.seconds, detail=why))
+    return out
 
 
 def _cost_of(cand: Candidate) -> float:
