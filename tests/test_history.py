@@ -43,9 +43,13 @@ def test_log_has_one_line_per_candidate_like_git_log_oneline(study):
         assert fields[:3] == [cand.id, cand.short or "-------", cand.status]
         assert fields[3] == "score=" + ("-" if cand.metric is None else f"{cand.metric:.6g}")
         assert fields[4] == "gain=" + ("-" if cand.gain is None else f"{cand.gain:+.4g}")
+        assert fields[5] == "cost=$0.0000"  # nothing priced in this study
     line_of = dict(zip((c.id for c in cands), lines, strict=True))
     ideas = {idea: line_of[c.id] for idea, c in study.by_idea().items()}
-    assert ideas["set X to 1.4"].endswith("X = 1.4: closer to the optimum")
+    # a kept step ends with what it cost to get there
+    step = ideas["set X to 1.4"].split("X = 1.4: closer to the optimum ")[1]
+    assert step.startswith("[to get here: $0.0000 = proposer $0.0000 + compute $0.0000, ")
+    assert step.endswith(f" since {study.by_idea()['set X to 1.5'].id}]")
     assert "score=0.0225" in ideas["set X to 1.4"] and "gain=+0.04" in ideas["set X to 1.4"]
     assert "[touches protected path evaluate.py]" in ideas["edit the evaluator"]  # why
     assert "[evaluate failed: exit code 1" in ideas["make it crash"]

@@ -493,6 +493,7 @@ def status(
             counts[cand.status] = counts.get(cand.status, 0) + 1
         # every call and job as recorded (spend.py); wall time without idle gaps
         spent = spend.summary(ledger)
+        by_row = spend.per_candidate(ledger)  # with its confirmation pairs' compute
         wall = spent.wall_hours * 3600
         hypotheses = sum(1 for c in cands if c.kind == Kind.CANDIDATE and c.is_judged)
         from ratchet.driver.ledger import throughput  # duty cycle and the limit, from the ledger
@@ -517,6 +518,7 @@ def status(
             "cost_usd": round(spent.usd, 4),
             "tokens": spent.tokens,
             "spend": spent.as_dict(),  # proposer, compute and wasted, as recorded
+            "spend_by_candidate": {i: row.as_dict() for i, row in by_row.items()},
             "budget": budget.status(study.config.budget, spent, cands, ledger),
             "wall_hours": round(spent.wall_hours, 4),
             "hypotheses_per_hour": round(hypotheses / (wall / 3600), 2) if wall > 0 else None,
@@ -533,12 +535,14 @@ def status(
             console.print(f"study {study.name}: not started (run `ratchet run`)")
             return
         rows = [(cand.id, str(cand.round), cand.short, cand.status, views.fmt(cand.metric)
-                 if cand.metric is not None else "", cand.description or "")
+                 if cand.metric is not None else "",
+                 f"{by_row[cand.id].usd:.4f}", cand.description or "")
                 for cand in cands[-30:]]
         if rows:
             table = Table(show_edge=False)
-            # the short columns keep their width; the description takes the rest on one line
-            for i, col in enumerate(("id", "round", "commit", "status", metric)):
+            # the short columns keep their width; the description takes the rest on one
+            # line. A row's cost is its proposer calls' and its jobs' (`show` splits it)
+            for i, col in enumerate(("id", "round", "commit", "status", metric, "cost $")):
                 table.add_column(col, no_wrap=True,
                                  min_width=max([len(col), *(len(row[i]) for row in rows)]))
             table.add_column("description", no_wrap=True, overflow="ellipsis", ratio=1)
@@ -720,16 +724,25 @@ def log_(
     round_: Annotated[int | None, typer.Option("--round", help="only this round")] = None,
     repo: RepoOption = Path("."),
 ) -> None:
-    """One line per candidate, like git log --oneline: id, commit, status, metric, gain, description."""
+    """One line per candidate, like git log --oneline: id, commit, status, metric, gain, cost, description."""
     from ratchet.driver.history import HistoryError, log_line, select
 
     with open_study(repo) as study:
+        ledger = study.ledger
         try:
-            cands = select(study.ledger.candidates(), kept=kept, status=status, round=round_)
+            cands = select(ledger.candidates(), kept=kept, status=status, round=round_)
         except HistoryError as exc:
             fail(str(exc))
         metric = study.config.metric.name
-        sys.stdout.write("".join(log_line(c, metric) + "\n" for c in cands))
+        # each row's spend, and each kept step's since the keep before it (spend.py)
+        spent = spend.per_candidate(ledger)
+        steps, tail = spend.kept_steps(ledger)
+        sys.stdout.write("".join(log_line(c, metric, spent.get(c.id), steps.get(c.id)) + "\n"
+                                 for c in cands))
+        # the whole study's, on stderr like `diff`'s header: stdout stays a line a row
+        emit(err, spend.summary(ledger).line())
+        if tail.calls or tail.candidates:
+            emit(err, f"since the last keep, not kept yet: {tail.text()}")
 
 
 @app.command("diff")

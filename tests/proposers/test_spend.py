@@ -497,6 +497,149 @@ hourly_usd = 36.0
                 if str(script) in " ".join(p.info["cmdline"] or [])]
 
 
+# -- the views: status, show, log, results.tsv and the report, per candidate and in all --
+
+
+def priced_study(tmp_path: Path, server: LLMServer, **kw) -> Path:
+    """An llm study whose jobs are priced too: a cent a slot-second."""
+    repo = study_repo(tmp_path, server.openai_url, **kw)
+    toml = (repo / "ratchet.toml").read_text().replace(
+        'kind = "local"\n', 'kind = "local"\ncpu_hourly_usd = 36.0\n')
+    (repo / "ratchet.toml").write_text(toml)
+    hgit(repo, "commit", "-qam", "priced")
+    return repo
+
+
+def own_spend(ledger) -> dict[str, tuple[float, float]]:
+    """{id: (proposer $, compute $)} from the ledger's rows: a row's calls; its jobs, and
+    its confirmation pairs' (both sides measure it)."""
+    out = {c.id: [0.0, c.cost_usd or 0.0] for c in ledger.candidates()}
+    for row in ledger.candidates(confirmations=True):
+        if row.kind == "confirm":
+            out[row.confirms][1] += row.cost_usd or 0.0
+    for call in ledger.calls():
+        if call["candidate"]:
+            out[call["candidate"]][0] += call["cost_usd"]
+    return {k: (p, c) for k, (p, c) in out.items()}
+
+
+STEP = re.compile(r"\[to get here: \$([\d.]+) = proposer \$([\d.]+) \+ compute \$([\d.]+), "
+                  r"(\d+) candidates? since (.+?)\]$")
+
+
+def test_log_says_what_each_kept_step_cost_and_every_view_splits_spend(tmp_path):
+    billing = Billing(tokens=(200, 50))  # each reply improves: a keep every round
+    with LLMServer() as server:
+        server.respond_with(billing)
+        repo = priced_study(tmp_path, server, parallel=2, rounds=3)
+        ratchet(repo, "run", check=True)
+    ledger = ledger_of(repo)
+    cands = ledger.candidates()
+    rows = ledger.candidates(confirmations=True)
+    mine = own_spend(ledger)
+    calls = ledger.calls()
+    ledger.close()
+    kept = [c for c in cands if c.status == "keep" and c.kind == "candidate"]
+    assert [c.round for c in kept] == [1, 2, 3]
+    status = status_of(repo)
+    total = status["spend"]
+
+    # ratchet log: each row's cost; each kept step what it cost since the keep before it
+    proc = ratchet(repo, "log", check=True)
+    lines = proc.stdout.splitlines()
+    assert len(lines) == len(cands)
+    for line, cand in zip(lines, cands, strict=True):
+        assert line.split()[5] == f"cost=${sum(mine[cand.id]):.4f}", line
+    steps = {}
+    for line in lines:
+        found = STEP.search(line)
+        if found:
+            steps[line.split()[0]] = found.groups()
+    assert list(steps) == [c.id for c in kept]
+    previous = "the start"
+    for keep in kept:  # rounds mode: a step is its round (the baseline in the first)
+        usd, proposer, compute, n, since = steps[keep.id]
+        assert since == previous
+        spent_p = sum(call["cost_usd"] for call in calls
+                      if any(c.id == call["candidate"] and c.round == keep.round for c in cands))
+        spent_c = sum(r.cost_usd or 0.0 for r in rows if r.round == keep.round)
+        assert float(proposer) == pytest.approx(spent_p, abs=6e-5)
+        assert float(compute) == pytest.approx(spent_c, abs=6e-5)
+        assert float(usd) == pytest.approx(spent_p + spent_c, abs=6e-5)
+        assert int(n) == sum(1 for c in cands if c.round == keep.round and c.kind == "candidate")
+        previous = keep.id
+    assert sum(float(s[0]) for s in steps.values()) == pytest.approx(total["usd"], abs=2e-4)
+    # and the study's total, on stderr (stdout stays a line a candidate)
+    assert f"spent ${total['usd']:.4f}: proposer ${total['proposer_usd']:.4f}" in proc.stderr
+    kept_only = ratchet(repo, "log", "--kept", check=True).stdout.splitlines()
+    assert [line for line in kept_only if STEP.search(line)] == [
+        line for line in lines if STEP.search(line)]
+
+    # ratchet status: a cost column per row, the split in --json
+    table = ratchet(repo, "status", check=True).stdout
+    assert "cost $" in table
+    for cand in cands:
+        row = next(line for line in table.splitlines() if line.split("│")[0].strip() == cand.id)
+        assert f"{sum(mine[cand.id]):.4f}" in row
+        split = status["spend_by_candidate"][cand.id]
+        assert split["proposer_usd"] == pytest.approx(mine[cand.id][0], abs=1e-6)
+        assert split["compute_usd"] == pytest.approx(mine[cand.id][1], abs=1e-6)
+    assert sum(s["usd"] for s in status["spend_by_candidate"].values()) == pytest.approx(
+        total["usd"], abs=1e-5)  # every call made a candidate, every job is a row's
+
+    # ratchet show: the split, and for a keep what it cost to get there
+    shown = ratchet(repo, "show", kept[1].id, check=True).stdout
+    p, c = mine[kept[1].id]
+    assert f"spend: ${p + c:.4f} = proposer ${p:.4f} + compute ${c:.4f}" in shown
+    assert f"to get here: ${float(steps[kept[1].id][0]):.4f} = " in shown
+    assert "its confirmation pairs" in shown  # a keep is confirmed on fresh pairs
+
+    # results.tsv: the split beside cost_usd
+    from helpers import results_tsv
+
+    by_commit = {c.short: c for c in cands}
+    for entry in results_tsv(repo):
+        cand = by_commit[entry["commit"]]
+        assert float(entry["proposer_usd"]) == pytest.approx(mine[cand.id][0], abs=1e-6)
+        assert float(entry["compute_usd"]) == pytest.approx(mine[cand.id][1], abs=1e-6)
+        assert float(entry["cost_usd"]) == pytest.approx(sum(mine[cand.id]), abs=2e-6)
+
+    # the report: the split per candidate in its table, the totals in its costs
+    ratchet(repo, "report", check=True)
+    html = (repo / ".ratchet" / "report" / "index.html").read_text()
+    assert "<th>proposer $</th>" in html.replace(' class="num"', "") or "proposer $" in html
+    for cand in cands:
+        p, c = mine[cand.id]
+        assert f">{p:.4f}</td>" in html and f">{c:.4f}</td>" in html
+    assert f"{total['proposer_usd']:.4f} ({total['calls']} calls)" in html
+
+
+def test_show_and_log_call_a_failed_candidates_spend_wasted(tmp_path):
+    def answer(request) -> Answer:  # a change that breaks the evaluator: a crash
+        return Answer("DESCRIPTION: break it\n\nsolution.py\n<<<<<<< FILE\nVALUE = 1\n\n\n"
+                      "def compute():\n    raise SystemExit(3)\n>>>>>>> FILE\n",
+                      input_tokens=300, output_tokens=20)
+
+    with LLMServer() as server:
+        server.respond_with(answer)
+        repo = priced_study(tmp_path, server, parallel=2, rounds=1)
+        ratchet(repo, "run", check=True)
+    ledger = ledger_of(repo)
+    [crashed] = [c for c in ledger.candidates() if c.kind == "candidate"]
+    mine = own_spend(ledger)[crashed.id]
+    ledger.close()
+    assert crashed.status == "crash"
+    shown = ratchet(repo, "show", crashed.id, check=True).stdout
+    assert (f"spend: ${sum(mine):.4f} = proposer ${mine[0]:.4f} + compute ${mine[1]:.4f}; "
+            "all of it wasted (crash: it measured nothing)") in shown
+    spend = status_of(repo)["spend"]
+    assert spend["wasted_usd"] == pytest.approx(sum(mine), abs=1e-6)
+    proc = ratchet(repo, "log", check=True)
+    assert f"wasted ${spend['wasted_usd']:.4f}" in proc.stderr
+    # nothing kept: what was spent since the start is said as not kept yet
+    assert "since the last keep, not kept yet: $" in proc.stderr
+
+
 IMPROVING_AGENT = r'''
 import pathlib, re, sys, time
 prompt = pathlib.Path(sys.argv[1]).read_text()

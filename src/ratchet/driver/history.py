@@ -13,6 +13,8 @@ from pathlib import Path
 
 from ratchet.driver.judge import Reason
 from ratchet.driver.ledger import OPEN, VERDICTS, Candidate, Ledger
+from ratchet.driver.spend import RowSpend
+from ratchet.driver.spend import Step as SpendStep
 from ratchet.errors import UserError
 from ratchet.job import gitrepo
 from ratchet.vocab import Kind, Status
@@ -85,20 +87,28 @@ def select(cands: Iterable[Candidate], kept: bool = False, status: str | None = 
     ]
 
 
-def log_line(cand: Candidate, metric: str) -> str:
-    """One line per candidate, like `git log --oneline`: id, commit, status, metric, gain, text.
+def log_line(cand: Candidate, metric: str, spent: RowSpend | None = None,
+             step: SpendStep | None = None) -> str:
+    """One line per candidate, like `git log --oneline`: id, commit, status, metric, gain,
+    cost, text.
 
     The gain is the judge's: this candidate against the incumbent it was compared
-    with (+ is better); the reasons of a crash or rejection follow in brackets.
+    with (+ is better); the reasons of a crash or rejection follow in brackets. The cost
+    is the row's own (its proposer calls, its jobs and confirmation pairs); a kept step
+    ends with what it cost to get there, since the keep before it (spend.kept_steps).
     """
     value = f"{metric}=" + ("-" if cand.metric is None else f"{cand.metric:.6g}")
     gain = "gain=" + ("-" if cand.gain is None else f"{cand.gain:+.4g}")
+    cost = f"cost=${spent.usd if spent else 0.0:.4f}"
     text = _one_line(cand.description)
     if cand.kind != Kind.CANDIDATE:
         text = f"({cand.kind}) {text}".rstrip()
     if cand.status in (Status.CRASH, Status.REJECTED, Status.CANCELLED) and cand.reasons:
         text += f" [{_one_line(cand.reasons)[:160]}]"
-    return f"{cand.id} {cand.short or '-------':7} {cand.status:9} {value:16} {gain:12} {text}".rstrip()
+    if step is not None:
+        text += f" [to get here: {step.text()}]"
+    return (f"{cand.id} {cand.short or '-------':7} {cand.status:9} {value:16} {gain:12} "
+            f"{cost:13} {text}").rstrip()
 
 
 def _one_line(text: str | None) -> str:

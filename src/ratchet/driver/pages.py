@@ -567,10 +567,15 @@ def candidate_table(study: StudyLike, snap: Snapshot, site: Site) -> str:
     cands = snap.cands
     if not cands:
         return '<p class="note">no candidates.</p>'
+    from ratchet.driver.spend import RowSpend, per_candidate
+
     head = ["id", "round", "commit", "status", snap.metric, "gain", "margin", "noise",
-            "hold-out", "phases", "proposer", "idea", "description", "reasons", "machine"]
+            "hold-out", "phases", "proposer $", "compute $", "proposer", "idea",
+            "description", "reasons", "machine"]
+    spent = per_candidate(study.ledger)  # each row's calls, jobs and confirmation pairs
     rows, classes = [], []
     for c in cands:
+        mine = spent.get(c.id, RowSpend())
         desc = _e(c.description)
         if c.kind != Kind.CANDIDATE:
             desc = f"<b>{_e(c.kind)}</b>" + (f": {desc}" if desc and desc != _e(c.kind) else "")
@@ -587,6 +592,8 @@ def candidate_table(study: StudyLike, snap: Snapshot, site: Site) -> str:
             td(_num(c.holdout), "num", sort=c.holdout if c.holdout is not None else ""),
             td(phase_cell(c, study.state_dir, site), sort=sum(
                 float(p.get("seconds") or 0) for p in c.phases or [])),
+            td(f"{mine.proposer_usd:.4f}", "num", sort=mine.proposer_usd),
+            td(f"{mine.compute_usd:.4f}", "num", sort=mine.compute_usd),
             td(_e(c.proposer or "")),
             td(_e(c.idea or ""), "text"),
             td(desc, "text"),

@@ -18,11 +18,14 @@ Two rooms of spend, both recorded as they happen, never inferred afterwards:
 
 `summary` sums them into proposer spend, compute spend and waste (calls that made no
 candidate; proposals and jobs of candidates that crashed or were rejected), which
-`status --json`, `show`, the report and the budget (budget.py) read.
+`status`, `show`, `log`, the report and the budget (budget.py) read; `per_candidate`
+gives each row's (its confirmation pairs' compute included), `kept_steps` what each keep
+cost to get to since the keep before it.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import sqlite3
 import threading
@@ -253,16 +256,21 @@ class Spend:
         parts = [f"spent ${self.usd:.4f}: proposer ${self.proposer_usd:.4f} "
                  f"({self.calls} call{'s' * (self.calls != 1)}, {self.tokens:,} tokens "
                  f"{self.input_tokens:,} in / {self.output_tokens:,} out)",
-                 f"compute ${self.compute_usd:.4f} ({self.slot_hours:.3f} slot-h over "
+                 f"compute ${self.compute_usd:.4f} ({_held(self.slot_hours)} over "
                  f"{self.jobs} job{'s' * (self.jobs != 1)})"]
         if self.wasted_usd or self.wasted_slot_hours or self.unused_calls:
             cut = (f", {self.interrupted_calls} interrupted" if self.interrupted_calls
                    else "")
-            parts.append(f"wasted ${self.wasted_usd:.4f}, {self.wasted_slot_hours:.3f} "
-                         f"slot-h ({self.unused_calls} unused call"
+            parts.append(f"wasted ${self.wasted_usd:.4f}, {_held(self.wasted_slot_hours)} "
+                         f"({self.unused_calls} unused call"
                          f"{'s' * (self.unused_calls != 1)}{cut})")
         parts.append(f"wall {self.wall_hours:.3f} h")
         return "; ".join(parts)
+
+
+def _held(hours: float) -> str:
+    """Slot time as read at a glance: 0.000 slot-h says nothing of a few seconds."""
+    return f"{hours:.3f} slot-h" if hours >= 0.1 or hours == 0 else f"{hours * 3600:.1f} slot-s"
 
 
 def job_slot_seconds(cand: Candidate) -> float:
@@ -311,23 +319,113 @@ def summary(ledger: Ledger) -> Spend:
     return out
 
 
-def per_candidate(ledger: Ledger) -> dict[str, dict[str, float]]:
-    """{id: {tokens, proposer_usd, calls, slot_s, compute_usd, usd}} of every row."""
-    out: dict[str, dict[str, float]] = {}
-    for cand in ledger.candidates(confirmations=True):
-        held = job_slot_seconds(cand)
-        out[cand.id] = {"calls": 0, "tokens": 0, "proposer_usd": 0.0,
-                        "slot_s": round(held, 3), "compute_usd": cand.cost_usd or 0.0}
+@dataclass
+class RowSpend:
+    """One row's spend: its proposer calls, and its compute with its confirmation pairs'
+    (both sides of each pair are measured to judge it)."""
+
+    calls: int = 0
+    tokens: int = 0
+    proposer_usd: float = 0.0
+    slot_s: float = 0.0  # its own jobs and its confirmation pairs'
+    compute_usd: float = 0.0
+    confirm_slot_s: float = 0.0  # of which its confirmation pairs'
+    confirm_usd: float = 0.0
+
+    @property
+    def usd(self) -> float:
+        return self.proposer_usd + self.compute_usd
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {k: (round(v, 6) if isinstance(v, float) else v)
+               for k, v in asdict(self).items()}
+        out["usd"] = round(self.usd, 6)
+        return out
+
+
+def per_candidate(ledger: Ledger) -> dict[str, RowSpend]:
+    """{id: RowSpend} of every row but the confirmation measurements, which are counted
+    with the candidate they confirm."""
+    rows = ledger.candidates(confirmations=True)
+    out = {c.id: RowSpend() for c in rows if c.kind != Kind.CONFIRM}
+    for cand in rows:
+        entry = out.get(cand.confirms or "") if cand.kind == Kind.CONFIRM else out[cand.id]
+        if entry is None:
+            continue
+        held, usd = job_slot_seconds(cand), cand.cost_usd or 0.0
+        entry.slot_s += held
+        entry.compute_usd += usd
+        if cand.kind == Kind.CONFIRM:
+            entry.confirm_slot_s += held
+            entry.confirm_usd += usd
     for call in ledger.calls():
         entry = out.get(call["candidate"] or "")
         if entry is not None:
-            entry["calls"] += 1
-            entry["tokens"] += call["input_tokens"] + call["output_tokens"]
-            entry["proposer_usd"] += call["cost_usd"]
-    for entry in out.values():
-        entry["proposer_usd"] = round(entry["proposer_usd"], 6)
-        entry["usd"] = round(entry["proposer_usd"] + entry["compute_usd"], 6)
+            entry.calls += 1
+            entry.tokens += call["input_tokens"] + call["output_tokens"]
+            entry.proposer_usd += call["cost_usd"]
     return out
+
+
+@dataclass
+class Step:
+    """What one kept step cost to get to: the proposer and compute spend of everything
+    judged since the keep before it (the study's start for the first), itself included."""
+
+    since: str | None  # the keep before it (None: the study's start)
+    candidates: int = 0  # proposed candidates among them (the baseline, re-measures not)
+    calls: int = 0
+    proposer_usd: float = 0.0
+    compute_usd: float = 0.0
+
+    @property
+    def usd(self) -> float:
+        return self.proposer_usd + self.compute_usd
+
+    def text(self) -> str:
+        return (f"${self.usd:.4f} = proposer ${self.proposer_usd:.4f} + compute "
+                f"${self.compute_usd:.4f}, {self.candidates} candidate"
+                f"{'s' * (self.candidates != 1)} since {self.since or 'the start'}")
+
+
+def kept_steps(ledger: Ledger) -> tuple[dict[str, Step], Step]:
+    """({kept id: Step}, what was spent since the last keep). A row belongs to the first
+    keep judged at or after its verdict (a round is judged at one moment, so its
+    candidates go with its keep); one not judged yet, to what follows the last keep; a
+    confirmation measurement, to the candidate it confirms; a call, to its candidate, or
+    by when it was made when it made none."""
+    rows = ledger.candidates(confirmations=True)
+    keeps = sorted((c for c in rows if c.status == Status.KEEP and c.kind != Kind.BASELINE),
+                   key=lambda c: (c.judged_at or 0.0, c.seq))
+    times = [k.judged_at or 0.0 for k in keeps]
+    steps, since = {}, None
+    for keep in keeps:
+        steps[keep.id] = Step(since)
+        since = keep.id
+    tail = Step(since)
+    by_id = {c.id: c for c in rows}
+
+    def when(cand: Candidate) -> float:
+        if cand.kind == Kind.CONFIRM and cand.confirms in by_id:
+            cand = by_id[cand.confirms]
+        if not cand.is_judged:
+            return float("inf")
+        return cand.judged_at or cand.finished_at or cand.created_at
+
+    def step_at(t: float) -> Step:
+        i = bisect.bisect_left(times, t)
+        return steps[keeps[i].id] if i < len(keeps) else tail
+
+    for cand in rows:
+        step = step_at(when(cand))
+        step.compute_usd += cand.cost_usd or 0.0
+        step.candidates += cand.kind == Kind.CANDIDATE
+    for call in ledger.calls():
+        made = by_id.get(call["candidate"] or "")
+        step = step_at(when(made) if made is not None else call["t"])
+        step.calls += 1
+        step.proposer_usd += call["cost_usd"]
+    return steps, tail
 
 
 def candidate_lines(ledger: Ledger, cand_id: str) -> list[str]:
@@ -344,12 +442,24 @@ def candidate_lines(ledger: Ledger, cand_id: str) -> list[str]:
                      f"{tokens_in:,} tokens in / {tokens_out:,} out, ${usd:.4f}, "
                      f"{seconds:.1f} s")
     cand = ledger.candidate(cand_id)
-    if cand is not None:
-        held = job_slot_seconds(cand)
-        if held > 0 or cand.cost_usd:
-            extra = (f" (of which {cand.extra_slot_s:.1f} s in other jobs: hold-out, lost "
-                     "or interrupted attempts)") if cand.extra_slot_s else ""
-            lines.append(f"compute: {held:.1f} slot-s{extra}, ${cand.cost_usd or 0.0:.4f}")
+    if cand is None:
+        return lines
+    mine = per_candidate(ledger).get(cand.id, RowSpend())
+    held = job_slot_seconds(cand)
+    if held > 0 or cand.cost_usd:
+        extra = (f" (of which {cand.extra_slot_s:.1f} s in other jobs: hold-out, lost "
+                 "or interrupted attempts)") if cand.extra_slot_s else ""
+        pairs = (f"; its confirmation pairs {mine.confirm_slot_s:.1f} slot-s, "
+                 f"${mine.confirm_usd:.4f}") if mine.confirm_slot_s or mine.confirm_usd else ""
+        lines.append(f"compute: {held:.1f} slot-s{extra}, ${cand.cost_usd or 0.0:.4f}{pairs}")
+    if lines:
+        wasted = (f"; all of it wasted ({cand.status}: it measured nothing)"
+                  if cand.status in WASTED and cand.kind == Kind.CANDIDATE else "")
+        lines.append(f"spend: ${mine.usd:.4f} = proposer ${mine.proposer_usd:.4f} + compute "
+                     f"${mine.compute_usd:.4f}{wasted}")
+    step = kept_steps(ledger)[0].get(cand.id)
+    if step is not None:
+        lines.append(f"to get here: {step.text()}")
     return lines
 
 

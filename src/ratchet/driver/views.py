@@ -33,11 +33,13 @@ def shorten(text: str, width: int) -> str:
 
 
 def results_rows(ledger: Ledger, metric: str) -> list[list[str]]:
-    """karpathy's columns, then each candidate's spend: its proposer calls' tokens and
-    the dollars of those calls and of its jobs (spend.py)."""
+    """karpathy's columns, then each candidate's spend (spend.py): its proposer calls'
+    tokens, and the dollars of those calls and of its jobs (its confirmation pairs
+    included), in all and split into proposer and compute."""
     from ratchet.driver.spend import per_candidate
 
-    rows = [["commit", metric, "memory_gb", "status", "description", "tokens", "cost_usd"]]
+    rows = [["commit", metric, "memory_gb", "status", "description", "tokens", "cost_usd",
+             "proposer_usd", "compute_usd"]]
     spent = per_candidate(ledger)
     for cand in ledger.candidates():
         if cand.status not in TSV_STATUSES:
@@ -48,10 +50,12 @@ def results_rows(ledger: Ledger, metric: str) -> list[list[str]]:
         description = _clean(cand.description)
         if cand.status in (Status.CRASH, Status.REJECTED) and cand.reasons:
             description = f"{description} [{shorten(cand.reasons, 160)}]"
-        mine = spent.get(cand.id, {})
+        mine = spent.get(cand.id)
         rows.append([cand.short or "-------", f"{value:.6f}", f"{memory:.1f}", cand.status,
-                     description, str(int(mine.get("tokens", 0))),
-                     f"{mine.get('usd', 0.0):.6f}"])
+                     description, str(mine.tokens if mine else 0),
+                     f"{mine.usd if mine else 0.0:.6f}",
+                     f"{mine.proposer_usd if mine else 0.0:.6f}",
+                     f"{mine.compute_usd if mine else 0.0:.6f}"])
     return rows
 
 
