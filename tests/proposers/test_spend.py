@@ -358,9 +358,12 @@ def test_rolling_stops_at_the_budget_and_bills_the_request_in_flight(tmp_path):
         ledger.close()
         assert all(c.is_judged for c in cands)
         made = sum(1 for c in cands if c.kind == "candidate")
+        # a candidate that beat the incumbent but was made on an older one runs again,
+        # carried onto the new one, with no request: only the others are a request's
+        again = sum(1 for c in cands if c.description.endswith("(again, on the new incumbent)"))
         # one request is always in flight, and none is sent that would cross the limit:
         # at the stop the last one is waited for and billed
-        assert made <= requests and 150 * requests <= 900
+        assert made - again <= requests and 150 * requests <= 900
         assert_bill_agrees(repo, server, billing)
         toml = (repo / "ratchet.toml").read_text().replace("tokens = 900", "tokens = 1800")
         (repo / "ratchet.toml").write_text(toml)
@@ -413,7 +416,6 @@ def test_a_second_ctrl_c_bills_the_request_in_flight(tmp_path, mode):
             time.sleep(0.05)  # a request hangs at the server
         assert len(server.requests) >= 2, proc.communicate(timeout=30)
         time.sleep(1.0)
-        hanging = server.requests[1:]
         proc.send_signal(signal.SIGINT)
         time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
@@ -421,6 +423,7 @@ def test_a_second_ctrl_c_bills_the_request_in_flight(tmp_path, mode):
         out, err = proc.communicate(timeout=60)
         stopped_after = time.monotonic() - signalled
         requests = list(server.requests)
+    hanging = requests[1:]  # all but the first were never answered
     assert proc.returncode == 130, err
     assert stopped_after < 30, stopped_after  # at once: not after the minute-long reply
     assert "Traceback" not in err and "error:" not in err, err

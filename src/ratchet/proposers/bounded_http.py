@@ -39,16 +39,42 @@ class Sent:
     done: bool = True  # False from when it is sent until its headers or its failure
 
 
+class Sends(list[Sent]):
+    """The requests one `tap` saw. Once closed (a hard stop billed them), no more is
+    sent through it: one that was not sent is not billed, so it must not be sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = False
+        self._lock = threading.Lock()
+
+    def add(self, one: Sent) -> None:
+        with self._lock:
+            if self.closed:
+                raise NotSent("not sent: the study was stopped at once")
+            self.append(one)
+
+    def close(self) -> list[Sent]:
+        """No more sends; those seen so far."""
+        with self._lock:
+            self.closed = True
+            return list(self)
+
+
+class NotSent(Exception):
+    """A request refused by a closed tap: the study was stopped at once."""
+
+
 _taps = threading.local()
 
 
 @contextlib.contextmanager
-def tap() -> Iterator[list[Sent]]:
+def tap() -> Iterator[Sends]:
     """Note every request this thread sends meanwhile (the SDKs' sync clients send on
     the caller's thread), from the moment it is sent: one still under way (`done`
     False) can be billed by a hard stop that does not wait for it."""
     previous = getattr(_taps, "sent", None)
-    sent: list[Sent] = []
+    sent = Sends()
     _taps.sent = sent
     try:
         yield sent
@@ -90,10 +116,10 @@ class BoundedTransport(httpx.HTTPTransport):
     def handle_request(self, request: Any) -> Any:
         started = time.monotonic()
         deadline = started + self.deadline_s
-        sent = getattr(_taps, "sent", None)
+        sent: Sends | None = getattr(_taps, "sent", None)
         one = Sent(started, 0.0, None, done=False)
         if sent is not None:
-            sent.append(one)
+            sent.add(one)
         try:
             response = super().handle_request(request)
         except Exception as exc:

@@ -506,16 +506,18 @@ def estimate_tokens(system: str, messages: list[dict]) -> int:
     return max(1, -(-chars // CHARS_PER_TOKEN))
 
 
-def bill_interrupted(spec: ModelSpec, sent: list[bounded_http.Sent], prompt_tokens: int,
+def bill_interrupted(spec: ModelSpec, sent: bounded_http.Sends, prompt_tokens: int,
                      seconds: float) -> list[Call]:
     """One try's requests when a hard stop does not wait for them: those the SDK sent
     again are retried, as `record_requests` bills them; the last, still under way (or
     its reply still being read), is interrupted, with the prompt's tokens as sent at the
-    model's input price and its time so far. Nothing sent yet: nothing billed."""
+    model's input price and its time so far. Nothing sent yet: nothing billed, and the
+    tap is closed so that nothing is sent after."""
+    seen = sent.close()
     out = []
     now = time.monotonic()
-    for i, one in enumerate(sent):
-        last = i == len(sent) - 1
+    for i, one in enumerate(seen):
+        last = i == len(seen) - 1
         if last and (not one.done or one.status == 200):
             out.append(Call(
                 proposer="llm", model=spec.label, outcome=Outcome.INTERRUPTED,
