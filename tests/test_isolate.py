@@ -261,3 +261,22 @@ def test_cuda_tensors_are_shared_by_ipc(tmp_path):
         torch.cuda.synchronize()
         proc.run("sm", [isolate.Call([x], [out])])
         torch.testing.assert_close(out.array, torch.softmax(x.array, dim=-1))
+
+
+def test_a_held_child_runs_no_candidate_code_until_first_used(tmp_path):
+    """hold=True: an evaluator may start the child before its own imports (its start-up then
+    overlaps them); the candidate's module is imported only at the first request, after the
+    preloaded modules (a name that does not import is left to the candidate's own import)."""
+    tmp_path.chmod(0o755)  # run as root, the child's uid must read the module
+    (tmp_path / "late.py").write_text(
+        "import sys, time\nLOADED = time.time()\nPRELOADED = 'colorsys' in sys.modules\n"
+        "def seen():\n    return [LOADED, PRELOADED]\n"
+    )
+    with CandidateProcess(tmp_path / "late.py", timeout=20, hold=True, preload=["colorsys", "no_such_module_here"]) as proc:
+        time.sleep(1.0)  # time enough for an unheld child to import the module
+        asked = time.time()
+        loaded, preloaded = proc.call("seen")
+    assert loaded >= asked
+    assert preloaded
+    with pytest.raises(ValueError, match="preload"):
+        CandidateProcess(tmp_path / "late.py", preload=["numpy; import os"])

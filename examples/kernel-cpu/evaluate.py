@@ -26,8 +26,10 @@ Kept fast on purpose: a study runs it for every candidate.
 Run as `python -P evaluate.py` (ratchet.toml): `-P` keeps this directory, which the
 candidate's tree shares, off `sys.path`, so a module the candidate writes here (a
 `ratchet/` package, an `opt_einsum.py` torch would import) is never imported by this
-trusted process. And every import comes before the candidate starts: whatever is loaded
-later could come from a file the candidate wrote meanwhile.
+trusted process. And every import comes before any candidate code runs: whatever is
+loaded later could come from a file the candidate wrote meanwhile. The child is started
+first, held (`hold=True`): its interpreter and numpy load while this process imports its
+own, and kernel.py is imported there only at the harness's first call, after them all.
 """
 
 import math
@@ -35,12 +37,14 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
-
-import ratchet.kernels as rk
 from ratchet.isolate import CandidateProcess
 
 HERE = Path(__file__).resolve().parent
+CANDIDATE = CandidateProcess(HERE / "kernel.py", timeout=60, hold=True, preload=["numpy"])
+
+import numpy as np  # noqa: E402 - after the held child's start, before any candidate code runs
+
+import ratchet.kernels as rk  # noqa: E402
 
 SHAPES = [{"rows": 256, "cols": 64}, {"rows": 1024, "cols": 257}, {"rows": 2048, "cols": 512}, {"rows": 512, "cols": 4096}]
 HOLDOUT_SHAPES = [{"rows": 777, "cols": 333}, {"rows": 3000, "cols": 100}]
@@ -74,7 +78,7 @@ def main() -> int:
     shapes = holdout or SHAPES
     seed = int.from_bytes(os.urandom(4), "little")  # unpredictable inputs, printed to reproduce
     print(f"seed {seed}, {'hold-out' if holdout else 'public'} shapes", file=sys.stderr)
-    with CandidateProcess(HERE / "kernel.py", timeout=60) as cand:
+    with CANDIDATE as cand:
         softmax = cand.function("softmax")
         report = rk.check(softmax, reference, make_inputs, shapes, trials=TRIALS, seed=seed)
         print(report.summary(), file=sys.stderr)

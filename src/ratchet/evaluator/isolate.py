@@ -290,7 +290,12 @@ class CandidateProcess:
     """A candidate module loaded in a child process, and the requests that reach it.
 
     The child starts at construction (its start-up overlaps the caller's own set-up) and
-    the first request waits for it to finish importing the module. Every request has a
+    the first request waits for it to finish importing the module. `hold=True`: the child
+    starts but runs none of the candidate's code until the first request (or `start()`);
+    it imports the `preload` modules meanwhile (from the interpreter's own path, e.g.
+    `preload=["numpy"]`). So an evaluator can start it before its own imports, and the
+    child's start-up overlaps them, yet every import comes before any candidate code runs
+    (docs/kernels.md, "Writing an evaluator"). Every request has a
     deadline (`timeout` seconds by default); past it the whole sandbox is killed and
     `CandidateTimeout` raised. `confine`: the sandbox level (`auto`, `bwrap`, `pidns`,
     `none`, `off`; default `$RATCHET_CHILD_SANDBOX` or `auto`). Use as a context manager, or call `close()`. On Linux
@@ -310,6 +315,8 @@ class CandidateProcess:
         python: str | None = None,
         env: Mapping[str, str] | None = None,
         confine: str | None = None,
+        hold: bool = False,
+        preload: Sequence[str] = (),
     ) -> None:
         self.module = Path(module).resolve()
         if not self.module.is_file():
@@ -324,6 +331,12 @@ class CandidateProcess:
         self.log_limit = log_limit
         self._python = python
         self._env = env
+        bad = [name for name in preload if not all(part.isidentifier() for part in name.split("."))]
+        if bad:
+            raise ValueError(f"preload names modules (dotted names), not {bad[0]!r}")
+        # the child's argv tail: held or not, and what it imports before the candidate's module
+        self._hold = ["hold" if hold else "now", ",".join(preload)]
+        self._held = hold  # no candidate code loaded yet: `load` goes with the first request
         self._ids = itertools.count(1)
         self._buffers: dict[int, SharedArray] = {}
         self._pending: list[SharedArray] = []
@@ -339,6 +352,8 @@ class CandidateProcess:
         self._confine = confine or os.environ.get(SANDBOX_ENV, "auto")
         self._jail: sandbox.Jail | None = None
         self._stopped: list[int] = []  # host pids the last freeze stopped
+        self._clean = False  # a clean twin (no candidate code): its stops need not be waited for
+        self._stop_owed = False  # a stop asked of the warden whose answer is still to come
         self._uid: int | None = None  # the child's uid when it is not ours (shared buffers are chowned to it)
         self._scratch: Path | None = None
         self.level: sandbox.Level | None = None  # None: a plain subprocess
@@ -358,7 +373,7 @@ class CandidateProcess:
         env = child_env(self._env)
         popen: dict[str, Any] = {"cwd": self.cwd, "stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
         if self._confine == "off" or not sys.platform.startswith("linux"):  # the warden is Linux-only
-            argv = [self._python or sys.executable, "-I", "-B", "-u", str(CHILD_SCRIPT), str(fd), str(self.module), str(os.getpid())]
+            argv = [self._python or sys.executable, "-I", "-B", "-u", str(CHILD_SCRIPT), str(fd), str(self.module), str(os.getpid()), *self._hold]
             # own process group: a timeout kills all of it (a setsid'd helper escapes it)
             self.proc = subprocess.Popen(argv, env=env, pass_fds=(fd,), start_new_session=True, **popen)
             return
@@ -375,7 +390,7 @@ class CandidateProcess:
             _check_readable(self.module, self._uid)
         sandbox.grant([self._scratch], policy)
         # parent pid 0: the child's parent is the sandbox's warden, which ends it with us
-        argv = [self._python or sys.executable, "-I", "-B", "-u", str(CHILD_SCRIPT), str(fd), str(self.module), "0"]
+        argv = [self._python or sys.executable, "-I", "-B", "-u", str(CHILD_SCRIPT), str(fd), str(self.module), "0", *self._hold]
         self._jail = sandbox.Jail(argv, policy, level=self.level, env=_scratch_env(env, self._scratch, self._uid), **popen)
         self.proc = self._jail.proc
 
@@ -451,6 +466,12 @@ class CandidateProcess:
         if self.proc.poll() is not None:
             return
         if self._jail is not None:
+            if self._clean:
+                # nothing to stop before we go on: only the state it is in at its next
+                # request matters (frozen, like the candidate), so the answer is collected
+                # then (`settle`), while this process does its own work meanwhile
+                self._stop_owed = self._jail.freeze(wait=False)
+                return
             self._jail.freeze()  # every process of the sandbox, setsid'd helpers included
             # what is stopped now cannot fork: the thaw (inside the clock, for a timed
             # request) signals exactly these, directly, rather than a round trip to the warden
@@ -468,7 +489,18 @@ class CandidateProcess:
             if all(state in ("T", "t") for state in states):
                 return
 
+    def settle(self) -> None:
+        """Wait until no stop of ours or of the clean twin is still under way (called before
+        anything is timed: a warden at work would share the CPUs with it)."""
+        if self._stop_owed and self._jail is not None:  # owed only by a jailed child
+            self._stop_owed = False
+            self._jail.settle()
+            self._stopped = _tree(self.proc.pid)
+        if self._twin is not None:
+            self._twin.settle()
+
     def _cont(self) -> None:
+        self.settle()
         if self._jail is not None:
             stopped, self._stopped = self._stopped, []
             for pid in stopped:
@@ -506,20 +538,34 @@ class CandidateProcess:
     def close(self) -> None:
         if self._closed:
             return
+        twin, self._twin = self._twin, None
+        asked = self._ask_exit()
+        if twin is not None:  # the clean twin ends meanwhile: no candidate code to let finish
+            twin._closed = True
+            twin.kill()
+            twin._release()
+        if asked:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=2)
+        self.kill()
+        self._release()
+
+    def _ask_exit(self) -> bool:
+        """Mark closed, let a frozen child run again and ask it to exit; False if it could not be asked."""
         self._closed = True
         if self._frozen:
             self._frozen = 0
             self._cont()
-        if self._twin is not None:
-            self._twin.close()
-            self._twin = None
-        if self.proc.poll() is None:
-            try:
-                self._send({"op": "exit"})
-                self.proc.wait(timeout=2)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        self.kill()
+        if self.proc.poll() is not None:
+            return False
+        try:
+            self._send({"op": "exit"})
+        except OSError:
+            return False
+        return True
+
+    def _release(self) -> None:
+        """What is left once the child is gone: the socket, the log thread, buffers, scratch."""
         self._sock.close()
         self._drain.join(timeout=2)
         for buf in list(self._buffers.values()):
@@ -585,7 +631,9 @@ class CandidateProcess:
         if self._ready:
             return
         with self._running():
-            hello = self._exchange(None, self.start_timeout)
+            # a held child imports the candidate's module only now, after the caller's imports
+            hello = self._exchange({"op": "load"} if self._held else None, self.start_timeout)
+            self._held = False
         if not hello.get("ok"):
             self.kill()
             raise CandidateError(str(hello.get("error", "candidate failed to start")))
@@ -600,6 +648,7 @@ class CandidateProcess:
                 CLEAN_MODULE, timeout=self.timeout, start_timeout=self.start_timeout, log_limit=1 << 16,
                 python=self._python, env=self._env, confine=self._confine,
             )
+            self._twin._clean = True
         return self._twin
 
     def empty_request_s(self, *, cuda: bool = False) -> float:
@@ -642,6 +691,7 @@ class CandidateProcess:
             # A frozen child wakes inside the clock: whatever it (or a thread or helper of
             # it) does from the moment it can run again counts against this request, so
             # nothing can be computed from the inputs before the clock starts.
+            self.settle()
             cpu0 = tree_cpu_s(self.proc.pid)
             t0 = clock()
             self._cont()
@@ -668,6 +718,13 @@ class CandidateProcess:
         return reply, elapsed
 
     # -- buffers --------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Register the buffers shared since the last request now (the child runs for it,
+        untimed), rather than at the next request: a caller about to fill them while the
+        child is frozen calls this first, so the child never runs while it can see the data."""
+        self._ensure_ready()
+        self._flush()
 
     def _flush(self) -> None:
         if not self._pending:

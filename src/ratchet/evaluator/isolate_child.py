@@ -1,7 +1,9 @@
 """The untrusted side of `ratchet.evaluator.isolate`: a fresh interpreter that holds the candidate module.
 
-Started by `ratchet.evaluator.isolate.CandidateProcess` as ``python -I <this file> FD MODULE``, never
-imported by the trusted parent. It is deliberately self-contained (stdlib, plus numpy and
+Started by `ratchet.evaluator.isolate.CandidateProcess` as ``python -I <this file> FD MODULE
+PARENT now|hold PRELOAD``, never imported by the trusted parent. It imports the PRELOAD
+modules (comma-separated) first; held (`hold`), it then waits for a `load` request before
+it imports MODULE. It is deliberately self-contained (stdlib, plus numpy and
 torch only when a request carries arrays of theirs): nothing here decides a verdict, so
 the candidate may patch all of it and only hurt itself. What the parent trusts is what it
 measures itself: its own clock around each request, and the contents of the buffers it
@@ -15,6 +17,7 @@ arrays and torch CPU tensors, CUDA IPC handles for CUDA tensors) and names them 
 from __future__ import annotations
 
 import base64
+import importlib
 import importlib.util
 import json
 import mmap
@@ -352,11 +355,32 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def _preload(names: str) -> None:
+    """Import the modules the evaluator named (numpy, say) before any candidate code runs:
+    their import overlaps the evaluator's own start-up. Only from the interpreter's own path
+    (`-I`: neither the candidate's directory nor the working directory is on it yet)."""
+    for name in filter(None, names.split(",")):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001, S112 - the candidate's own import reports what is missing
+            continue
+
+
 def main(argv: list[str]) -> int:
     if len(argv) > 3 and int(argv[3]):  # 0: under a sandbox's warden, which ends us with the evaluator
         _die_with_parent(int(argv[3]))
     sock = socket.socket(fileno=int(argv[1]))
     child = Child(argv[2])
+    _preload(argv[5] if len(argv) > 5 else "")
+    if len(argv) > 4 and argv[4] == "hold":
+        # Started early (held): no candidate code runs until the evaluator says `load`,
+        # which it does at its first request, after its own imports.
+        try:
+            msg = recv(sock)
+        except (EOFError, ValueError):
+            return 0
+        if msg.get("op") != "load":
+            return 0
     try:
         hello = child.load()
     except BaseException as exc:  # noqa: BLE001 - report any import failure, SystemExit included

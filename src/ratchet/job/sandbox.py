@@ -432,20 +432,42 @@ class Jail:
         finally:
             theirs.close()
         self.pid = self.proc.pid
+        self._owed: bytes | None = None  # the answer to a request sent without waiting
 
-    def _ask(self, command: bytes, answer: bytes, timeout: float = 10.0) -> bool:
+    def _ask(self, command: bytes, answer: bytes, timeout: float = 10.0, *, wait: bool = True) -> bool:
         if self.proc.poll() is not None:
             return False
         try:
             self._control.settimeout(timeout)
+            if not self._collect():
+                return False
             self._control.sendall(command)
+            if not wait:
+                self._owed = answer
+                return True
             return self._control.recv(1) == answer
         except OSError:
             return False
 
-    def freeze(self) -> bool:
-        """Stop the whole party; True once it is stopped (False: it is gone)."""
-        return self._ask(b"F", b"f")
+    def _collect(self) -> bool:
+        owed, self._owed = self._owed, None
+        return owed is None or self._control.recv(1) == owed
+
+    def freeze(self, *, wait: bool = True) -> bool:
+        """Stop the whole party; True once it is stopped (False: it is gone).
+
+        `wait=False`: only ask; `settle()` (or the next request) waits for the answer."""
+        return self._ask(b"F", b"f", wait=wait)
+
+    def settle(self) -> bool:
+        """Wait for the answer to a freeze asked without waiting; True once it came (or none was owed)."""
+        if self._owed is None:
+            return True
+        try:
+            self._control.settimeout(10.0)
+            return self._collect()
+        except OSError:
+            return False
 
     def thaw(self) -> bool:
         return self._ask(b"T", b"t")

@@ -93,6 +93,12 @@ class Runner:
     def release(self, slots: Sequence[Slot]) -> None:
         """Free the slots' buffers (default: nothing to free)."""
 
+    def flush(self) -> None:
+        """Make new buffers known to the implementation before they are filled (default: nothing)."""
+
+    def settle(self) -> None:
+        """Wait until nothing of the implementation's is still under way (default: nothing)."""
+
     @contextlib.contextmanager
     def frozen(self) -> Iterator[None]:
         """While the harness reads outputs back: nothing of the implementation may run."""
@@ -245,6 +251,15 @@ class RemoteRunner(Runner):
     def replay(self, graph: Any) -> float:
         try:
             return self.process.replay(graph)
+        except isolate.CandidateError as exc:
+            raise CallFailed(f"{self.label}: {exc}") from exc
+
+    def settle(self) -> None:
+        self.process.settle()  # its clean twin's last stop, asked without waiting
+
+    def flush(self) -> None:
+        try:
+            self.process.flush()
         except isolate.CandidateError as exc:
             raise CallFailed(f"{self.label}: {exc}") from exc
 

@@ -245,6 +245,9 @@ class _Side:
             # inside the clock (CandidateProcess.request): a thread watching its buffers
             # cannot compute the answer before the clock starts.
             with self.runner.frozen():
+                # new buffers are registered first: the child runs for that exchange, and
+                # must not see this batch's inputs while it does
+                self.runner.flush()
                 for slot, values in zip(self.slots, fresh_sets, strict=True):
                     fill(slot, values)
                 sync_all(self.slots)
@@ -544,6 +547,7 @@ def _others_frozen(side: _Side, sides: list[_Side]) -> contextlib.ExitStack:
     for other in sides:
         if other is not side:
             stack.enter_context(other.runner.frozen())
+            other.runner.settle()  # and nothing of it (its clean twin's warden) still at work
     return stack
 
 
