@@ -34,11 +34,13 @@ from ratchet.driver import views
 from ratchet.driver.ledger import Ledger
 from web.browser import Browser, needs_chromium
 
-# The evaluator takes a moment, so a running job can be seen on the page.
+# The evaluator takes a moment, so a running job can be seen on the page: its phase passes
+# the worker, the driver's poll, the ledger and the page's 0.5 s stream before it shows, and
+# on a loaded machine a 0.6 s phase could pass unseen.
 EVALUATOR = '''
 import time
 import solution
-time.sleep(0.6)
+time.sleep(2.0)
 print("correct: true")
 print(f"score: {solution.score():.6f}")
 '''
@@ -291,7 +293,7 @@ def test_the_open_page_follows_a_running_study(study, tmp_path):
                 "(() => { const r = Array.from(document.querySelectorAll('#running tbody tr'))"
                 ".find(r => r.cells[2].textContent === 'evaluate');"
                 " return r && [r.cells[2].textContent, r.cells[5].textContent]; })()",
-                timeout=60, interval=0.05)
+                timeout=120, interval=0.05)
             assert phase == "evaluate" and re.fullmatch(r"cpu\d+", slot), (phase, slot)
             browser.screenshot(shots / "overview-running.png")
             out, err = run.communicate(timeout=180)
