@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from helpers import config_text
 
@@ -255,6 +257,41 @@ def test_the_false_keep_rate_is_the_users():
                                [entry("a", ok(9.5))], inc, no_holdout,
                                confirmation=confirming(Pairs(evidence)))
     assert loose.winner == "a" and strict.winner is None
+
+
+def test_on_a_log_scale_z0_compares_with_the_incumbents_geometric_mean():
+    """With relative noise the test works on log ratios, so z_0 compares the candidate's
+    log with the mean of the incumbent's logs. The log of the arithmetic mean is higher by
+    about sigma^2 / 2: it credited every candidate with a gain it did not measure (about
+    sigma / 2 in z_0, 0.05 at 10% noise), which raised the false-keep rate."""
+    inc = judge.Incumbent(commit="sha-inc", metric=2.5, samples=[1.0, 4.0])
+    at_geometric = entry("a", ok(2.0))  # the incumbent's geometric mean: no gain in logs
+
+    def log_gain(c: float, i: float) -> float:
+        return math.log(i) - math.log(c)  # minimize
+
+    assert judge.screen_z(at_geometric, inc, 0.1, log_gain, 0.0, relative=True) \
+        == pytest.approx(0.0, abs=1e-12)
+    # on the metric's own scale the arithmetic mean stays the level
+    assert judge.screen_z(at_geometric, inc, 0.1, lambda c, i: i - c, 0.0) \
+        == pytest.approx(0.5 / (0.1 * math.sqrt(1.5)))
+
+
+def test_a_gain_only_over_the_arithmetic_mean_is_not_re_measured():
+    """A skewed incumbent record (arithmetic mean 11, geometric 9.8) and a well-known
+    relative noise of about 10%: a candidate at 9.9 passes the cheap screen (it beats the
+    pooled mean by 1.1) but has no gain on the log scale of the test, so look 0 discards
+    it after the one pair the noise needs (z_0 over the arithmetic mean sent it on to three
+    pairs)."""
+    inc = judge.Incumbent(commit="sha-inc", metric=11.0, samples=[6.0, 16.0, 6.0, 16.0])
+    other = [0.9, 1.1] * 50  # another commit, measured often: the study's noise
+    pairs = Pairs({"a": [(9.9, 9.8)] * 10})
+    decision = judge.judge_group(config(), [entry("a", ok(9.9))], inc, no_holdout,
+                                 confirmation=confirming(pairs, {"sha-other": other}))
+    verdict = decision.verdicts["a"]
+    assert verdict.status == "discard" and verdict.code == judge.Reason.NOT_CONFIRMED
+    assert "first gain is inside the noise" in verdict.reasons[-1]
+    assert max(n for _, n in pairs.asked) == 1
 
 
 def test_noise_ignore_keeps_on_one_measurement():
