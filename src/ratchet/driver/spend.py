@@ -43,6 +43,9 @@ class Outcome(StrEnum):
     FAILED = "failed"  # failed, and was not sent again (the proposal fails or the study)
     UNUSABLE = "unusable"  # a reply that cannot be used (too large, not the protocol's)
     TIMEOUT = "timeout"  # an agent killed at its timeout, a request past its deadline
+    # a reply (or agent run) re-applying a proposal made on an older incumbent onto the
+    # new one, where git could not merge it (cheaper than a new proposal)
+    REPAIRED = "repaired"
 
 
 @dataclass
