@@ -327,6 +327,23 @@ class Proposals:
                         input="".join(f"delete {ref}\n" for ref in planted).encode())
             self.ledger.event("tampering", None, planted_refs=planted)
 
+    def repeats(self, proposal: Proposal) -> bool:
+        """Are its files (its commit, built ahead) those of an earlier candidate? It
+        would be recorded rejected and never run."""
+        if proposal.error or not proposal.commit:
+            return False
+        earlier = [c.commit_sha for c in self.ledger.candidates() if c.commit_sha]
+        unknown = [sha for sha in dict.fromkeys([*earlier, proposal.commit])
+                   if sha not in self._trees]
+        if unknown:
+            try:
+                self._trees.update(zip(unknown, gitrepo.git(
+                    self.repo, "rev-parse", *(f"{sha}^{{tree}}" for sha in unknown)).split(),
+                    strict=True))
+            except gitrepo.GitError:
+                return False
+        return self._trees[proposal.commit] in {self._trees[sha] for sha in earlier}
+
     def _reject_repeats(self, built: list[dict]) -> list[dict]:
         """No candidate repeats an earlier one (whoever proposed either): the same tree is
         the same experiment. A repeat is recorded as rejected and never run."""

@@ -227,6 +227,7 @@ class Rolling:
     def fill(self, busy: int) -> list[str]:
         """New candidates for the free slots, from the current incumbent."""
         loop = self.loop
+        self.collect()  # first: what it records unrun takes room in the budget
         want = min(loop.parallel - busy, self.budget - self.made())
         if want <= 0:
             return []
@@ -238,7 +239,6 @@ class Rolling:
                  if c.params and c.kind == Kind.CANDIDATE and c.parent == incumbent}
         take: list[Proposal] = []
         knobs = set(loop.config.tune.knobs)
-        self.collect()
         # a change no proposer can re-apply is recorded, not dropped unseen (a queued
         # patch would vanish); it takes a slot of the budget but no job
         while self.conflicted and len(take) < want:
@@ -307,6 +307,11 @@ class Rolling:
         """Ask the proposer to re-apply these on `incumbent` (on its thread; `collect`
         takes the answer). Before a proposal is dropped, it is repaired."""
         led = self.loop.ledger
+        if self.room_for(len(conflicting)) < len(conflicting):
+            self.loop.proposals.drop(conflicting, f"dropped: made on {base[:7]}, conflicts "
+                                     f"with the incumbent {incumbent[:7]}, and a repair "
+                                     "would cross the budget")
+            return
         ctx = self.loop.proposals.context(self.ask_no(), incumbent, led.candidates(),
                                           led.get("incumbent_metric"))
         self.repairing.append((base, incumbent, len(conflicting),
@@ -326,6 +331,7 @@ class Rolling:
             if not got:
                 self.exhausted = True  # the proposer has nothing new: no more requests
             self.ready += [(base, p) for p in got]
+        self.settle_unrunnable()
         for item in [r for r in self.repairing if r[3].done()]:
             self.repairing.remove(item)
             base, incumbent, _, future = item
@@ -338,8 +344,33 @@ class Rolling:
             self.first += repairs.repaired
             self.conflicted += [(base, p) for p in repairs.unrepaired]
 
+    def room_for(self, want: int) -> int:
+        """How many of `want` more proposals the budget allows, counting those on their
+        way (never stops the study: a request or a repair is only not sent)."""
+        loop = self.loop
+        if want <= 0 or not loop.config.budget.limits:
+            return max(want, 0)
+        loop.spent(fresh=True)
+        coming = len(self.ready) + self.waiting_for()
+        while want > 0 and loop.over_budget(want + coming, stop=False):
+            want -= 1
+        return want
+
     def asked_ideas(self) -> list[str]:
         return [idea for ideas in self.ideas.values() for idea in ideas]
+
+    def settle_unrunnable(self) -> None:
+        """Proposals that will never run (a failed proposal, a duplicate, the files of an
+        earlier candidate) are recorded as they arrive, not when a slot needs one: they
+        need no slot, and the request for the ones that will run goes out at once."""
+        incumbent = self.loop.ledger.get("incumbent")
+        room = self.budget - self.made()
+        unrunnable = [(b, p) for b, p in self.ready if b == incumbent and (
+            p.error or self.loop.proposals.repeats(p))][:max(0, room)]
+        if unrunnable:
+            self.ready = [item for item in self.ready
+                          if not any(item[1] is p for _, p in unrunnable)]
+            self.open_ids += self.add([], [p for _, p in unrunnable])
 
     def waiting_for(self) -> int:
         """Proposals on their way: asked for, or being repaired."""
@@ -383,8 +414,7 @@ class Rolling:
         loop, led = self.loop, self.loop.ledger
         if self.exhausted or loop.stop.soft or not cand.commit_sha:
             return
-        want = min(loop.parallel, self.budget - self.made())
-        want = loop.affordable(want, fresh=True) if want > 0 else 0
+        want = self.room_for(min(loop.parallel, self.budget - self.made()))
         if want <= 0:
             return
         ctx = loop.proposals.context(self.ask_no(), cand.commit_sha, led.candidates(),
