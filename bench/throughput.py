@@ -145,8 +145,7 @@ class HistoryModel:
     value in the file it sees, by a step that grows with the keeps in the history it is
     shown (momentum) and shrinks after discards; some steps go the wrong way. Its choice
     is a function of what it saw (the file, the history and the candidates running, which
-    of the K it is and the direction it is given; it does not propose a value its history
-    or the running list shows, when it can help it), so two
+    of the K it is and the direction it is given), so two
     studies that show it the same things get the same proposals. Asked to repair (re-apply
     a change made on an older incumbent), it applies the same step to the value it is
     shown, as a model re-applying "lower X by 4" would."""
@@ -181,14 +180,8 @@ class HistoryModel:
         angle = zlib.crc32(direction.group(1).encode()) % 997 if direction else 0
         rng = random.Random(x * 100_003 + attempt * 1009 + keeps * 101 + seen
                             + angle * 7_919)
-        # it heeds "do not repeat an experiment": a value its history or the running list
-        # shows is drawn again (a few times; K asked at once can still agree)
-        shown = {int(v) for v in re.findall(r"move X from \d+ to (\d+)", prompt)} | {x}
-        for _ in range(6):
-            step = rng.choice([-4, -2, 1, 2, 3, 5]) * (1 + 0.5 * keeps)
-            value = max(0, x - round(step))
-            if value not in shown:
-                break
+        step = rng.choice([-4, -2, 1, 2, 3, 5]) * (1 + 0.5 * keeps)
+        value = max(0, x - round(step))
         if value == x:
             value = x + 1
         text = (f"DESCRIPTION: move X from {x} to {value}\n\nknob.py\n<<<<<<< SEARCH\n"

@@ -53,10 +53,10 @@ class Rolling:
         self.loop, self.budget = loop, budget
         loop.target = budget
         self.ready: list[tuple[str, Proposal]] = []  # (base commit, proposal) made ahead
-        # requests in flight, {key: proposals asked}: one on the incumbent (KEY), and one
-        # on each would-be keep in confirmation ("on", its id)
-        self.asked: dict[tuple[str, object], int] = {}
-        self.ideas: dict[tuple[str, object], list[str]] = {}  # handed to those in flight
+        # requests in flight, {key: proposals asked}: one on the incumbent (KEY, n), and
+        # one on the would-be keep in confirmation ("on", its id, n)
+        self.asked: dict[tuple, int] = {}
+        self.ideas: dict[tuple, list[str]] = {}  # handed to those in flight
         # repairs in flight: (made on, repaired onto, how many, future of a Repairs)
         self.repairing: list[tuple[str, str, int, Future]] = []
         self.conflicted: list[tuple[str, Proposal]] = []  # no repair: recorded as such
@@ -68,6 +68,9 @@ class Rolling:
         self.exhausted = False
         self.open_ids: list[str] = []  # recorded, not judged yet
         loop.on_confirm = self.speculate
+        loop.meanwhile = self.meanwhile
+        self.confirming: Candidate | None = None  # the would-be keep being confirmed
+        self.unrunnable: list[Proposal] = []  # in, never to run: recorded at the next fill
 
     def made(self) -> int:
         return sum(1 for c in self.loop.ledger.candidates() if c.kind == Kind.CANDIDATE)
@@ -109,15 +112,16 @@ class Rolling:
                     break
             elif not self.open_ids and (loop.stop.soft or self.made() >= self.budget or (
                     self.exhausted and not self.ready and not self.conflicted
+                    and not self.unrunnable
                     and not self.waiting_for())):
                 break
             time.sleep(0.02)
         # what was asked for and never used is billed as unused (a request in flight is
         # waited for unless the user cancelled: its calls are recorded as they end)
         self.finish_repairs(wait=not loop.stop.hard)
-        unused = [p for _, p in self.ready + self.conflicted]
+        unused = [p for _, p in self.ready + self.conflicted] + self.unrunnable
         loop.proposals.drop(unused, "unused: the study stopped before it was needed")
-        self.ready, self.conflicted = [], []
+        self.ready, self.conflicted, self.unrunnable = [], [], []
         loop.proposals.finish_ahead(wait=not loop.stop.hard)
 
     def finish_repairs(self, wait: bool) -> None:
@@ -165,9 +169,7 @@ class Rolling:
         loop.in_flight = [i for i in open_ids if i not in finished]
         known = {c.id for c in led.candidates()}
         winner = loop.settle(finished, on_keep={"round": led.get("round") + 1})
-        loop.in_flight = []
-        if winner:
-            self.carry()  # what is ready moves onto the new incumbent, or is repaired
+        loop.in_flight, self.confirming = [], None
         meta, verdicts = loop.written
         branch = {loop.guard.branch: meta["incumbent"]} if winner else {}
         # rows the judging made (confirmation measurements) are ours too
@@ -186,6 +188,8 @@ class Rolling:
                     commit=cand.commit_sha, params=cand.params)
                 self.ready.insert(0, (cand.parent, again))
                 self.first.append(again)
+        if winner:
+            self.carry()  # what is ready moves onto the new incumbent, or is repaired
 
     def verify(self, before: dict, ids: list[str], **writes) -> None:
         """Trusted state must be `before` plus our own `writes` (Guard.expect); anything
@@ -317,7 +321,17 @@ class Rolling:
         self.repairing.append((base, incumbent, len(conflicting),
                                self.loop.proposals.repair(base, incumbent, conflicting, ctx)))
 
-    def collect(self) -> None:
+    def meanwhile(self) -> None:
+        """While a confirmation waits for its pairs: replies are taken in and what will
+        never run set aside, so a request for runnable ones goes out now, not when the
+        confirmation ends (nothing is recorded: the pairs' tamper check reads the state)."""
+        self.collect(record=False)
+        if self.confirming is not None:
+            self.ask_on(self.confirming)
+        else:
+            self.request(stop=False)
+
+    def collect(self, record: bool = True) -> None:
         """Answers that are in (proposals, repairs) join `ready`; never waits."""
         proposals = self.loop.proposals
         for key in list(self.asked):
@@ -331,7 +345,6 @@ class Rolling:
             if not got:
                 self.exhausted = True  # the proposer has nothing new: no more requests
             self.ready += [(base, p) for p in got]
-        self.settle_unrunnable()
         for item in [r for r in self.repairing if r[3].done()]:
             self.repairing.remove(item)
             base, incumbent, _, future = item
@@ -343,6 +356,9 @@ class Rolling:
             self.repaired += repairs.repaired
             self.first += repairs.repaired
             self.conflicted += [(base, p) for p in repairs.unrepaired]
+        self.set_aside()
+        if record:
+            self.record_unrunnable()
 
     def room_for(self, want: int) -> int:
         """How many of `want` more proposals the budget allows, counting those on their
@@ -359,18 +375,25 @@ class Rolling:
     def asked_ideas(self) -> list[str]:
         return [idea for ideas in self.ideas.values() for idea in ideas]
 
-    def settle_unrunnable(self) -> None:
+    def set_aside(self) -> None:
         """Proposals that will never run (a failed proposal, a duplicate, the files of an
-        earlier candidate) are recorded as they arrive, not when a slot needs one: they
+        earlier candidate) leave `ready` as they arrive, not when a slot needs one: they
         need no slot, and the request for the ones that will run goes out at once."""
         incumbent = self.loop.ledger.get("incumbent")
-        room = self.budget - self.made()
-        unrunnable = [(b, p) for b, p in self.ready if b == incumbent and (
-            p.error or self.loop.proposals.repeats(p))][:max(0, room)]
-        if unrunnable:
-            self.ready = [item for item in self.ready
-                          if not any(item[1] is p for _, p in unrunnable)]
-            self.open_ids += self.add([], [p for _, p in unrunnable])
+        out = [p for b, p in self.ready if b == incumbent and (
+            p.error or self.loop.proposals.repeats(p))]
+        if out:
+            self.ready = [item for item in self.ready if not _among(item[1], out)]
+            self.unrunnable += out
+
+    def record_unrunnable(self) -> None:
+        """Recorded (rejected, with why), within the budget's room; the rest unused."""
+        if not self.unrunnable:
+            return
+        room = max(0, self.budget - self.made())
+        take, self.unrunnable = self.unrunnable[:room], self.unrunnable[room:]
+        if take:
+            self.open_ids += self.add([], take)
 
     def waiting_for(self) -> int:
         """Proposals on their way: asked for, or being repaired."""
@@ -382,8 +405,10 @@ class Rolling:
         self.asks = max(self.asks + 1, next_seq(self.loop.ledger) + len(self.ready))
         return self.asks
 
-    def request(self) -> None:
-        """Keep one request in flight, for as many slots as will need a candidate."""
+    def request(self, stop: bool = True) -> None:
+        """Keep one request in flight, for as many slots as will need a candidate. With
+        `stop`, a budget limit reached stops the study (else the request is only not
+        sent)."""
         loop, led = self.loop, self.loop.ledger
         if self.exhausted or loop.stop.soft or any(k[0] == self.KEY for k in self.asked):
             return
@@ -391,7 +416,8 @@ class Rolling:
         want = min(loop.parallel, self.budget - self.made()) - queued
         if want <= 0:
             return
-        want = loop.affordable(want + queued, fresh=True) - queued
+        want = (loop.affordable(want + queued, fresh=True) - queued if stop
+                else self.room_for(want))
         if want <= 0:
             return  # what is ready is all the budget allows
         incumbent = led.get("incumbent")
@@ -400,7 +426,7 @@ class Rolling:
                                      taken=[p for _, p in self.ready], asked=self.asked_ideas())
         self.ask((self.KEY, ctx.round), incumbent, want, ctx)
 
-    def ask(self, key: tuple[str, object], base: str, want: int,
+    def ask(self, key: tuple, base: str, want: int,
             ctx: ProposalContext) -> None:
         self.loop.proposals.ask_ahead(key, base, want, ctx)
         self.asked[key] = want
@@ -411,16 +437,24 @@ class Rolling:
         next proposals are asked for on it now, so that if it is kept they are ready,
         made on the incumbent they will run on. If it is not, they were made on a commit
         that is not the incumbent: re-based onto it, repaired, or dropped (billed)."""
+        self.confirming = cand
+        self.ask_on(cand)
+
+    def ask_on(self, cand: Candidate) -> None:
+        """Keep one request in flight on the would-be keep `cand`, for the slots that
+        will need a candidate if it is kept (what is ready on it, or on its way, counts)."""
         loop, led = self.loop, self.loop.ledger
-        if self.exhausted or loop.stop.soft or not cand.commit_sha:
+        if self.exhausted or loop.stop.soft or not cand.commit_sha or any(
+                key[0] == "on" and key[1] == cand.id for key in self.asked):
             return
-        want = self.room_for(min(loop.parallel, self.budget - self.made()))
+        queued = sum(1 for base, _ in self.ready if base == cand.commit_sha)
+        want = self.room_for(min(loop.parallel, self.budget - self.made()) - queued)
         if want <= 0:
             return
         ctx = loop.proposals.context(self.ask_no(), cand.commit_sha, led.candidates(),
                                      cand.metric, taken=[p for _, p in self.ready],
                                      asked=self.asked_ideas())
-        self.ask(("on", cand.id), cand.commit_sha, want, ctx)
+        self.ask(("on", cand.id, ctx.round), cand.commit_sha, want, ctx)
 
 
 def _among(proposal: Proposal, those: list[Proposal]) -> bool:

@@ -105,6 +105,9 @@ class Loop:
     # told when a would-be keep goes into confirmation, before its pairs run (rolling
     # asks for proposals on it then, so they are ready if it is kept)
     on_confirm: Callable[[Candidate], None] | None = None
+    # called while a confirmation waits for its pairs: the policy may take in replies and
+    # ask the proposer (nothing that writes the trusted state: the pairs' check reads it)
+    meanwhile: Callable[[], None] | None = None
     # the study's spend as last summed (time.monotonic(), Spend): budget checks reuse it
     # briefly, the rolling loop asks many times a second
     _spent: tuple[float, Spend] | None = None
@@ -372,9 +375,12 @@ class Confirming:
         if waiting:
             trusted = loop.guard.snapshot()  # the candidate's code runs again
             loop.jobs.start(waiting, lambda: loop.stop.hard)
-            loop.jobs.wait(ids, lambda running: loop.report(
-                led.get("round"), loop.target or led.get("round"), running),
-                lambda: loop.stop.hard)
+            def report(running: list) -> None:
+                loop.report(led.get("round"), loop.target or led.get("round"), running)
+                if loop.meanwhile is not None:
+                    loop.meanwhile()
+
+            loop.jobs.wait(ids, report, lambda: loop.stop.hard)
             if loop.guard.check(trusted, [cand.id, *loop.in_flight]):
                 return "tampering while it was re-measured"
             if loop.stop.hard:
