@@ -52,6 +52,7 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,8 +144,11 @@ class HistoryModel:
     """A fake model that learns from what it is shown: it proposes X below the incumbent's
     value in the file it sees, by a step that grows with the keeps in the history it is
     shown (momentum) and shrinks after discards; some steps go the wrong way. Its choice
-    is a function of what it saw (the file, the history, which of the K it is), so two
-    studies that show it the same things get the same proposals."""
+    is a function of what it saw (the file, the history and the candidates running, which
+    of the K it is and the direction it is given), so two
+    studies that show it the same things get the same proposals. Asked to repair (re-apply
+    a change made on an older incumbent), it applies the same step to the value it is
+    shown, as a model re-applying "lower X by 4" would."""
 
     def __init__(self) -> None:
         self.delay = 0.0
@@ -156,12 +160,26 @@ class HistoryModel:
             self.requests += 1
         prompt = request.prompt
         x = int(re.search(r"(?m)^X = (\d+)\s*$", prompt).group(1))
+        change = re.search(r"(?m)^-X = (\d+)\s*\n\+X = (\d+)\s*$", prompt)
+        if "# Re-apply a change" in prompt and change:
+            # asked to re-apply its change on a moved incumbent: the same step, from the
+            # value it is shown now (the verdicts since are not in a repair's prompt)
+            value = max(0, x - (int(change.group(1)) - int(change.group(2))))
+            if value == x:
+                value = x + 1
+            return Answer(f"DESCRIPTION: move X from {x} to {value}\n\nknob.py\n"
+                          f"<<<<<<< SEARCH\nX = {x}\n=======\nX = {value}\n"
+                          ">>>>>>> REPLACE\n", delay=self.delay)
         attempt = int(re.search(r"attempt (\d+) of", prompt).group(1))
         verdicts = re.findall(r"\[(keep|discard|rejected|crash)\]", prompt)[-8:]
         keeps = verdicts.count("keep")
         # what it was shown last: asked again after more verdicts, it answers anew
         seen = max((int(n) for n in re.findall(r"- c(\d{4}) \(round", prompt)), default=0)
-        rng = random.Random(x * 100_003 + attempt * 1009 + keeps * 101 + seen)
+        # the direction it is given (rolling asks each request for new ones)
+        direction = re.search(r"Your direction: (.+)", prompt)
+        angle = zlib.crc32(direction.group(1).encode()) % 997 if direction else 0
+        rng = random.Random(x * 100_003 + attempt * 1009 + keeps * 101 + seen
+                            + angle * 7_919)
         step = rng.choice([-4, -2, 1, 2, 3, 5]) * (1 + 0.5 * keeps)
         value = max(0, x - round(step))
         if value == x:

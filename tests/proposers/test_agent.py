@@ -12,6 +12,7 @@ import psutil
 import pytest
 from conftest import context_for, git, ledger_of, make_repo
 
+from ratchet.driver.candidate import Proposal
 from ratchet.driver.config import load_config
 from ratchet.driver.study import Study
 from ratchet.proposers import ProposerError
@@ -172,3 +173,45 @@ print("Done.\\nDESCRIPTION: claude sets VALUE to 1")
     assert proposal.description == "claude sets VALUE to 1"
     assert list(proposal.files) == ["solution.py"]  # read back from the agent's copy
     assert b"\nVALUE = 1\n" in proposal.files["solution.py"]
+
+
+REPAIRING_AGENT = r'''
+import pathlib, re, sys
+prompt = pathlib.Path(sys.argv[1]).read_text()
+assert "# Re-apply a change" in prompt
+value = re.search(r"(?m)^\+VALUE = (\d+)$", prompt).group(1)  # the change, from its diff
+path = pathlib.Path("solution.py")  # the new incumbent's copy
+path.write_text(re.sub(r"VALUE = \d+", f"VALUE = {value}", path.read_text()))
+print(f"DESCRIPTION: VALUE to {value} again, on the new incumbent")
+'''
+
+
+def test_an_agent_repairs_a_change_onto_a_moved_incumbent(tmp_path):
+    script = tmp_path / "repairing_agent.py"
+    script.write_text(REPAIRING_AGENT)
+    repo = make_repo(tmp_path / "r", "agent", f"""
+[agent]
+command = ["{sys.executable}", "{script}", "{{prompt_file}}"]
+timeout = "60s"
+""")
+    old = git(repo, "rev-parse", "HEAD")
+    # the incumbent moved: the same line changed, and a line the change does not touch
+    text = (repo / "solution.py").read_text()
+    (repo / "solution.py").write_text(text.replace("VALUE = 10", "VALUE = 8")
+                                      .replace("total = VALUE", "total = VALUE * 1"))
+    git(repo, "commit", "-qam", "moved")
+    proposer = AgentProposer(load_config(repo), [])
+    assert proposer.contained  # bubblewrap or a PID namespace here (the driver is root)
+    made = Proposal(description="set VALUE to 3", files={"solution.py": text.replace(
+        "VALUE = 10", "VALUE = 3").encode()}, calls=[41])
+    diff = "--- a/solution.py\n+++ b/solution.py\n@@ -1 +1 @@\n-VALUE = 10\n+VALUE = 3\n"
+    ctx = context_for(repo)  # on the new incumbent
+    assert ctx.incumbent != old
+    got = proposer.repair(made, diff, ctx)
+    assert got is not None and got.error is None, got and got.error
+    new = got.files["solution.py"].decode()
+    assert "VALUE = 3" in new and "total = VALUE * 1" in new  # on top of what moved
+    assert got.description == "VALUE to 3 again, on the new incumbent"
+    [call] = ledger_of(repo).calls()
+    assert call["outcome"] == "repaired" and call["proposer"] == "agent"
+    assert got.calls == [41, call["id"]]  # the original's calls, then the repair's

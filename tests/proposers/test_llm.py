@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -337,6 +338,11 @@ def test_rolling_never_hands_one_idea_to_two_candidates(tmp_path, server):
     def respond(request):
         if "## Your job now" not in request.last_user:
             return edit(11, "a repair")  # its edits missed a moved incumbent: asked again
+        if "# Re-apply a change" in request.last_user:  # the incumbent moved: re-applied
+            now = re.search(r"(?m)^VALUE = (\d+)$", request.last_user).group(1)
+            value = re.search(r"(?m)^\+VALUE = (\d+)$", request.last_user).group(1)
+            return (f"DESCRIPTION: re-applied\n\nsolution.py\n<<<<<<< SEARCH\n"
+                    f"VALUE = {now}\n=======\nVALUE = {value}\n>>>>>>> REPLACE\n")
         job = request.last_user.split("## Your job now", 1)[1]
         for v in (3, 5, 7, 9):
             if f"try VALUE {v}" in job:

@@ -58,13 +58,14 @@ class Billing:
     and some replies cannot be used (a repair request follows)."""
 
     def __init__(self, *, limit_every: int = 0, junk_every: int = 0,
-                 tokens: tuple[int, int] | None = None) -> None:
+                 tokens: tuple[int, int] | None = None, junk_repairs: bool = False) -> None:
         self.lock = threading.Lock()
         self.n = 0
         self.billed_in = self.billed_out = 0
         self.limited = 0
         self.value = 9
         self.limit_every, self.junk_every, self.tokens = limit_every, junk_every, tokens
+        self.junk_repairs = junk_repairs  # a repair's reply makes no edit
 
     def __call__(self, request) -> Answer:
         with self.lock:
@@ -76,7 +77,8 @@ class Billing:
             tokens_in, tokens_out = self.tokens or (100 + n, 40 + n % 7)
             self.billed_in += tokens_in
             self.billed_out += tokens_out
-            if self.junk_every and n % self.junk_every == 0:
+            if (self.junk_every and n % self.junk_every == 0) or (
+                    self.junk_repairs and "# Re-apply a change" in request.prompt):
                 text = "I would rather not edit anything."  # no edit: asked to repair
             else:
                 self.value -= 1
@@ -254,29 +256,53 @@ def test_each_round_is_proposed_from_the_last_rounds_verdicts(tmp_path):
             assert f"- {earlier.id} (round {earlier.round}) [{earlier.status}]" in prompt
 
 
-def test_speculation_is_an_option_and_what_it_drops_is_billed(tmp_path):
-    billing = Billing(tokens=(100, 50))
+@pytest.mark.parametrize("repair", ["applies", "fails"])
+def test_speculation_repairs_a_conflicting_proposal_before_it_drops_it(tmp_path, repair):
+    """Every reply improves, so the incumbent moves every round and round 2 and 3's
+    speculative proposals conflict with it. Each is first repaired (one request with its
+    diff and the new incumbent's file, billed `repaired`) and run; only when the repair
+    fails is it dropped, billed, and the proposer asked again."""
+    billing = Billing(tokens=(100, 50), junk_repairs=repair == "fails")
     with LLMServer() as server:
         server.respond_with(billing)
         repo = study_repo(tmp_path, server.openai_url, parallel=3, rounds=3,
                           search="ahead = true\n")
         ratchet(repo, "run", check=True)
         requests = len(server.requests)
+        asked_to_repair = [r for r in server.requests if "# Re-apply a change" in r.prompt]
+    assert_bill_agrees(repo, server, billing)
     ledger = ledger_of(repo)
     calls = ledger.calls()
-    made = sum(1 for c in ledger.candidates() if c.kind == "candidate")
+    cands = {c.id: c for c in ledger.candidates() if c.kind == "candidate"}
     ledger.close()
+    repaired = [c for c in calls if c["outcome"] == "repaired"]
+    assert asked_to_repair and len(repaired) == len(asked_to_repair)
+    # the repair saw the change and the new incumbent's file, not the whole context
+    assert all("+VALUE = " in r.prompt and "## History" not in r.prompt
+               for r in asked_to_repair)
     dropped = [c for c in calls if (c["fate"] or "").startswith("dropped")]
-    # the incumbent moved every round: round 2 and 3's speculative proposals conflicted
-    # with it, were asked again, and the dropped ones stay in the bill
-    assert dropped and all(c["candidate"] is None for c in dropped)
-    assert requests == len(calls) > made
     status = status_of(repo)
-    assert status["spend"]["unused_calls"] == requests - made
-    assert status["spend"]["unused_usd"] == pytest.approx(
-        (requests - made) * (100 * PRICE_IN + 50 * PRICE_OUT) / 1e6)
-    assert status["spend"]["wasted_usd"] >= status["spend"]["unused_usd"]
-    assert_bill_agrees(repo, server, billing)  # tokens and dollars too, as the server billed
+    unused = [c for c in calls if c["candidate"] is None]
+    assert status["spend"]["unused_calls"] == len(unused)
+    if repair == "applies":
+        # repaired, then run on the incumbent it was repaired onto: nothing dropped
+        assert not dropped and not unused
+        for call in repaired:
+            cand = cands[call["candidate"]]
+            assert cand.status in ("keep", "discard"), (cand.status, cand.reasons)
+            assert cand.description.startswith("set VALUE to")
+        assert requests == len(calls) > len(cands)
+    else:
+        # the repair's reply had no edit: the proposal is dropped with its calls (its own
+        # request and the repair's), and the proposer is asked again on the incumbent
+        assert dropped and all(c["candidate"] is None for c in dropped)
+        assert all("the repair did not apply" in c["fate"] for c in dropped)
+        assert {c["id"] for c in repaired} <= {c["id"] for c in dropped}
+        assert len(dropped) == 2 * len(repaired)
+        assert status["spend"]["unused_usd"] == pytest.approx(
+            len(unused) * (100 * PRICE_IN + 50 * PRICE_OUT) / 1e6)
+        assert status["spend"]["wasted_usd"] >= status["spend"]["unused_usd"]
+        assert sum(1 for c in cands.values() if c.round == 3) == 3  # still K a round
 
 
 # -- budgets -------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ratchet.driver.candidate import (
@@ -56,6 +56,10 @@ class Proposals:
         self.name = config.task.name
         self._proposer: Proposer | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratchet-propose")
+        # repairs run beside proposals (only `llm` and `agent` repair, and both may be
+        # asked from two threads): a repair never waits behind a new proposal's request
+        self._repair_pool = ThreadPoolExecutor(max_workers=1,
+                                               thread_name_prefix="ratchet-repair")
         self._ahead: dict[object, tuple[str, Future]] = {}  # key -> (base commit, proposals)
         self._checked: dict[tuple[str, str], list[str]] = {}  # (parent, commit) -> problems
         self._trees: dict[str, str] = {}  # commit -> its tree (a commit's tree never changes)
@@ -78,14 +82,16 @@ class Proposals:
         for _, future in self._ahead.values():
             future.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._repair_pool.shutdown(wait=False, cancel_futures=True)
 
     def context(self, round_no: int, incumbent: str, history: list[Candidate],
                 incumbent_metric: float | None,
-                taken: Iterable[Proposal] = ()) -> ProposalContext:
+                taken: Iterable[Proposal] = (), asked: Iterable[str] = ()) -> ProposalContext:
         """What the proposer sees. `taken`: proposals made but not recorded yet; their
-        ideas are still pending in the ledger, and must not be handed out twice."""
+        ideas are still pending in the ledger, and must not be handed out twice; nor
+        those `asked` of a request still in flight."""
         self.import_ideas()
-        busy = {p.idea for p in taken if p.idea}
+        busy = {p.idea for p in taken if p.idea} | set(asked)
         return ProposalContext(
             repo=self.repo, state_dir=self.state_dir, config=self.config, study=self.name,
             round=round_no, incumbent=incumbent, incumbent_metric=incumbent_metric,
@@ -154,8 +160,12 @@ class Proposals:
     def take_ahead(self, key: object) -> tuple[str, Future] | None:
         return self._ahead.pop(key, None)
 
-    def has_ahead(self, key: object) -> bool:
-        return key in self._ahead
+    def take_done(self, key: object) -> tuple[str, Future] | None:
+        """`take_ahead`, only once its request is answered (else it stays asked)."""
+        ahead = self._ahead.get(key)
+        if ahead is None or not ahead[1].done():
+            return None
+        return self._ahead.pop(key)
 
     def drop(self, proposals: list[Proposal], why: str) -> None:
         """Proposals that will never be candidates: their calls stay billed (spend.py),
@@ -183,12 +193,69 @@ class Proposals:
 
     def on(self, base: str, incumbent: str, proposals: list[Proposal]) -> tuple[
             list[Proposal], list[Proposal]]:
-        """Carry proposals made on `base` onto `incumbent`: (re-based, conflicting)."""
+        """Carry proposals made on `base` onto `incumbent`: (re-based, conflicting). One
+        whose change the incumbent already has is dropped (its calls billed as such)."""
         if base == incumbent:
             return proposals, []
         moved = [(p, rebase(self.repo, p, base, incumbent) or self._retune(p, incumbent))
                  for p in proposals]
-        return [m for _, m in moved if m is not None], [p for p, m in moved if m is None]
+        # a change the incumbent already has (it moved the same way) is no experiment
+        done = [m for _, m in moved if m is not None and self._changes_nothing(m, incumbent)]
+        self.drop(done, f"dropped: made on {base[:7]}, its change is already in the "
+                        f"incumbent {incumbent[:7]}")
+        return ([m for _, m in moved if m is not None and all(m is not d for d in done)],
+                [p for p, m in moved if m is None])
+
+    def _changes_nothing(self, proposal: Proposal, incumbent: str) -> bool:
+        if proposal.error:
+            return False
+        try:
+            commit = make_commit(self.repo, incumbent, proposal, "ahead")
+            trees = gitrepo.git(self.repo, "rev-parse", f"{commit}^{{tree}}",
+                                f"{incumbent}^{{tree}}").split()
+        except gitrepo.GitError:
+            return False
+        return len(trees) == 2 and trees[0] == trees[1]
+
+    def repair(self, base: str, incumbent: str, proposals: list[Proposal],
+               ctx: ProposalContext) -> Future:
+        """Ask the proposer to re-apply each of `proposals` (made on `base`, conflicting
+        with `incumbent`) on `incumbent`, on its thread; `ctx` is a context on
+        `incumbent` made by the loop. The future's result is a `Repairs`."""
+        proposer = self.proposer
+        return self._repair_pool.submit(self._repair_all, proposer, base, proposals, ctx)
+
+    def _repair_all(self, proposer: Proposer, base: str, proposals: list[Proposal],
+                    ctx: ProposalContext) -> Repairs:
+        def one(proposal: Proposal) -> Proposal | None:
+            try:
+                mine = make_commit(self.repo, base, proposal, "ahead")
+                diff = gitrepo.diff_text(self.repo, base, mine)
+            except gitrepo.GitError:
+                return None  # its base is gone: nothing to re-apply
+            try:
+                return proposer.repair(proposal, diff, ctx)
+            except Exception as exc:  # noqa: BLE001 - a failed repair drops one proposal
+                return replace(proposal, files={}, commit=None,
+                               error=f"the repair failed: {type(exc).__name__}: {exc}")
+
+        with ThreadPoolExecutor(max_workers=min(4, max(1, len(proposals)))) as pool:
+            results = list(pool.map(one, proposals))
+        out = Repairs()
+        for proposal, got in zip(proposals, results, strict=True):
+            if got is None:
+                out.unrepaired.append(proposal)
+            elif got.error:
+                out.failed.append(got)
+            else:
+                out.repaired.append(got)
+        return out
+
+    def drop_failed(self, repairs: Repairs, base: str, incumbent: str) -> None:
+        """Repairs that failed: dropped, their calls (the repair's too) billed as such."""
+        for proposal in repairs.failed:
+            self.drop([proposal], f"dropped: made on {base[:7]}, conflicts with the "
+                                  f"incumbent {incumbent[:7]}, and {proposal.error}")
 
     def _retune(self, proposal: Proposal, incumbent: str) -> Proposal | None:
         """Settings of declared knobs (`tune.knobs`) are re-applied on the new incumbent,
@@ -260,6 +327,23 @@ class Proposals:
                         input="".join(f"delete {ref}\n" for ref in planted).encode())
             self.ledger.event("tampering", None, planted_refs=planted)
 
+    def repeats(self, proposal: Proposal) -> bool:
+        """Are its files (its commit, built ahead) those of an earlier candidate? It
+        would be recorded rejected and never run."""
+        if proposal.error or not proposal.commit:
+            return False
+        earlier = [c.commit_sha for c in self.ledger.candidates() if c.commit_sha]
+        unknown = [sha for sha in dict.fromkeys([*earlier, proposal.commit])
+                   if sha not in self._trees]
+        if unknown:
+            try:
+                self._trees.update(zip(unknown, gitrepo.git(
+                    self.repo, "rev-parse", *(f"{sha}^{{tree}}" for sha in unknown)).split(),
+                    strict=True))
+            except gitrepo.GitError:
+                return False
+        return self._trees[proposal.commit] in {self._trees[sha] for sha in earlier}
+
     def _reject_repeats(self, built: list[dict]) -> list[dict]:
         """No candidate repeats an earlier one (whoever proposed either): the same tree is
         the same experiment. A repeat is recorded as rejected and never run."""
@@ -287,6 +371,15 @@ class Proposals:
                     seen[tree] = "another proposal of this batch"
             out.append(fields)
         return out
+
+
+@dataclass
+class Repairs:
+    """What asking the proposer to re-apply conflicting proposals came to."""
+
+    repaired: list[Proposal] = field(default_factory=list)  # files on the new incumbent
+    failed: list[Proposal] = field(default_factory=list)  # tried and failed (`error`)
+    unrepaired: list[Proposal] = field(default_factory=list)  # the kind does not repair
 
 
 def _quietly(call: Callable, *args) -> None:

@@ -3,16 +3,27 @@ a finished candidate is judged at once (with the same noise, hold-out and integr
 the budget is a number of candidates.
 
 It is the mode for never waiting: one request to the proposer is always in flight while
-jobs run, so a slot never waits for a reply it could have had. Before each new candidate
-(and each new request) the `[budget]` limits are checked (driver/budget.py); at one, the
-study stops as a first Ctrl-C stops it, and the request still in flight is waited for and
-billed.
+jobs run, so a slot never waits for a reply it could have had. When the incumbent moves,
+the reply must not be asked for then:
+- a would-be keep going into confirmation is proposed on at once (`speculate`): if it is
+  kept, proposals made on it are ready when the confirmation ends;
+- what is ready, made on the old incumbent, is re-based onto the new one at once
+  (`carry`), and what conflicts is repaired by the proposer (it re-applies its change on
+  the new incumbent, cheaper than a new proposal) while the slots take the rest; a
+  failed repair is dropped, its calls billed; a change no proposer can repair (a queued
+  patch) is recorded as conflicting.
+A candidate is still always a commit on the incumbent it runs on.
+
+Before each new candidate (and each new request) the `[budget]` limits are checked
+(driver/budget.py); at one, the study stops as a first Ctrl-C stops it, and the requests
+still in flight are waited for and billed.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import Future
 from dataclasses import replace
 
 from ratchet.driver import judge
@@ -21,7 +32,7 @@ from ratchet.driver.candidate import (
     study_ref,
 )
 from ratchet.driver.integrity import row_key
-from ratchet.driver.ledger import Status
+from ratchet.driver.ledger import Candidate, Status
 from ratchet.driver.proposals import next_seq
 from ratchet.driver.settle import (
     OPEN_STATES,
@@ -29,6 +40,7 @@ from ratchet.driver.settle import (
     ScheduleError,
 )
 from ratchet.job.faults import fault_point
+from ratchet.proposers import ProposalContext
 from ratchet.vocab import Kind
 
 
@@ -41,8 +53,24 @@ class Rolling:
         self.loop, self.budget = loop, budget
         loop.target = budget
         self.ready: list[tuple[str, Proposal]] = []  # (base commit, proposal) made ahead
+        # requests in flight, {key: proposals asked}: one on the incumbent (KEY, n), and
+        # one on the would-be keep in confirmation ("on", its id, n)
+        self.asked: dict[tuple, int] = {}
+        self.ideas: dict[tuple, list[str]] = {}  # handed to those in flight
+        # repairs in flight: (made on, repaired onto, how many, future of a Repairs)
+        self.repairing: list[tuple[str, str, int, Future]] = []
+        self.conflicted: list[tuple[str, Proposal]] = []  # no repair: recorded as such
+        # ids of proposals that go first (repaired ones, changes going again), and of
+        # those repaired once (not repaired twice)
+        self.first: list[Proposal] = []
+        self.repaired: list[Proposal] = []
+        self.asks = -1  # the last ask number used
         self.exhausted = False
         self.open_ids: list[str] = []  # recorded, not judged yet
+        loop.on_confirm = self.speculate
+        loop.meanwhile = self.meanwhile
+        self.confirming: Candidate | None = None  # the would-be keep being confirmed
+        self.unrunnable: list[Proposal] = []  # in, never to run: recorded at the next fill
 
     def made(self) -> int:
         return sum(1 for c in self.loop.ledger.candidates() if c.kind == Kind.CANDIDATE)
@@ -82,16 +110,34 @@ class Rolling:
                         loop.jobs.interrupt(led.row(cand_id))
                 if not any(led.row(i).status == Status.SUBMITTED for i in self.open_ids):
                     break
-            elif not self.open_ids and (loop.stop.soft or self.exhausted
-                                        or self.made() >= self.budget):
+            elif not self.open_ids and (loop.stop.soft or self.made() >= self.budget or (
+                    self.exhausted and not self.ready and not self.conflicted
+                    and not self.unrunnable
+                    and not self.waiting_for())):
                 break
             time.sleep(0.02)
         # what was asked for and never used is billed as unused (a request in flight is
         # waited for unless the user cancelled: its calls are recorded as they end)
-        loop.proposals.drop([p for _, p in self.ready], "unused: the study stopped before "
-                            "it was needed")
-        self.ready = []
+        self.finish_repairs(wait=not loop.stop.hard)
+        unused = [p for _, p in self.ready + self.conflicted] + self.unrunnable
+        loop.proposals.drop(unused, "unused: the study stopped before it was needed")
+        self.ready, self.conflicted, self.unrunnable = [], [], []
         loop.proposals.finish_ahead(wait=not loop.stop.hard)
+
+    def finish_repairs(self, wait: bool) -> None:
+        """Repairs still asked at the end: waited for (so their calls are recorded) and
+        billed as unused, or cancelled when the user cancelled."""
+        for base, incumbent, _, future in self.repairing:
+            if not wait and not future.done():
+                future.cancel()
+                continue
+            try:
+                repairs = future.result()
+            except Exception:  # noqa: BLE001 - a failed request is billed as it failed
+                continue
+            self.loop.proposals.drop_failed(repairs, base, incumbent)
+            self.ready += [(incumbent, p) for p in repairs.repaired + repairs.unrepaired]
+        self.repairing = []
 
     def start_early(self) -> None:
         """Before start-up work (workers, prep): the first proposals are asked for now."""
@@ -123,7 +169,7 @@ class Rolling:
         loop.in_flight = [i for i in open_ids if i not in finished]
         known = {c.id for c in led.candidates()}
         winner = loop.settle(finished, on_keep={"round": led.get("round") + 1})
-        loop.in_flight = []
+        loop.in_flight, self.confirming = [], None
         meta, verdicts = loop.written
         branch = {loop.guard.branch: meta["incumbent"]} if winner else {}
         # rows the judging made (confirmation measurements) are ours too
@@ -137,9 +183,13 @@ class Rolling:
             # carried onto the current incumbent, before anything new
             if (cand.status == Status.DISCARD and cand.code == judge.Reason.STALE
                     and cand.parent is not None):
-                self.ready.insert(0, (cand.parent, Proposal(
+                again = Proposal(
                     description=f"{cand.description} (again, on the new incumbent)"[:200],
-                    commit=cand.commit_sha, params=cand.params)))
+                    commit=cand.commit_sha, params=cand.params)
+                self.ready.insert(0, (cand.parent, again))
+                self.first.append(again)
+        if winner:
+            self.carry()  # what is ready moves onto the new incumbent, or is repaired
 
     def verify(self, before: dict, ids: list[str], **writes) -> None:
         """Trusted state must be `before` plus our own `writes` (Guard.expect); anything
@@ -181,8 +231,9 @@ class Rolling:
     def fill(self, busy: int) -> list[str]:
         """New candidates for the free slots, from the current incumbent."""
         loop = self.loop
+        self.collect()  # first: what it records unrun takes room in the budget
         want = min(loop.parallel - busy, self.budget - self.made())
-        if want <= 0 or self.exhausted:
+        if want <= 0:
             return []
         want = loop.affordable(want)  # 0: a limit is reached, and the study stops
         if want <= 0:
@@ -192,8 +243,21 @@ class Rolling:
                  if c.params and c.kind == Kind.CANDIDATE and c.parent == incumbent}
         take: list[Proposal] = []
         knobs = set(loop.config.tune.knobs)
-        while len(take) < want and (self.ready or self.collect()):
+        # a change no proposer can re-apply is recorded, not dropped unseen (a queued
+        # patch would vanish); it takes a slot of the budget but no job
+        while self.conflicted and len(take) < want:
+            base, proposal = self.conflicted.pop(0)
+            take.append(replace(proposal, files={}, commit=None, error=(
+                f"conflicts with the incumbent {incumbent[:7]} it would run on (made on "
+                f"{base[:7]})")))
+        # repaired ones and changes going again first (asked first, and a stale winner
+        # is the strongest lead), then those made on the incumbent, then the others
+        self.ready.sort(key=lambda item: (not _among(item[1], self.first),
+                                          item[0] != incumbent))
+        conflicts: dict[str, list[Proposal]] = {}  # by the commit they were made on
+        while len(take) < want and self.ready:
             base, proposal = self.ready.pop(0)
+            self.first = [p for p in self.first if p is not proposal]
             # settings of declared knobs (the tuner's params) name the experiment; an LLM's
             # or an agent's params describe the call (model, tokens), not the change
             key = json.dumps(proposal.params, sort_keys=True) if (
@@ -204,47 +268,195 @@ class Rolling:
                                     "tried on this incumbent")
                 continue
             moved, conflicting = loop.proposals.on(base, incumbent, [proposal])
-            # a conflicting one is recorded, not dropped unseen (a queued patch would
-            # vanish); it takes a slot of the budget but no job, and the proposer is
-            # asked for another
-            take += moved + [replace(
-                p, files={}, commit=None,
-                error=f"conflicts with the incumbent {incumbent[:7]} it would run on "
-                      f"(made on {base[:7]})") for p in conflicting]
+            take += moved
+            # the proposer re-applies it meanwhile; the slot takes the next one
+            conflicts.setdefault(base, []).extend(self.once(conflicting, base, incumbent))
             if key is not None:
                 tried.add(key)
+        for base, conflicting in conflicts.items():
+            if conflicting:
+                self.repair(base, incumbent, conflicting)
         return self.add([], take) if take else []
 
-    def collect(self) -> bool:
-        """Proposals that are ready join `ready` (never waits for the proposer)."""
-        ahead = self.loop.proposals.take_ahead(self.KEY)
-        if ahead is None:
-            self.request()
-            return False
-        base, future = ahead
-        if not future.done():
-            self.loop.proposals.ask_ahead(self.KEY, base, 0, None, future=future)
-            return False
-        got = future.result()
-        if not got:
-            self.exhausted = True
-            return False
-        self.ready += [(base, p) for p in got]
-        return True
+    def carry(self) -> None:
+        """The incumbent moved: what is ready is re-based onto it now, and a repair of
+        what conflicts is asked for at once (ready before a slot needs it)."""
+        incumbent = self.loop.ledger.get("incumbent")
+        by_base: dict[str, list[Proposal]] = {}
+        for base, proposal in self.ready:
+            by_base.setdefault(base, []).append(proposal)
+        self.ready = []
+        for base, proposals in by_base.items():
+            first = [p for p in proposals if _among(p, self.first)]
+            rest = [p for p in proposals if not _among(p, self.first)]
+            moved, conflicting = self.loop.proposals.on(base, incumbent, first)
+            self.first += moved  # re-based, they keep their place
+            self.ready += [(incumbent, p) for p in moved]
+            more, conflicts = self.loop.proposals.on(base, incumbent, rest)
+            self.ready += [(incumbent, p) for p in more]
+            conflicting = self.once(conflicting + conflicts, base, incumbent)
+            if conflicting:
+                self.repair(base, incumbent, conflicting)
 
-    def request(self) -> None:
-        """Keep one request in flight, for as many slots as will need a candidate."""
-        loop, led = self.loop, self.loop.ledger
-        want = min(loop.parallel, self.budget - self.made()) - len(self.ready)
-        if want <= 0 or self.exhausted or loop.stop.soft or loop.proposals.has_ahead(self.KEY):
+    def once(self, conflicting: list[Proposal], base: str, incumbent: str) -> list[Proposal]:
+        """A proposal is repaired once: one that conflicts again (the incumbent moved
+        again before a slot took it) is dropped, billed, rather than repaired again."""
+        again = [p for p in conflicting if _among(p, self.repaired)]
+        self.loop.proposals.drop(again, f"dropped: repaired once, and it conflicts again "
+                                        f"(made on {base[:7]}, the incumbent is now "
+                                        f"{incumbent[:7]})")
+        return [p for p in conflicting if not _among(p, self.repaired)]
+
+    def repair(self, base: str, incumbent: str, conflicting: list[Proposal]) -> None:
+        """Ask the proposer to re-apply these on `incumbent` (on its thread; `collect`
+        takes the answer). Before a proposal is dropped, it is repaired."""
+        led = self.loop.ledger
+        if self.room_for(len(conflicting)) < len(conflicting):
+            self.loop.proposals.drop(conflicting, f"dropped: made on {base[:7]}, conflicts "
+                                     f"with the incumbent {incumbent[:7]}, and a repair "
+                                     "would cross the budget")
             return
-        want = loop.affordable(want + len(self.ready), fresh=True) - len(self.ready)
+        ctx = self.loop.proposals.context(self.ask_no(), incumbent, led.candidates(),
+                                          led.get("incumbent_metric"))
+        self.repairing.append((base, incumbent, len(conflicting),
+                               self.loop.proposals.repair(base, incumbent, conflicting, ctx)))
+
+    def meanwhile(self) -> None:
+        """While a confirmation waits for its pairs: replies are taken in and what will
+        never run set aside, so a request for runnable ones goes out now, not when the
+        confirmation ends (nothing is recorded: the pairs' tamper check reads the state)."""
+        self.collect(record=False)
+        if self.confirming is not None:
+            self.ask_on(self.confirming)
+        else:
+            self.request(stop=False)
+
+    def collect(self, record: bool = True) -> None:
+        """Answers that are in (proposals, repairs) join `ready`; never waits."""
+        proposals = self.loop.proposals
+        for key in list(self.asked):
+            ahead = proposals.take_done(key)
+            if ahead is None:
+                continue
+            del self.asked[key]
+            self.ideas.pop(key, None)  # its proposals carry them now (`taken`)
+            base, future = ahead
+            got = future.result()
+            if not got:
+                self.exhausted = True  # the proposer has nothing new: no more requests
+            self.ready += [(base, p) for p in got]
+        for item in [r for r in self.repairing if r[3].done()]:
+            self.repairing.remove(item)
+            base, incumbent, _, future = item
+            repairs = future.result()
+            proposals.drop_failed(repairs, base, incumbent)
+            # first in line: asked before what is ready now (and a change that beat the
+            # incumbent from an older one goes again before anything new)
+            self.ready[:0] = [(incumbent, p) for p in repairs.repaired]
+            self.repaired += repairs.repaired
+            self.first += repairs.repaired
+            self.conflicted += [(base, p) for p in repairs.unrepaired]
+        self.set_aside()
+        if record:
+            self.record_unrunnable()
+
+    def room_for(self, want: int) -> int:
+        """How many of `want` more proposals the budget allows, counting those on their
+        way (never stops the study: a request or a repair is only not sent)."""
+        loop = self.loop
+        if want <= 0 or not loop.config.budget.limits:
+            return max(want, 0)
+        loop.spent(fresh=True)
+        coming = len(self.ready) + self.waiting_for()
+        while want > 0 and loop.over_budget(want + coming, stop=False):
+            want -= 1
+        return want
+
+    def asked_ideas(self) -> list[str]:
+        return [idea for ideas in self.ideas.values() for idea in ideas]
+
+    def set_aside(self) -> None:
+        """Proposals that will never run (a failed proposal, a duplicate, the files of an
+        earlier candidate) leave `ready` as they arrive, not when a slot needs one: they
+        need no slot, and the request for the ones that will run goes out at once."""
+        incumbent = self.loop.ledger.get("incumbent")
+        out = [p for b, p in self.ready if b == incumbent and (
+            p.error or self.loop.proposals.repeats(p))]
+        if out:
+            self.ready = [item for item in self.ready if not _among(item[1], out)]
+            self.unrunnable += out
+
+    def record_unrunnable(self) -> None:
+        """Recorded (rejected, with why), within the budget's room; the rest unused."""
+        if not self.unrunnable:
+            return
+        room = max(0, self.budget - self.made())
+        take, self.unrunnable = self.unrunnable[:room], self.unrunnable[room:]
+        if take:
+            self.open_ids += self.add([], take)
+
+    def waiting_for(self) -> int:
+        """Proposals on their way: asked for, or being repaired."""
+        return sum(self.asked.values()) + sum(r[2] for r in self.repairing)
+
+    def ask_no(self) -> int:
+        """A number never asked before (the tuner seeds each ask with it; an agent's
+        directory is named by it)."""
+        self.asks = max(self.asks + 1, next_seq(self.loop.ledger) + len(self.ready))
+        return self.asks
+
+    def request(self, stop: bool = True) -> None:
+        """Keep one request in flight, for as many slots as will need a candidate. With
+        `stop`, a budget limit reached stops the study (else the request is only not
+        sent)."""
+        loop, led = self.loop, self.loop.ledger
+        if self.exhausted or loop.stop.soft or any(k[0] == self.KEY for k in self.asked):
+            return
+        queued = len(self.ready) + len(self.conflicted) + self.waiting_for()
+        want = min(loop.parallel, self.budget - self.made()) - queued
+        if want <= 0:
+            return
+        want = (loop.affordable(want + queued, fresh=True) - queued if stop
+                else self.room_for(want))
         if want <= 0:
             return  # what is ready is all the budget allows
         incumbent = led.get("incumbent")
-        # a number never asked before (the tuner seeds each ask with it)
-        ask_no = next_seq(led) + len(self.ready)
-        ctx = loop.proposals.context(ask_no, incumbent, led.candidates(),
+        ctx = loop.proposals.context(self.ask_no(), incumbent, led.candidates(),
                                      led.get("incumbent_metric"),
-                                     taken=[p for _, p in self.ready])
-        loop.proposals.ask_ahead(self.KEY, incumbent, want, ctx)
+                                     taken=[p for _, p in self.ready], asked=self.asked_ideas())
+        self.ask((self.KEY, ctx.round), incumbent, want, ctx)
+
+    def ask(self, key: tuple, base: str, want: int,
+            ctx: ProposalContext) -> None:
+        self.loop.proposals.ask_ahead(key, base, want, ctx)
+        self.asked[key] = want
+        self.ideas[key] = ctx.ideas[:want]  # the first `want` go to this request
+
+    def speculate(self, cand: Candidate) -> None:
+        """A would-be keep goes into confirmation (the loop waits for its pairs): the
+        next proposals are asked for on it now, so that if it is kept they are ready,
+        made on the incumbent they will run on. If it is not, they were made on a commit
+        that is not the incumbent: re-based onto it, repaired, or dropped (billed)."""
+        self.confirming = cand
+        self.ask_on(cand)
+
+    def ask_on(self, cand: Candidate) -> None:
+        """Keep one request in flight on the would-be keep `cand`, for the slots that
+        will need a candidate if it is kept (what is ready on it, or on its way, counts)."""
+        loop, led = self.loop, self.loop.ledger
+        if self.exhausted or loop.stop.soft or not cand.commit_sha or any(
+                key[0] == "on" and key[1] == cand.id for key in self.asked):
+            return
+        queued = sum(1 for base, _ in self.ready if base == cand.commit_sha)
+        want = self.room_for(min(loop.parallel, self.budget - self.made()) - queued)
+        if want <= 0:
+            return
+        ctx = loop.proposals.context(self.ask_no(), cand.commit_sha, led.candidates(),
+                                     cand.metric, taken=[p for _, p in self.ready],
+                                     asked=self.asked_ideas())
+        self.ask(("on", cand.id, ctx.round), cand.commit_sha, want, ctx)
+
+
+def _among(proposal: Proposal, those: list[Proposal]) -> bool:
+    """Is it one of `those` (the very object: equal proposals are distinct requests)?"""
+    return any(proposal is p for p in those)

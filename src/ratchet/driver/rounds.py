@@ -9,8 +9,9 @@ start-up hides the first round's).
 `search.ahead = true` speculates instead: round R+1 is asked for while round R runs, from
 round R in flight (its verdicts hidden) on its own incumbent, always the same view, so a
 resumed study proposes what an uninterrupted one would. When R moves the incumbent, a
-speculative proposal is re-based onto it, and one that conflicts is dropped (its calls stay
-billed, marked dropped) and the proposer is asked again.
+speculative proposal is re-based onto it; one that conflicts is repaired (the proposer
+re-applies its change on the new incumbent, one cheap call) and, if that fails, dropped
+(its calls stay billed, marked dropped) and the proposer is asked again.
 
 Before a round is proposed, the budget (`[budget]`, driver/budget.py) is checked: a round
 that would cross a limit is not started, and `budget.candidates` cuts the last round to
@@ -23,11 +24,15 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 from dataclasses import replace
+from typing import TypeVar
 
 from ratchet.driver.candidate import (
     Proposal,
+    study_ref,
 )
+from ratchet.driver.integrity import row_key
 from ratchet.driver.ledger import Candidate
+from ratchet.driver.proposals import Repairs
 from ratchet.driver.settle import OPEN_STATES, Loop, without_verdict
 from ratchet.job.faults import fault_point
 from ratchet.proposers import ProposalContext
@@ -37,6 +42,7 @@ from ratchet.vocab import Kind, Status
 # this long after the round started (a backend that does not tell phases)
 AHEAD_AFTER_S = 0.5
 WAIT_REPORT_S = 0.25  # how often the live view hears while a round waits for its proposals
+T = TypeVar("T")
 
 
 def started_all(running: list[tuple[str, str, float, str]]) -> bool:
@@ -49,6 +55,7 @@ class Rounds:
         self.loop, self.target = loop, target
         loop.target = target
         self.ahead = loop.config.search.ahead  # speculation: asked before the verdicts
+        self.trusted: dict | None = None  # set while a round's baseline runs before it
 
     def run(self) -> None:
         try:
@@ -64,7 +71,9 @@ class Rounds:
             if round_no > self.target and not open_now:
                 break
             cands = led.candidates(round=round_no)
-            if not cands:
+            if cands and self.awaiting_proposals(cands):
+                cands = self.propose(round_no)
+            elif not cands:
                 if round_no > self.target:
                     break
                 if self.over_budget(round_no):
@@ -154,11 +163,39 @@ class Rounds:
         result = step()
         return result, guard.check(before, [])
 
+    def awaiting_proposals(self, cands: list[Candidate]) -> bool:
+        """A round whose baseline (and A/A re-measures) was recorded and started before its
+        proposals, and whose driver stopped before they were recorded: they are asked for
+        now, as an uninterrupted study would have."""
+        return (not any(c.kind == Kind.CANDIDATE for c in cands)
+                and any(not c.is_judged for c in cands)
+                and self.loop.room(self.loop.parallel - sum(
+                    1 for c in cands if c.kind == Kind.BASELINE)) > 0)
+
+    def start_fixed(self, round_no: int, rows: list[dict]) -> tuple[list[Candidate], dict]:
+        """The baseline needs no proposal: it is recorded and runs at once, while the
+        proposer is asked. (A proposer that could tamper is asked with nothing running.)
+        Returns its rows, and the trusted state to check when the round runs: the
+        state before it started plus the driver's own writes since (`self.trusted`)."""
+        loop = self.loop
+        before = loop.guard.snapshot()  # before the baseline can run
+        early = loop.proposals.record(round_no, self.loop.ledger.get("incumbent"), [], rows)
+        loop.write_views()
+        trusted = loop.guard.expect(before, rows={c.id: row_key(c) for c in early})
+        loop.jobs.start(early, lambda: loop.stop.hard)
+        return early, trusted
+
     def propose(self, round_no: int) -> list[Candidate]:
         loop, led = self.loop, self.loop.ledger
         incumbent = led.get("incumbent")
-        rows = loop.fixed_rows(incumbent)
-        k = loop.room(loop.parallel - sum(1 for r in rows if r["kind"] == Kind.BASELINE))
+        # a resumed round may have its baseline recorded already
+        early = led.candidates(round=round_no)
+        rows = [] if early else loop.fixed_rows(incumbent)
+        k = loop.room(loop.parallel - sum(1 for r in rows if r["kind"] == Kind.BASELINE)
+                      - sum(1 for c in early if c.kind == Kind.BASELINE))
+        if rows and k and loop.proposals.proposer.contained:
+            early, self.trusted = self.start_fixed(round_no, rows)
+            rows = []
         proposals: list[Proposal] = []
         stale = None
         if k:
@@ -169,21 +206,37 @@ class Rounds:
             base, future = ahead
             proposals, conflicting = loop.proposals.on(base, incumbent,
                                                        self.wait_for(future, round_no))
-            if conflicting:  # they conflict with the new incumbent: ask again, on it
+            if conflicting:  # they conflict with the new incumbent: repaired, or asked again
                 ctx = loop.proposals.context(round_no, incumbent, led.candidates(),
                                              led.get("incumbent_metric"), taken=proposals)
-                proposals += self.wait_for(self.ask(len(conflicting), ctx), round_no)
+                repairs: Repairs = self.wait_for(
+                    loop.proposals.repair(base, incumbent, conflicting, ctx), round_no)
+                loop.proposals.drop_failed(repairs, base, incumbent)
+                proposals += repairs.repaired
+                missing = len(conflicting) - len(repairs.repaired)
+                if missing:
+                    ctx = loop.proposals.context(round_no, incumbent, led.candidates(),
+                                                 led.get("incumbent_metric"),
+                                                 taken=proposals)
+                    proposals += self.wait_for(self.ask(missing, ctx), round_no)
                 # a proposer with nothing else to offer: run them as made, on their base
-                stale = (base, conflicting[:max(0, k - len(proposals))])
-                loop.proposals.drop(conflicting[len(stale[1]):], f"dropped: made ahead on "
+                left = repairs.unrepaired
+                stale = (base, left[:max(0, k - len(proposals))])
+                loop.proposals.drop(left[len(stale[1]):], f"dropped: made ahead on "
                                     f"{base[:7]}, conflicts with the incumbent "
                                     f"{incumbent[:7]}")
         created = loop.proposals.record(round_no, incumbent, proposals, rows,
                                         stale=stale)
         loop.write_views()
-        return created
+        if self.trusted is not None:  # the baseline ran meanwhile: these are our writes
+            self.trusted = loop.guard.expect(
+                self.trusted, rows={c.id: row_key(c) for c in created},
+                refs={study_ref(loop.name, c.id): c.commit_sha for c in created
+                      if c.commit_sha and c.kind == Kind.CANDIDATE},
+                verdicts={c.id: (c.status, c.metric) for c in created if c.is_judged})
+        return early + created
 
-    def wait_for(self, future: Future, round_no: int) -> list[Proposal]:
+    def wait_for(self, future: Future[T], round_no: int) -> T:
         """The proposer's answer; meanwhile the live view says what it waits for."""
         while not future.done():
             self.loop.progress(round_no, self.target, [])
@@ -192,7 +245,9 @@ class Rounds:
 
     def run_group(self, cands: list[Candidate], round_no: int) -> None:
         loop = self.loop
-        trusted = loop.guard.snapshot()  # before any of them can run
+        # before any of them can run (or, when the baseline started first, what was
+        # trusted then plus our own writes since)
+        trusted, self.trusted = self.trusted or loop.guard.snapshot(), None
         loop.jobs.start(cands, lambda: loop.stop.hard)
         started = time.monotonic()
         asked = False

@@ -102,6 +102,12 @@ class Loop:
     # candidates whose jobs run while a would-be keep is confirmed (rolling): any of them
     # could tamper meanwhile, so a tampering check then names them all, not one
     in_flight: list[str] = field(default_factory=list)
+    # told when a would-be keep goes into confirmation, before its pairs run (rolling
+    # asks for proposals on it then, so they are ready if it is kept)
+    on_confirm: Callable[[Candidate], None] | None = None
+    # called while a confirmation waits for its pairs: the policy may take in replies and
+    # ask the proposer (nothing that writes the trusted state: the pairs' check reads it)
+    meanwhile: Callable[[], None] | None = None
     # the study's spend as last summed (time.monotonic(), Spend): budget checks reuse it
     # briefly, the rolling loop asks many times a second
     _spent: tuple[float, Spend] | None = None
@@ -320,6 +326,7 @@ class Confirming:
     def __init__(self, loop: Loop, group: dict[str, Candidate], incumbent: str | None) -> None:
         self.loop, self.group, self.incumbent = loop, group, incumbent
         self.used: dict[str, str] = {}  # confirmation row id -> its reference reason
+        self.told: set[str] = set()  # would-be keeps `loop.on_confirm` was told of
 
     def confirmation(self) -> judge.Confirmation:
         led, name = self.loop.ledger, self.loop.config.metric.name
@@ -350,6 +357,9 @@ class Confirming:
     def measure(self, entry: judge.Entry, need: int) -> list[tuple[float, float]] | str:
         loop, led = self.loop, self.loop.ledger
         cand = self.group[entry.id]
+        if loop.on_confirm is not None and cand.id not in self.told:
+            self.told.add(cand.id)
+            loop.on_confirm(cand)
         rows = self.rows(cand.id)
         while len(rows) < 2 * need:
             pair = len(rows) // 2 + 1
@@ -365,9 +375,12 @@ class Confirming:
         if waiting:
             trusted = loop.guard.snapshot()  # the candidate's code runs again
             loop.jobs.start(waiting, lambda: loop.stop.hard)
-            loop.jobs.wait(ids, lambda running: loop.report(
-                led.get("round"), loop.target or led.get("round"), running),
-                lambda: loop.stop.hard)
+            def report(running: list) -> None:
+                loop.report(led.get("round"), loop.target or led.get("round"), running)
+                if loop.meanwhile is not None:
+                    loop.meanwhile()
+
+            loop.jobs.wait(ids, report, lambda: loop.stop.hard)
             if loop.guard.check(trusted, [cand.id, *loop.in_flight]):
                 return "tampering while it was re-measured"
             if loop.stop.hard:

@@ -56,6 +56,9 @@ class Outcome(StrEnum):
     # in flight when a second Ctrl-C stopped the study at once: billed with its time so
     # far and what is known of its tokens (the prompt as sent; no reply came)
     INTERRUPTED = "interrupted"
+    # a reply (or agent run) re-applying a proposal made on an older incumbent onto the
+    # new one, where git could not merge it (cheaper than a new proposal)
+    REPAIRED = "repaired"
 
 
 @dataclass

@@ -57,6 +57,15 @@ class Proposer:
         """Up to k new proposals from `ctx.incumbent`; [] when there is nothing new."""
         raise NotImplementedError
 
+    def repair(self, proposal: Proposal, diff: str, ctx: ProposalContext) -> Proposal | None:
+        """Re-apply `proposal`, made on an older incumbent, on `ctx.incumbent`, where git
+        could not merge it: `diff` is its change against the commit it was made on. The
+        repaired proposal's files are on `ctx.incumbent` and its `calls` include the
+        repair's own (outcome `repaired`); one with `error` set failed (it is dropped,
+        billed). Default: None, this kind does not repair (the proposal is handled as
+        a conflict: asked again, or recorded as conflicting)."""
+        return None
+
     def observe(self, candidate: Candidate) -> None:
         """Told of every judged candidate. Default: nothing (the next context carries the
         whole history)."""

@@ -63,6 +63,7 @@ from ratchet.proposers.context import (
     editable_files,
     hypotheses,
     hypothesis_text,
+    repair_text,
     validate_section,
     warm_context,
 )
@@ -85,6 +86,18 @@ do not commit: ratchet reads the editable files back from this copy when you end
 evaluates them. When you are done, print one final line:
 
 DESCRIPTION: <what this change tries and why it should help>
+"""
+
+
+AGENT_REPAIR = """\
+## Your job now
+
+Re-apply that change in this private copy of the repository ({worktree}), at the new \
+incumbent: edit the editable files in place so they make the same change on top of \
+what is there now. Do not edit protected files and do not commit. When you are done, \
+print one final line:
+
+DESCRIPTION: <what the change does now>
 """
 
 
@@ -145,6 +158,7 @@ class AgentProposer(Proposer):
         self._count_lock = threading.Lock()
         self._asked = 0
         self._running: set[int] = set()
+        self._repairs = 0  # repairs asked so far (each works in a directory of its own)
 
     def _environment(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
@@ -226,9 +240,33 @@ class AgentProposer(Proposer):
             with self._count_lock:
                 self._running.discard(i)
 
+    def repair(self, proposal: Proposal, diff: str, ctx: ProposalContext) -> Proposal | None:
+        """One agent, in a copy of the new incumbent, asked to re-apply the change (its
+        diff, and the files it lands on, in the prompt); its run is billed `repaired`.
+        An agent that could tamper does not repair: it would run beside candidates."""
+        if not self.contained:
+            return None
+        with self._count_lock:
+            self._repairs += 1
+            name = f"repair-{ctx.round}-{self._repairs}"
+        files = editable_files(ctx.repo, ctx.incumbent, ctx.config)
+        shared = repair_text(ctx, proposal.description, diff, files)
+        with Meter(ctx.state_dir) as meter:
+            got = self._one_agent(ctx, 0, 1, proposal.idea, "", shared, sorted(files), meter,
+                                  name=name, instructions=AGENT_REPAIR,
+                                  ok=Outcome.REPAIRED)
+        got.calls = [*proposal.calls, *got.calls]
+        if got.error:
+            got.error = f"the repair failed: {got.error}"
+        elif got.description.startswith("agent: "):  # it printed no description
+            got.description = proposal.description
+        return got
+
     def _one_agent(self, ctx: ProposalContext, i: int, k: int, idea: str | None, angle: str,
-                   shared: str, files: list[str], meter: Meter | None = None) -> Proposal:
-        name = f"{ctx.round}-{i}"
+                   shared: str, files: list[str], meter: Meter | None = None,
+                   name: str | None = None, instructions: str = "",
+                   ok: Outcome = Outcome.OK) -> Proposal:
+        name = name or f"{ctx.round}-{i}"
         work_dir = record_dir(ctx.state_dir / "agents", name)  # the driver's: prompt, log
         fallback = f"idea: {idea}" if idea else f"agent: {angle}"
         try:
@@ -237,8 +275,10 @@ class AgentProposer(Proposer):
             raise ProposerError(f"agent: {exc}; free space there (or set TMPDIR) and run "
                                 "again") from None
         try:
-            prompt = shared + "\n" + AGENT_INSTRUCTIONS.format(
-                hypothesis=hypothesis_text(idea, angle, i, k), worktree=copy.tree)
+            job = instructions.format(worktree=copy.tree) if instructions else \
+                AGENT_INSTRUCTIONS.format(hypothesis=hypothesis_text(idea, angle, i, k),
+                                          worktree=copy.tree)
+            prompt = shared + "\n" + job
             prompt_file = copy.root / "prompt.md"  # inside the sandbox's view
             prompt_file.write_text(prompt)
             (work_dir / "prompt.md").write_text(prompt)
@@ -246,13 +286,14 @@ class AgentProposer(Proposer):
             if isinstance(argv, str):
                 return Proposal(description=fallback, idea=idea, context=prompt, error=argv)
             return self._run_in(copy, ctx, argv, prompt, prompt_file, work_dir, idea, angle,
-                                fallback, meter)
+                                fallback, meter, ok)
         finally:
             copy.remove()
 
     def _run_in(self, copy: scratch.Scratch, ctx: ProposalContext, argv: list[str],
                 prompt: str, prompt_file: Path, work_dir: Path, idea: str | None, angle: str,
-                fallback: str, meter: Meter | None = None) -> Proposal:
+                fallback: str, meter: Meter | None = None,
+                ok: Outcome = Outcome.OK) -> Proposal:
         # a home and a temp dir of its own, inside the only place it may write: CLIs keep
         # sessions and caches there (the real HOME is out of reach in the sandbox), with
         # copies of the config dirs the user names (scratch.private_home)
@@ -289,7 +330,7 @@ class AgentProposer(Proposer):
         description = sanitize.line(found[-1].strip().strip("`"), 200) if found else fallback
         base = Proposal(description=description, idea=idea, context=prompt, params=params)
         if meter is not None:  # the run is spent whatever becomes of its change
-            call = self._call_record(argv[0], code, timed_out, reported, seconds)
+            call = self._call_record(argv[0], code, timed_out, reported, seconds, ok)
             base.calls = [meter.record(call)]
             params["agent"].update(cost_usd=round(call.cost_usd, 6),
                                    cost_source=call.detail)
@@ -319,7 +360,7 @@ class AgentProposer(Proposer):
         return base
 
     def _call_record(self, command: str, code: int | None, timed_out: bool,
-                     reported: Usage, seconds: float) -> Call:
+                     reported: Usage, seconds: float, ok: Outcome = Outcome.OK) -> Call:
         """One agent run as a call: its time, and its cost as its CLI reports it (Claude
         Code's and Codex's JSON output), else its time at agent.hourly_usd."""
         if reported.cost_usd is not None:
@@ -327,7 +368,7 @@ class AgentProposer(Proposer):
         else:
             cost = self.settings.hourly_usd * seconds / 3600
             source = f"{seconds:.1f} s at ${self.settings.hourly_usd:g}/h agent.hourly_usd"
-        outcome = (Outcome.TIMEOUT if timed_out else Outcome.OK if code == 0
+        outcome = (Outcome.TIMEOUT if timed_out else ok if code == 0
                    else Outcome.FAILED)
         return Call(proposer="agent", model=command, outcome=outcome,
                     input_tokens=reported.input_tokens, output_tokens=reported.output_tokens,

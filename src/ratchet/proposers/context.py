@@ -33,11 +33,12 @@ from ratchet.driver.ledger import Candidate
 from ratchet.driver.paths import protected_by
 from ratchet.job import gitrepo
 from ratchet.proposers import ProposalContext, ProposerError
-from ratchet.vocab import Status
+from ratchet.vocab import Kind, Status
 
 CHARS_PER_TOKEN = 4
 ERROR_TAIL_LINES = 12
 ERROR_TAIL_CHARS = 1200
+MAX_REPAIR_DIFF_CHARS = 40_000  # a repair shows the change whole, up to this
 
 
 # Distinct directions, so K proposals without an idea do not all try the same thing.
@@ -66,6 +67,28 @@ def hypothesis_text(idea: str | None, angle: str, index: int, k: int) -> str:
                 f"can: {idea}")
     return (f"This is attempt {index + 1} of {k} this round; the others explore other "
             f"directions. Your direction: {angle}.")
+
+
+def repair_text(ctx: ProposalContext, description: str, diff: str,
+                files: dict[str, str]) -> str:
+    """The prompt of a repair: a change made on an older incumbent, to be re-applied on
+    the incumbent now (`ctx.incumbent`, whose editable files are `files`). Far shorter
+    than a proposal's context: the change and the files it lands on, nothing else."""
+    code = []
+    for path, content in sorted(files.items()):
+        lines = content.count("\n") + (0 if content.endswith("\n") or not content else 1)
+        code += [f"{path} ({lines} lines)", _code_block(content), ""]
+    return "\n".join([
+        "# Re-apply a change on the new incumbent", "",
+        f"You proposed a change on an older incumbent. Since then another change was kept, "
+        f"so the incumbent moved (it is now {ctx.incumbent[:7]}), and your change no "
+        "longer merges onto it. Re-apply the same change, with the same intent, to the "
+        "current files below; keep what the kept change did.", "",
+        sanitize.untrusted("your change's description", sanitize.line(description, 300)),
+        "", "Your change, as a diff against the older incumbent:",
+        _code_block(diff[:MAX_REPAIR_DIFF_CHARS], "diff"), "",
+        f"## The incumbent's editable files ({len(files)})", "", *code,
+    ]).rstrip() + "\n"
 
 
 class ContextSettings(BaseModel):
@@ -342,8 +365,10 @@ def build_context(ctx: ProposalContext, settings: ContextSettings,
     room -= sum(len(e) + 2 for e in extras)
 
     history_lines = _history(ctx, settings.history, room)
+    room -= sum(len(line) + 1 for line in history_lines)
+    running = _running(ctx, settings.history, room)
 
-    parts = head + [e + "\n" for e in extras] + code + history_lines + ideas
+    parts = head + [e + "\n" for e in extras] + code + history_lines + running + ideas
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -368,3 +393,24 @@ def _history(ctx: ProposalContext, limit: int, room: int) -> list[str]:
     if not entries:
         lines.append("(no room left in the token budget for the history)")
     return lines + entries + [""]
+
+
+def _running(ctx: ProposalContext, limit: int, room: int) -> list[str]:
+    """Candidates measured now, without verdicts (rolling search, speculation): shown so
+    that what is already being tried is not proposed again."""
+    running = [c for c in ctx.history if c.kind == Kind.CANDIDATE and not c.is_judged
+               and c.status != Status.REJECTED]
+    if not limit or not running:
+        return []
+    entries: list[str] = []
+    used = 200
+    for cand in reversed(running[-limit:]):  # the newest first, as room allows
+        said = sanitize.untrusted(f"record of {cand.id}",
+                                  f"description: {sanitize.line(cand.description, 300)}")
+        entry = f"- {cand.id} (round {cand.round}) [running]\n{said}"
+        if used + len(entry) + 1 > room:
+            break
+        entries.append(entry)
+        used += len(entry) + 1
+    entries.reverse()
+    return ["## Running now (no verdict yet: do not propose these again)", "", *entries, ""]

@@ -31,7 +31,7 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Literal
 
@@ -50,6 +50,7 @@ from ratchet.proposers.context import (
     editable_files,
     hypotheses,
     hypothesis_text,
+    repair_text,
     validate_section,
     warm_context,
 )
@@ -235,6 +236,52 @@ class LLMProposer(Proposer):
                 pool.shutdown(wait=not meter.interrupted, cancel_futures=True)
         return dedupe(proposals)
 
+    def repair(self, proposal: Proposal, diff: str, ctx: ProposalContext) -> Proposal | None:
+        """One request: the change as a diff, and the new incumbent's editable files (no
+        shared context, no history: the change is already chosen), answered with edit
+        blocks against those files. Its call is recorded `repaired`; a reply whose
+        edits do not apply, or a request that fails, fails the repair (no second try:
+        a new proposal would cost little more)."""
+        spec_index = self._model_of(proposal)
+        files = editable_files(ctx.repo, ctx.incumbent, ctx.config)
+        system = SYSTEM_PROMPT.format(whole_lines=self.settings.whole_file_max_lines)
+        messages = [{"role": "user", "content": repair_text(
+            ctx, proposal.description, diff, files) + "\n" + REPAIR_INSTRUCTION}]
+        calls: list[int] = []
+        failed = replace(proposal, files={}, commit=None, calls=calls)
+        with Meter(ctx.state_dir) as meter:
+            try:
+                reply = self.complete(spec_index, system, messages, meter, calls,
+                                      ok=Outcome.REPAIRED)
+            except ProposerError as exc:  # a failed repair drops one proposal, no more
+                failed.error = f"the repair failed: {exc}"
+                return _with_calls(failed, proposal)
+        if reply.error:
+            failed.error = f"the repair failed: {reply.error}"
+            return _with_calls(failed, proposal)
+        messages.append({"role": "assistant", "content": reply.text})
+        outcome = self._edits(reply.text, files, ctx)
+        if isinstance(outcome, str):
+            failed.error = f"the repair did not apply: {_one_line(outcome)}"
+            return _with_calls(failed, proposal)
+        summary, changed = outcome
+        params = dict(proposal.params or {})
+        llm = dict(params.get("llm") or {})
+        llm["rebased_by_repair"] = ctx.incumbent
+        params["llm"] = llm
+        return _with_calls(replace(
+            proposal, description=summary or proposal.description,
+            files={p: c.encode() for p, c in changed.items()}, commit=None, params=params,
+            context=(proposal.context or "") + "\n<!-- repair -->\n"
+            + _transcript(system, messages), calls=calls), proposal)
+
+    def _model_of(self, proposal: Proposal) -> int:
+        """The ensemble's model that made `proposal` (it repairs its own change)."""
+        llm = (proposal.params or {}).get("llm") if isinstance(proposal.params, dict) else None
+        model = llm.get("model") if isinstance(llm, dict) else None
+        found = [i for i, m in enumerate(self.settings.models) if m.model == model]
+        return found[0] if found else 0
+
     def plan(self, k: int, ctx: ProposalContext) -> list[Attempt]:
         """Which model and which hypothesis each request gets (deterministic per round)."""
         rng = random.Random(ctx.config.search.seed * 1_000_003 + ctx.round)
@@ -333,9 +380,11 @@ class LLMProposer(Proposer):
     # -- the API call, with bounded retries ---------------------------------------------------
 
     def complete(self, spec_index: int, system: str, messages: list[dict],
-                 meter: Meter | None = None, calls: list[int] | None = None) -> Reply:
+                 meter: Meter | None = None, calls: list[int] | None = None,
+                 ok: Outcome = Outcome.OK) -> Reply:
         """One reply, with bounded retries. With a `meter`, every HTTP request sent (the
-        SDK's retries and ours) is recorded as a call as it ends, its id added to `calls`."""
+        SDK's retries and ours) is recorded as a call as it ends, its id added to `calls`;
+        the one that got a reply as `ok` (Outcome.REPAIRED for a repair)."""
         spec = self.settings.models[spec_index]
         delay = self.settings.backoff
         tries = self.settings.retries + 1
@@ -373,7 +422,7 @@ class LLMProposer(Proposer):
                         raise ProposerError(f"llm: {spec.label}: {why}") from None
                     last = why
                 else:
-                    note(sent, Outcome.OK, None, reply)
+                    note(sent, ok, None, reply)
                     return reply
             if attempt + 1 < tries:
                 time.sleep(min(max(delay, wait or 0.0), self.settings.backoff_max))
@@ -545,6 +594,18 @@ def _instruction(attempt: Attempt, k: int) -> str:
         "Propose one change to the editable files that should improve the metric. Start "
         "with the DESCRIPTION line, then the edit blocks.\n"
     )
+
+
+REPAIR_INSTRUCTION = (
+    "## Your job now\n\nRe-apply that change to the files above. Start with the "
+    "DESCRIPTION line (what the change does now), then the edit blocks, written against "
+    "the files above.\n")
+
+
+def _with_calls(repaired: Proposal, original: Proposal) -> Proposal:
+    """The repair's calls after the original proposal's: all of them bill its fate."""
+    repaired.calls = [*original.calls, *repaired.calls]
+    return repaired
 
 
 def _repair_message(failure: str) -> str:
