@@ -672,8 +672,11 @@ def test_show_and_log_call_a_failed_candidates_spend_wasted(tmp_path):
 IMPROVING_AGENT = r'''
 import pathlib, re, sys, time
 prompt = pathlib.Path(sys.argv[1]).read_text()
-attempt = int(re.search(r"attempt (\d+) of", prompt).group(1))
+asked = re.search(r"attempt (\d+) of", prompt)
 time.sleep(0.3)
+if asked is None:  # asked to repair a change onto a moved incumbent: it cannot, so the
+    sys.exit("this agent does not repair")  # proposal is dropped, both runs billed
+attempt = int(asked.group(1))
 path = pathlib.Path("solution.py")
 text = path.read_text()
 value = int(re.search(r"VALUE = (\d+)", text).group(1)) - attempt  # better each time
@@ -706,7 +709,7 @@ hourly_usd = 3600.0
     assert len(calls) == len(runs) > len(cands)
     dropped = [c for c in calls if (c["fate"] or "").startswith("dropped")]
     assert dropped and all(c["candidate"] is None for c in dropped)  # conflicted: re-asked
-    assert all(c["proposer"] == "agent" and c["seconds"] >= 0.3 for c in calls)
+    assert all(c["proposer"] == "agent" and c["seconds"] >= 0.3 for c in calls), [(c["proposer"], c["seconds"], c["outcome"], c["fate"]) for c in calls]
     assert all(c["cost_usd"] == pytest.approx(c["seconds"], abs=0.01) for c in calls)
     spend = status_of(repo)["spend"]
     assert spend["calls"] == len(runs)
