@@ -36,7 +36,7 @@ WORKLOAD = """\
 model = "model.py"
 threads = 1
 holdout_fraction = 0.34
-steps = 6
+steps = 20
 warmup = 1
 
 [[point]]
@@ -144,12 +144,21 @@ def _evaluate(tree: Path, *, holdout: bool) -> dict[str, object]:
 def test_profile_writes_a_workload_whose_shares_add_up(study: Path) -> None:
     full = wl.load_profile(study / "holdout" / "workload.json", env={})
     public = wl.load_profile(study / "workload.json", env={})
-    # The operator records account for the forward passes they were measured in. What
-    # they miss is time between operators: Python glue, and, on a loaded machine, time the
-    # process was descheduled there (measured on the 2-core machine: 0.91-0.95 at load
-    # 5-7, 0.86-0.88 at load 9), so the bound is 0.8 here, the issue's 0.9 at rest.
+    # The profiler's own cost is out of the times: they come from forwards profiled
+    # without shapes, matched event for event with the one that recorded them. Timed
+    # with shapes this mix was 3.3-4.0x the model without the profiler; now 1.3-1.5x
+    # (measured on the 2-core machine at load 5-9).
+    assert all(p["forwards"] == 20 for p in full.per_point), full.per_point
+    assert full.model_time_unprofiled_s and full.model_time_s < 2.0 * full.model_time_unprofiled_s, full.per_point
+    # The operators' own time over the forward's, in the same forwards. At this tiny
+    # model's sizes (operators of ~10 us) what they miss is real host time between the
+    # calls: nn.Module calls, argument parsing, Python (measured gap by gap: 11-19% of
+    # the forward; coverage 0.84-0.86 at load 5-9), reported as host time, never as an
+    # operator's. The issue's 10% holds where the operators take the time: the next test.
     assert 0.8 <= full.coverage <= 1.0 + 1e-9, [(p["label"], p["coverage"]) for p in full.per_point]
     assert sum(op.share for op in full.ops) == pytest.approx(full.coverage, rel=1e-6)
+    assert full.host_s == pytest.approx(full.model_time_s - full.ops_time_s)
+    assert "the rest is host time between them" in (study / "profile.out").read_text()
     gelu = full.op("gelu")
     assert gelu.kind == "model"
     assert sorted(s.shape["rows"] for s in gelu.shapes) == [8, 64, 256]
@@ -165,6 +174,26 @@ def test_profile_writes_a_workload_whose_shares_add_up(study: Path) -> None:
         assert op.amdahl_speedup is not None and op.amdahl_speedup >= 1.0
     gelu_md = (study / "model.md").read_text().split("### gelu")[1].split("###")[0]
     assert "rows=8," in gelu_md and "rows=64," in gelu_md and "rows=256," not in gelu_md  # no hold-out shape shown
+
+
+def test_profile_shares_add_up_to_the_model_time_within_10_percent(tmp_path: Path) -> None:
+    """The issue's bound: the operators' shares add up to the measured model time within
+    10%, at a width where the operators, not Python between them, take the time: the
+    example at width 384 (0.97 at load 8; width 256: 0.93-0.96; width 64, the study's
+    above: 0.84-0.86)."""
+    tree = tmp_path / "wide"
+    tree.mkdir()
+    shutil.copy(EXAMPLE / "model.py", tree / "model.py")
+    (tree / "workload.toml").write_text(WORKLOAD)
+    proc = subprocess.run(
+        [str(RATCHET), "profile", "workload.toml", "--out", "workload.json", "--skip-peaks"],
+        cwd=tree, env={**_env(tmp_path), "MODEL_CPU_DIM": "384"}, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    profile = wl.load_profile(tree / "workload.json", env={})
+    assert profile.op("gelu").shapes[0].shape["cols"] == 4 * 384  # the wide model was profiled
+    assert 0.9 <= profile.coverage <= 1.0 + 1e-9, [(p["label"], p["coverage"]) for p in profile.per_point]
+    assert sum(op.share for op in profile.ops) == pytest.approx(profile.coverage, rel=1e-6)
 
 
 def test_workload_json_round_trips(study: Path, tmp_path: Path) -> None:

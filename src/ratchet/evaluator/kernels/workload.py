@@ -80,7 +80,9 @@ class Workload:
     mode: Mode = Mode.EAGER
     holdout_fraction: float = 0.25
     threads: int | None = None  # torch.set_num_threads in every process that runs the model
-    steps: int = 5  # profiled forwards per point (the fastest one's records count), after `warmup`
+    # timed forwards per point, after `warmup` (each operator's median over them counts):
+    # cheap, timed without recording shapes, and on a loaded machine a few are preempted
+    steps: int = 20
     warmup: int = 2
     ops: dict[str, OpSpec] = field(default_factory=dict)
     root: Path = field(default_factory=Path.cwd)  # the directory `model` is relative to
@@ -130,7 +132,7 @@ class Workload:
         threads = data.get("threads")
         if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
             raise UserError(f"{source}: threads must be an integer >= 1 (torch's intra-op threads), got {threads!r}")
-        steps, warmup = data.get("steps", 5), data.get("warmup", 2)
+        steps, warmup = data.get("steps", cls.steps), data.get("warmup", cls.warmup)
         if not isinstance(steps, int) or steps < 1 or not isinstance(warmup, int) or warmup < 0:
             raise UserError(f"{source}: steps must be an integer >= 1 and warmup >= 0")
         return cls(
@@ -199,8 +201,8 @@ class Profile:
 
     workload: dict[str, Any]
     device: str
-    model_time_s: float  # one forward pass of the mix (each point's fastest), measured inside the profiler
-    ops_time_s: float  # what the operator records add up to (covers the model time)
+    model_time_s: float  # one forward pass of the mix, measured inside the profiler (per point: its operators' and gaps' medians)
+    ops_time_s: float  # what the operators' own records add up to; the rest is host time between them
     ops: list[OpRecord]
     model_time_unprofiled_s: float | None = None  # the same, timed without the profiler
     per_point: list[dict[str, Any]] = field(default_factory=list)
@@ -210,8 +212,14 @@ class Profile:
 
     @property
     def coverage(self) -> float:
-        """Operator time / model time: near 1 when the records account for the model."""
+        """The operators' own time / the model's time, in the same forwards: near 1 when
+        the operators take the time, lower by the host time between them (Python)."""
         return self.ops_time_s / self.model_time_s if self.model_time_s else 0.0
+
+    @property
+    def host_s(self) -> float:
+        """Time in the forward outside every operator: the interpreter between the calls."""
+        return max(0.0, self.model_time_s - self.ops_time_s)
 
     def op(self, name: str) -> OpRecord:
         for op in self.ops:
@@ -222,7 +230,7 @@ class Profile:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data["coverage"] = self.coverage
+        data["coverage"], data["host_s"] = self.coverage, self.host_s
         return data
 
     @classmethod
@@ -233,7 +241,7 @@ class Profile:
         for o in data["ops"]:
             shapes = [ShapeRecord(**s) for s in o["shapes"]]
             ops.append(OpRecord(**{**o, "shapes": shapes}))
-        fields = {k: v for k, v in data.items() if k not in ("ops", "coverage")}
+        fields = {k: v for k, v in data.items() if k not in ("ops", "coverage", "host_s")}
         return cls(**{**fields, "ops": ops})
 
 
