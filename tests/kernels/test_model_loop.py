@@ -17,6 +17,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="the model loop needs torch (make install puts it in .venv)")
@@ -26,6 +27,7 @@ from ratchet.errors import UserError  # noqa: E402
 from ratchet.evaluator.kernels import endtoend  # noqa: E402
 from ratchet.evaluator.kernels import workload as wl  # noqa: E402
 from ratchet.evaluator.kernels.e2e_runner import model_runner  # noqa: E402
+from ratchet.evaluator.kernels.profile import load_model_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "model-cpu"
@@ -95,6 +97,9 @@ SHORT_ONLY = "def gelu(x):\n    return fused(x) if x.numel() <= 64 * x.shape[-1]
 # the standalone harness passes 2-D inputs; the model's activations are 3-D
 SLOW_IN_MODEL = "def gelu(x):\n    return fused(x) if x.dim() == 2 else per_row(x)\n"
 WRONG_IN_MODEL = "def gelu(x):\n    return fused(x) if x.dim() == 2 else fused(x.to(torch.bfloat16)).to(x.dtype)\n"
+# right in eager forwards, a bf16 path only where torch.compile traces it
+WRONG_COMPILED = ("def gelu(x):\n    if torch.compiler.is_compiling():\n"
+                  "        return fused(x.to(torch.bfloat16)).to(x.dtype)\n    return fused(x)\n")
 
 
 def _env(tmp: Path) -> dict[str, str]:
@@ -339,6 +344,54 @@ def test_redteam_wrong_inside_the_model_only(study: Path) -> None:
                           lambda shape, dtype, rng: torch.from_numpy(rng.standard_normal((shape["rows"], shape["cols"]), dtype="float32")),
                           [{"rows": 64, "cols": 256}])
     assert report.ok, report.summary()
+
+
+@pytest.mark.slow
+def test_end_to_end_runs_the_model_under_torch_compile_when_the_workload_says_so(tmp_path: Path) -> None:
+    """mode = "compile": the children run the model under torch.compile with the kernel
+    traced into it. The kernel is wrong only when traced, so the check catching it shows
+    the timed, checked forwards were the compiled ones; in the eager model it is right.
+    The backend is aot_eager (dynamo's capture and AOTAutograd, then torch's own kernels),
+    for this test only: inductor's C++ build took 26 s per graph, cold, on the 2-core
+    machine, and the test compiles three."""
+    tree = tmp_path / "compiled"
+    tree.mkdir()
+    tree.chmod(0o755)
+    shutil.copy(EXAMPLE / "model.py", tree / "model.py")
+    _kernel(tree, WRONG_COMPILED)
+    for path in tree.iterdir():
+        path.chmod(0o644)
+    point = {"phase": "decode", "batch": 8, "seq": 1, "context": 256}
+
+    def workload(mode: str) -> wl.Workload:
+        return wl.Workload.from_dict({"model": "model.py", "threads": 1, "mode": mode, "compile_backend": "aot_eager",
+                                      "point": [point]}, root=tree)
+
+    swap = [endtoend.Swap("gelu", "kernel.py", "gelu")]
+    compiled = endtoend.end_to_end(workload("compile"), swap, tree=tree, timing={"max_time_s": 0.3, "min_reps": 3})
+    assert compiled.mode == "compile" and compiled.outcome is endtoend.Outcome.WRONG, compiled.table()
+    assert compiled.reason.startswith("wrong inside the model at decode") and "outside tolerance" in compiled.reason
+    assert compiled.hits == 2  # counted on the census's eager forward: two blocks, one GELU each
+    assert "ratchet_e2e_kernel_gelu" not in sys.modules  # the kernel ran in the children (it asserts so itself)
+    # In one candidate child: the compiled model is built once and never recompiled (a
+    # hit counter that changed on every call was a guard: after dynamo's limit of 8
+    # recompiles the candidate ran eager beside a compiled baseline), and the same kernel
+    # in the eager model gives the float64 model's logits.
+    module = load_model_module(tree / "model.py", name="ratchet_test_compiled_model")
+    inputs = module.make_inputs(point, "float32", np.random.default_rng(0))
+    with torch.no_grad():
+        want = module.build_model("float64", "cpu")(*(x.double() for x in inputs)).numpy()
+    spec = {"tree": str(tree), "model": "model.py", "dtype": "float32", "device": "cpu", "mode": "compile",
+            "compile_backend": "aot_eager", "threads": 1, "swap": {"gelu": swap[0].spec()}}
+    rtol, atol = endtoend.TOLERANCES["float32"]
+    with rk.CandidateProcess(endtoend.RUNNER, cwd=tree, env={**os.environ, "OMP_NUM_THREADS": "1"}) as child:
+        model = child.construct("Model", spec)
+        outs = [model(*inputs) for _ in range(12)]
+        assert child.call(f"{model.target}.graphs") == 1
+        assert child.call(f"{model.target}.census", point) == {"gelu": {"hits": 2, "fallbacks": 0}}
+        eager = child.construct("Model", {**spec, "mode": "eager"})
+        assert np.allclose(eager(*inputs), want, rtol=rtol, atol=atol)
+    assert not np.allclose(outs[-1], want, rtol=rtol, atol=atol)  # still the compiled model at the 12th call
 
 
 @pytest.mark.gpu

@@ -289,7 +289,7 @@ def profile_model(
     except Exception as exc:
         raise UserError(f"{workload.model_path}: build_model({workload.dtype!r}, {device!r}) raised {type(exc).__name__}: {exc}") from None
     if workload.mode is Mode.COMPILE:
-        model = torch.compile(model)
+        model = torch.compile(model, backend=workload.compile_backend)
     if peaks is None and measure:
         peaks = measure_peaks(device if on_device else "cpu")
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_device else [])

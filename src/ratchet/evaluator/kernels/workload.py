@@ -21,6 +21,7 @@ This module is the data and its arithmetic, with no torch in it:
     device = "cpu"              # or "cuda"
     dtype = "float32"
     mode = "eager"              # eager | cuda_graphs | compile
+    compile_backend = "inductor"  # torch.compile's backend under mode = "compile"
     threads = 1                 # torch intra-op threads, as the server runs it (default: torch's)
     holdout_fraction = 0.25     # of each operator's shapes, the largest, held out
 
@@ -78,6 +79,7 @@ class Workload:
     device: str = "cpu"
     dtype: str = "float32"
     mode: Mode = Mode.EAGER
+    compile_backend: str = "inductor"  # under Mode.COMPILE, as torch.compile(backend=...) names it
     holdout_fraction: float = 0.25
     threads: int | None = None  # torch.set_num_threads in every process that runs the model
     # timed forwards per point, after `warmup` (each operator's median over them counts):
@@ -104,7 +106,7 @@ class Workload:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, root: Path | None = None, source: str = "workload") -> Workload:
-        known = {"model", "point", "device", "dtype", "mode", "threads", "holdout_fraction", "steps", "warmup", "ops"}
+        known = {"model", "point", "device", "dtype", "mode", "compile_backend", "threads", "holdout_fraction", "steps", "warmup", "ops"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise UserError(f"{source}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
@@ -121,6 +123,9 @@ class Workload:
             mode = Mode(data.get("mode", "eager"))
         except ValueError:
             raise UserError(f"{source}: mode {data.get('mode')!r} is not one of {', '.join(m.value for m in Mode)}") from None
+        backend = data.get("compile_backend", cls.compile_backend)
+        if not isinstance(backend, str) or not backend:
+            raise UserError(f"{source}: compile_backend must name a torch.compile backend, e.g. \"inductor\", got {backend!r}")
         fraction = data.get("holdout_fraction", 0.25)
         if not isinstance(fraction, int | float) or not 0 <= fraction < 1:
             raise UserError(f"{source}: holdout_fraction must be in [0, 1), got {fraction!r}")
@@ -137,7 +142,7 @@ class Workload:
             raise UserError(f"{source}: steps must be an integer >= 1 and warmup >= 0")
         return cls(
             model=data["model"], points=[dict(p) for p in points], device=str(data.get("device", "cpu")),
-            dtype=str(data.get("dtype", "float32")), mode=mode, holdout_fraction=float(fraction),
+            dtype=str(data.get("dtype", "float32")), mode=mode, compile_backend=backend, holdout_fraction=float(fraction),
             threads=threads, steps=steps, warmup=warmup, ops=ops, root=root or Path.cwd(),
         )
 
@@ -149,7 +154,7 @@ class Workload:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "model": self.model, "device": self.device, "dtype": self.dtype, "mode": self.mode.value,
+            "model": self.model, "device": self.device, "dtype": self.dtype, "mode": self.mode.value, "compile_backend": self.compile_backend,
             "threads": self.threads, "holdout_fraction": self.holdout_fraction, "steps": self.steps, "warmup": self.warmup,
             "point": self.points, "ops": {k: asdict(v) for k, v in self.ops.items()},
         }
