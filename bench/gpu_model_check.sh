@@ -21,7 +21,7 @@ device = "cuda"
 dtype = "bfloat16"
 mode = "cuda_graphs"
 holdout_fraction = 0.34
-steps = 5
+steps = 20
 warmup = 3
 
 [[point]]

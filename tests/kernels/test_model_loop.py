@@ -17,6 +17,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="the model loop needs torch (make install puts it in .venv)")
@@ -26,6 +27,7 @@ from ratchet.errors import UserError  # noqa: E402
 from ratchet.evaluator.kernels import endtoend  # noqa: E402
 from ratchet.evaluator.kernels import workload as wl  # noqa: E402
 from ratchet.evaluator.kernels.e2e_runner import model_runner  # noqa: E402
+from ratchet.evaluator.kernels.profile import load_model_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "model-cpu"
@@ -36,7 +38,7 @@ WORKLOAD = """\
 model = "model.py"
 threads = 1
 holdout_fraction = 0.34
-steps = 6
+steps = 20
 warmup = 1
 
 [[point]]
@@ -95,6 +97,9 @@ SHORT_ONLY = "def gelu(x):\n    return fused(x) if x.numel() <= 64 * x.shape[-1]
 # the standalone harness passes 2-D inputs; the model's activations are 3-D
 SLOW_IN_MODEL = "def gelu(x):\n    return fused(x) if x.dim() == 2 else per_row(x)\n"
 WRONG_IN_MODEL = "def gelu(x):\n    return fused(x) if x.dim() == 2 else fused(x.to(torch.bfloat16)).to(x.dtype)\n"
+# right in eager forwards, a bf16 path only where torch.compile traces it
+WRONG_COMPILED = ("def gelu(x):\n    if torch.compiler.is_compiling():\n"
+                  "        return fused(x.to(torch.bfloat16)).to(x.dtype)\n    return fused(x)\n")
 
 
 def _env(tmp: Path) -> dict[str, str]:
@@ -144,12 +149,22 @@ def _evaluate(tree: Path, *, holdout: bool) -> dict[str, object]:
 def test_profile_writes_a_workload_whose_shares_add_up(study: Path) -> None:
     full = wl.load_profile(study / "holdout" / "workload.json", env={})
     public = wl.load_profile(study / "workload.json", env={})
-    # The operator records account for the forward passes they were measured in. What
-    # they miss is time between operators: Python glue, and, on a loaded machine, time the
-    # process was descheduled there (measured on the 2-core machine: 0.91-0.95 at load
-    # 5-7, 0.86-0.88 at load 9), so the bound is 0.8 here, the issue's 0.9 at rest.
+    # The profiler's own cost is out of the times: they come from forwards profiled
+    # without shapes, matched event for event with the one that recorded them. Timed
+    # with shapes this mix was 3.3-4.0x the model without the profiler; now 0.9-1.6x
+    # (measured on the 2-core machine at load 5-9: the two are timed one after the
+    # other, so the load between them moves the ratio).
+    assert all(p["forwards"] == 20 for p in full.per_point), full.per_point
+    assert full.model_time_unprofiled_s and full.model_time_s < 2.5 * full.model_time_unprofiled_s, full.per_point
+    # The operators' own time over the forward's, in the same forwards. At this tiny
+    # model's sizes (operators of ~10 us) what they miss is real host time between the
+    # calls: nn.Module calls, argument parsing, Python (measured gap by gap: 11-19% of
+    # the forward; coverage 0.84-0.86 at load 5-9), reported as host time, never as an
+    # operator's. The issue's 10% holds where the operators take the time: the next test.
     assert 0.8 <= full.coverage <= 1.0 + 1e-9, [(p["label"], p["coverage"]) for p in full.per_point]
     assert sum(op.share for op in full.ops) == pytest.approx(full.coverage, rel=1e-6)
+    assert full.host_s == pytest.approx(full.model_time_s - full.ops_time_s)
+    assert "the rest is host time between them" in (study / "profile.out").read_text()
     gelu = full.op("gelu")
     assert gelu.kind == "model"
     assert sorted(s.shape["rows"] for s in gelu.shapes) == [8, 64, 256]
@@ -165,6 +180,26 @@ def test_profile_writes_a_workload_whose_shares_add_up(study: Path) -> None:
         assert op.amdahl_speedup is not None and op.amdahl_speedup >= 1.0
     gelu_md = (study / "model.md").read_text().split("### gelu")[1].split("###")[0]
     assert "rows=8," in gelu_md and "rows=64," in gelu_md and "rows=256," not in gelu_md  # no hold-out shape shown
+
+
+def test_profile_shares_add_up_to_the_model_time_within_10_percent(tmp_path: Path) -> None:
+    """The issue's bound: the operators' shares add up to the measured model time within
+    10%, at a width where the operators, not Python between them, take the time: the
+    example at width 384 (0.97 at load 8; width 256: 0.93-0.96; width 64, the study's
+    above: 0.84-0.86)."""
+    tree = tmp_path / "wide"
+    tree.mkdir()
+    shutil.copy(EXAMPLE / "model.py", tree / "model.py")
+    (tree / "workload.toml").write_text(WORKLOAD)
+    proc = subprocess.run(
+        [str(RATCHET), "profile", "workload.toml", "--out", "workload.json", "--skip-peaks"],
+        cwd=tree, env={**_env(tmp_path), "MODEL_CPU_DIM": "384"}, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    profile = wl.load_profile(tree / "workload.json", env={})
+    assert profile.op("gelu").shapes[0].shape["cols"] == 4 * 384  # the wide model was profiled
+    assert 0.9 <= profile.coverage <= 1.0 + 1e-9, [(p["label"], p["coverage"]) for p in profile.per_point]
+    assert sum(op.share for op in profile.ops) == pytest.approx(profile.coverage, rel=1e-6)
 
 
 def test_workload_json_round_trips(study: Path, tmp_path: Path) -> None:
@@ -310,6 +345,54 @@ def test_redteam_wrong_inside_the_model_only(study: Path) -> None:
                           lambda shape, dtype, rng: torch.from_numpy(rng.standard_normal((shape["rows"], shape["cols"]), dtype="float32")),
                           [{"rows": 64, "cols": 256}])
     assert report.ok, report.summary()
+
+
+@pytest.mark.slow
+def test_end_to_end_runs_the_model_under_torch_compile_when_the_workload_says_so(tmp_path: Path) -> None:
+    """mode = "compile": the children run the model under torch.compile with the kernel
+    traced into it. The kernel is wrong only when traced, so the check catching it shows
+    the timed, checked forwards were the compiled ones; in the eager model it is right.
+    The backend is aot_eager (dynamo's capture and AOTAutograd, then torch's own kernels),
+    for this test only: inductor's C++ build took 26 s per graph, cold, on the 2-core
+    machine, and the test compiles three."""
+    tree = tmp_path / "compiled"
+    tree.mkdir()
+    tree.chmod(0o755)
+    shutil.copy(EXAMPLE / "model.py", tree / "model.py")
+    _kernel(tree, WRONG_COMPILED)
+    for path in tree.iterdir():
+        path.chmod(0o644)
+    point = {"phase": "decode", "batch": 8, "seq": 1, "context": 256}
+
+    def workload(mode: str) -> wl.Workload:
+        return wl.Workload.from_dict({"model": "model.py", "threads": 1, "mode": mode, "compile_backend": "aot_eager",
+                                      "point": [point]}, root=tree)
+
+    swap = [endtoend.Swap("gelu", "kernel.py", "gelu")]
+    compiled = endtoend.end_to_end(workload("compile"), swap, tree=tree, timing={"max_time_s": 0.3, "min_reps": 3})
+    assert compiled.mode == "compile" and compiled.outcome is endtoend.Outcome.WRONG, compiled.table()
+    assert compiled.reason.startswith("wrong inside the model at decode") and "outside tolerance" in compiled.reason
+    assert compiled.hits == 2  # counted on the census's eager forward: two blocks, one GELU each
+    assert "ratchet_e2e_kernel_gelu" not in sys.modules  # the kernel ran in the children (it asserts so itself)
+    # In one candidate child: the compiled model is built once and never recompiled (a
+    # hit counter that changed on every call was a guard: after dynamo's limit of 8
+    # recompiles the candidate ran eager beside a compiled baseline), and the same kernel
+    # in the eager model gives the float64 model's logits.
+    module = load_model_module(tree / "model.py", name="ratchet_test_compiled_model")
+    inputs = module.make_inputs(point, "float32", np.random.default_rng(0))
+    with torch.no_grad():
+        want = module.build_model("float64", "cpu")(*(x.double() for x in inputs)).numpy()
+    spec = {"tree": str(tree), "model": "model.py", "dtype": "float32", "device": "cpu", "mode": "compile",
+            "compile_backend": "aot_eager", "threads": 1, "swap": {"gelu": swap[0].spec()}}
+    rtol, atol = endtoend.TOLERANCES["float32"]
+    with rk.CandidateProcess(endtoend.RUNNER, cwd=tree, env={**os.environ, "OMP_NUM_THREADS": "1"}) as child:
+        model = child.construct("Model", spec)
+        outs = [model(*inputs) for _ in range(12)]
+        assert child.call(f"{model.target}.graphs") == 1
+        assert child.call(f"{model.target}.census", point) == {"gelu": {"hits": 2, "fallbacks": 0}}
+        eager = child.construct("Model", {**spec, "mode": "eager"})
+        assert np.allclose(eager(*inputs), want, rtol=rtol, atol=atol)
+    assert not np.allclose(outs[-1], want, rtol=rtol, atol=atol)  # still the compiled model at the 12th call
 
 
 @pytest.mark.gpu

@@ -12,8 +12,9 @@ on a kernel is the model itself, run as the workload says:
   never measured on, the call falls back to the library op. Hits and fallbacks are
   counted. The candidate's code never runs in this process;
 - per workload point, the two are timed ABBA by `timing.compare` on fresh inputs (this
-  process's clock, the other child frozen meanwhile), under CUDA graphs when the
-  workload's mode says so, and every timed batch's logits are checked against the
+  process's clock, the other child frozen meanwhile), under CUDA graphs or
+  torch.compile (its `compile_backend`) when the workload's mode says so, the kernel
+  inside the captured or compiled model, and every timed batch's logits are checked against the
   float64 reference model run here, within `tolerances`;
 - the model's time is the mix-weighted sum over the points; the gain is confirmed by the
   sequential test of `ratchet.stats` on the paired repetitions, at `false_keep_rate`, and
@@ -218,7 +219,7 @@ def end_to_end(
     if workload.mode is Mode.CUDA_GRAPHS:
         opts["cuda_graph"] = True
     base_spec: dict[str, Any] = {"tree": str(tree), "model": model_file, "dtype": workload.dtype, "device": device, "mode": workload.mode.value,
-                 "threads": workload.threads, "swap": {}}
+                 "compile_backend": workload.compile_backend, "threads": workload.threads, "swap": {}}
     cand_spec = {**base_spec, "swap": {s.op: s.spec() for s in swaps}}
     results: list[PointResult] = []
     env = {**os.environ, "OMP_NUM_THREADS": str(workload.threads)} if workload.threads else None

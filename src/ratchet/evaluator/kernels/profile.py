@@ -1,12 +1,25 @@
 """`ratchet profile`: what a model computes under a declared workload, and where its time goes.
 
-The model runs under `torch.profiler` with `record_shapes` (the operator records PyTorch
-already keeps: name, input shapes and dtypes, FLOPs of matmuls, inclusive and self
-times); nothing here traces by hand. Each swappable operator of the model (its `OPS`
-table) is labelled `model::<name>` with `torch.profiler.record_function` for the run, so
-its composed ops count as one; every other operator counts where it is called from the
-forward pass itself (its inclusive time), so the rows partition the forward pass and
-their sum is checked against the forward's measured time (`Profile.coverage`).
+The model runs under `torch.profiler` (the operator records PyTorch already keeps:
+name, input shapes and dtypes, FLOPs of matmuls, inclusive and self times); nothing here
+traces by hand. Each swappable operator of the model (its `OPS` table) is labelled
+`model::<name>` for the run, so its composed ops count as one; every other operator
+counts where it is called from the forward pass itself (its inclusive time), so the rows
+partition the forward pass and their sum is checked against the forward's measured time
+(`Profile.coverage`); what no operator covers is host time between them (Python, the
+calls' argument parsing), reported as such, never spread over the rows.
+
+The profiler's own cost is kept out of the times. Recording shapes and FLOPs costs
+microseconds per event, and a forward has hundreds of nested events: on CPU it made
+the profiled forward 2-4x the model's (measured on the bundled tiny model), swelling
+most the operators made of many small ones. So the shapes, dtypes and FLOPs come from
+one forward profiled with them, and the times from `steps` forwards profiled without
+them, matched event for event (the same model on the same inputs calls the same
+operators in the same order); on CPU each operator's time and each gap between two is
+its median over those forwards (`_op_times`), with the garbage collector off. The
+labels are the profiler's fast C++ range where the model runs eagerly:
+`record_function` costs ~5-8 us per range from Python, which sat between the operators
+and counted as nobody's time.
 
 Out of it come `workload.json` (`workload.Profile`: each operator with its input shapes,
 dtypes, calls and time share, grouped by shape; the largest shapes of each marked as
@@ -21,15 +34,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import importlib.util
 import math
+import resource
+import statistics
 import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -93,14 +109,24 @@ def shape_of(module: ModuleType, op: str, dims: Sequence[int]) -> dict[str, Any]
     return dict(custom(list(dims))) if custom else row_shape(dims)
 
 
+def range_of(torch: Any, compiled: bool = False) -> Callable[[str], Any]:
+    """The profiler range a label is made with: torch's fast C++ one (~0.5 us a range
+    under the profiler, where `record_function` takes ~8 us from Python), except under
+    torch.compile, which knows `record_function` and would break its graph on the other."""
+    if compiled:
+        return cast(Callable[[str], Any], torch.profiler.record_function)
+    return cast(Callable[[str], Any], torch._C._profiler._RecordFunctionFast)
+
+
 @contextlib.contextmanager
-def labelled_ops(module: ModuleType, torch: Any) -> Iterator[None]:
-    """Each OPS entry wrapped in a record_function range `model::<name>` for the run."""
+def labelled_ops(module: ModuleType, torch: Any, compiled: bool = False) -> Iterator[None]:
+    """Each OPS entry wrapped in a profiler range `model::<name>` for the run."""
     originals = dict(module.OPS)
+    label = range_of(torch, compiled)
 
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def labelled(*args: Any, **kwargs: Any) -> Any:
-            with torch.profiler.record_function(PREFIX + name):
+            with label(PREFIX + name):
                 return fn(*args, **kwargs)
 
         return labelled
@@ -129,6 +155,68 @@ def _first_shapes(event: Any) -> tuple[list[list[int]], list[str]]:
             return shapes, list(getattr(child, "input_dtypes", None) or [])
         stack[:0] = list(child.cpu_children)
     return [], []
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """The garbage collector off while forwards are timed, as `timeit` does: a pause
+    falls between operators, where the interpreter allocates, and a profile makes much
+    garbage of its own (its event objects: one profile of the example at width 256 ran
+    0.5-1k collections, 4-6 s in all at load 8, most of them outside the timed forwards)."""
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _preemptions() -> int:
+    """How often the OS has taken the CPU from this process (involuntary context switches)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+
+
+def _op_times(recorded: Sequence[Any], timed: Sequence[tuple[int, Any]], on_device: bool) -> tuple[list[float], float, int]:
+    """Each recorded operator's time, the forward's, and how many timed forwards they
+    come from (0: none called the recorded operators in the same order).
+
+    `timed`: (times preempted, forward) of each timed forward. On a shared machine time
+    the process did not run is in no operator's records, and where it fell, in an
+    operator or between two, is chance: the fastest forward alone was preempted too
+    (at load 9, one of 3 ms covered 35%). So on CPU each operator's time, and each gap
+    between two (host time), is its median over the forwards, the forward's their sum:
+    a preemption moves one piece of one forward. On a device its time is the kernels',
+    from the forward preempted least, then the fastest.
+    """
+    names = [e.name for e in recorded]
+    same = [(n, f) for n, f in timed if [e.name for e in _top_level(f)] == names]
+    if not same:
+        return [], 0.0, 0
+    if on_device:
+        chosen = min(same, key=lambda pf: (pf[0], _span_s(pf[1], True)))[1]
+        return [_span_s(e, True) for e in _top_level(chosen)], _span_s(chosen, False), 1
+    ops: list[list[float]] = [[] for _ in names]
+    gaps: list[list[float]] = [[] for _ in range(len(names) + 1)]
+    for _, forward in same:
+        edge = forward.time_range.start
+        for i, event in enumerate(_top_level(forward)):
+            ops[i].append(_span_s(event, False))
+            gaps[i].append((event.time_range.start - edge) * 1e-6)
+            edge = event.time_range.end
+        gaps[-1].append((forward.time_range.end - edge) * 1e-6)
+    times = [statistics.median(t) for t in ops]
+    return times, sum(times) + sum(max(0.0, statistics.median(g)) for g in gaps), len(same)
+
+
+def _forwards(prof: Any) -> list[Any]:
+    return [e for e in prof.events() if e.name == FORWARD]
+
+
+def _top_level(forward: Any) -> list[Any]:
+    """The operators the forward pass calls itself, in the order it calls them."""
+    return sorted(forward.cpu_children, key=lambda e: e.time_range.start)
 
 
 def _flops(event: Any) -> float:
@@ -201,7 +289,7 @@ def profile_model(
     except Exception as exc:
         raise UserError(f"{workload.model_path}: build_model({workload.dtype!r}, {device!r}) raised {type(exc).__name__}: {exc}") from None
     if workload.mode is Mode.COMPILE:
-        model = torch.compile(model)
+        model = torch.compile(model, backend=workload.compile_backend)
     if peaks is None and measure:
         peaks = measure_peaks(device if on_device else "cpu")
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_device else [])
@@ -214,64 +302,82 @@ def profile_model(
     per_point = []
     sync = torch.cuda.synchronize if on_device else (lambda: None)
     for point, weight in zip(workload.points, weights, strict=True):
-        label = point_label(point)
+        label_of = point_label(point)
         inputs = _to_device(module.make_inputs(dict(point), workload.dtype, rng), device, torch)
-        with torch.no_grad():
+        with torch.no_grad(), _no_gc():
             for _ in range(workload.warmup):
                 model(*inputs)
             sync()
-            plain = math.inf
             run = _graphed(torch, model, inputs) if workload.mode is Mode.CUDA_GRAPHS else functools.partial(model, *inputs)
-            for _ in range(workload.steps):  # the fastest, as for the profiled forwards
-                t0 = time.perf_counter()
+            plain_runs: list[tuple[int, float]] = []
+            for _ in range(workload.steps):
+                switched, t0 = _preemptions(), time.perf_counter()
                 run()
                 sync()
-                plain = min(plain, time.perf_counter() - t0)
-            with labelled_ops(module, torch):
+                plain_runs.append((_preemptions() - switched, time.perf_counter() - t0))
+            # of the forwards preempted least: on a device the fastest, as for the
+            # profiled ones; on CPU their median, beside the profiled pieces' medians
+            least = [t for n, t in plain_runs if n == min(plain_runs)[0]]
+            plain = min(least) if on_device else statistics.median(least)
+            compiled = workload.mode is Mode.COMPILE
+            label = range_of(torch, compiled)
+            with labelled_ops(module, torch, compiled):
                 # a first profiled forward, thrown away: the profiler's start-up (its
                 # first session, each new record's set-up) stays out of the records
-                with torch.profiler.profile(activities=activities, record_shapes=True, with_flops=True), \
-                        torch.profiler.record_function(FORWARD):
+                with torch.profiler.profile(activities=activities, record_shapes=True, with_flops=True), label(FORWARD):
                     model(*inputs)
-                with torch.profiler.profile(activities=activities, record_shapes=True, with_flops=True) as prof:
-                    for _ in range(workload.steps):
-                        with torch.profiler.record_function(FORWARD):
-                            model(*inputs)
+                # the records: what each operator is called on (shapes, dtypes, FLOPs)
+                with torch.profiler.profile(activities=activities, record_shapes=True, with_flops=True) as records:
+                    with label(FORWARD):
+                        model(*inputs)
                     sync()
-        # The records of the fastest profiled forward: on a shared machine the others were
-        # descheduled somewhere, and time the process did not run is in no operator.
-        forwards = sorted((e for e in prof.events() if e.name == FORWARD), key=lambda e: _span_s(e, on_device))[:1]
-        step_s = sum(_span_s(e, False) for e in forwards) / max(1, len(forwards))
+                # the times: the same forwards without shapes and FLOPs, whose recording
+                # cost is inside every operator with nested events
+                preempted = []
+                with torch.profiler.profile(activities=activities) as timed:
+                    for _ in range(workload.steps):
+                        switched = _preemptions()
+                        with label(FORWARD):
+                            model(*inputs)
+                        sync()
+                        preempted.append(_preemptions() - switched)
+        recorded = _top_level(min(_forwards(records), key=lambda e: _span_s(e, on_device)))
+        timed_forwards = sorted(_forwards(timed), key=lambda e: e.time_range.start)
+        times, step_s, used = _op_times(recorded, list(zip(preempted, timed_forwards, strict=True)), on_device)
+        if not used:  # the model called other operators each time: the records' own times
+            times = [_span_s(e, on_device) for e in recorded]
+            step_s = min(_span_s(e, False) for e in _forwards(records))
+            if log:
+                log(f"{label_of}: the timed forwards called other operators than the recorded one; "
+                    "times from the recorded forward (with the profiler's recording cost in them)")
         if on_device:  # the forward's span on the host is not its device time: the wall clock is
             step_s = max(step_s, plain)
         covered = 0.0
-        scale = weight / max(1, len(forwards))  # per forward of the mix
-        for fwd in forwards:
-            for event in fwd.cpu_children:
-                name = event.name
-                is_model = name.startswith(PREFIX)
-                op = name.removeprefix(PREFIX) if is_model else name
-                kinds[op] = "model" if is_model else "aten"
-                shapes, dtypes = _first_shapes(event) if is_model else ([list(s) for s in event.input_shapes or []], list(getattr(event, "input_dtypes", None) or []))
-                dims = next((s for s in shapes if s), [])
-                named = shape_of(module, op, dims) if is_model else row_shape(dims)
-                spent = _span_s(event, on_device)
-                covered += spent
-                # the dtypes of the tensor inputs (a scalar argument has no shape)
-                tensor_dtypes = [_torch_dtype(d) for d, dims_i in zip(dtypes, shapes, strict=False) if d and dims_i]
-                record = ShapeRecord(
-                    shape=named, input_shapes=shapes, dtypes=tensor_dtypes,
-                    calls=scale, time_s=spent * scale, share=0.0, points=[label],
-                )
-                rows[(op, repr((shapes, record.dtypes)))].append(record)
-                flops_of[(op, repr((shapes, record.dtypes)))] += _flops(event) * scale
+        for event, spent in zip(recorded, times, strict=True):
+            name = event.name
+            is_model = name.startswith(PREFIX)
+            op = name.removeprefix(PREFIX) if is_model else name
+            kinds[op] = "model" if is_model else "aten"
+            shapes, dtypes = _first_shapes(event) if is_model else ([list(s) for s in event.input_shapes or []], list(getattr(event, "input_dtypes", None) or []))
+            dims = next((s for s in shapes if s), [])
+            named = shape_of(module, op, dims) if is_model else row_shape(dims)
+            covered += spent
+            # the dtypes of the tensor inputs (a scalar argument has no shape)
+            tensor_dtypes = [_torch_dtype(d) for d, dims_i in zip(dtypes, shapes, strict=False) if d and dims_i]
+            record = ShapeRecord(
+                shape=named, input_shapes=shapes, dtypes=tensor_dtypes,
+                calls=weight, time_s=spent * weight, share=0.0, points=[label_of],
+            )
+            rows[(op, repr((shapes, record.dtypes)))].append(record)
+            flops_of[(op, repr((shapes, record.dtypes)))] += _flops(event) * weight
         model_time += weight * step_s
-        ops_time += weight * covered / max(1, len(forwards))
+        ops_time += weight * covered
         unprofiled += weight * plain
-        per_point.append({"point": dict(point), "label": label, "weight": weight, "time_s": step_s, "unprofiled_s": plain,
-                          "coverage": covered / max(1, len(forwards)) / step_s if step_s else 0.0})
+        per_point.append({"point": dict(point), "label": label_of, "weight": weight, "time_s": step_s, "unprofiled_s": plain,
+                          "coverage": covered / step_s if step_s else 0.0, "host_s": max(0.0, step_s - covered), "forwards": used})
         if log:
-            log(f"{label}: {step_s * 1e3:.3f} ms per forward profiled ({plain * 1e3:.3f} ms without the profiler)")
+            log(f"{label_of}: {step_s * 1e3:.3f} ms per forward profiled ({plain * 1e3:.3f} ms without the profiler); "
+                f"operators {covered / step_s * 100 if step_s else 0:.1f}% of it")
     ops = _op_records(rows, kinds, flops_of, workload, model_time, peaks)
     for op in ops:
         mark_holdout(op.shapes, workload.holdout_fraction)
@@ -350,7 +456,8 @@ def table(profile: Profile, limit: int = 15) -> str:
     lines = [
         f"model time {profile.model_time_s * 1e3:.3f} ms per forward of the mix (profiled; "
         f"{(profile.model_time_unprofiled_s or 0) * 1e3:.3f} ms without the profiler); operators cover "
-        f"{profile.coverage * 100:.1f}% of it; device {profile.device}",
+        f"{profile.coverage * 100:.1f}% of it, the rest is host time between them (Python, argument parsing); "
+        f"device {profile.device}",
         head,
         "-" * len(head),
     ]

@@ -21,6 +21,7 @@ This module is the data and its arithmetic, with no torch in it:
     device = "cpu"              # or "cuda"
     dtype = "float32"
     mode = "eager"              # eager | cuda_graphs | compile
+    compile_backend = "inductor"  # torch.compile's backend under mode = "compile"
     threads = 1                 # torch intra-op threads, as the server runs it (default: torch's)
     holdout_fraction = 0.25     # of each operator's shapes, the largest, held out
 
@@ -78,9 +79,12 @@ class Workload:
     device: str = "cpu"
     dtype: str = "float32"
     mode: Mode = Mode.EAGER
+    compile_backend: str = "inductor"  # under Mode.COMPILE, as torch.compile(backend=...) names it
     holdout_fraction: float = 0.25
     threads: int | None = None  # torch.set_num_threads in every process that runs the model
-    steps: int = 5  # profiled forwards per point (the fastest one's records count), after `warmup`
+    # timed forwards per point, after `warmup` (each operator's median over them counts):
+    # cheap, timed without recording shapes, and on a loaded machine a few are preempted
+    steps: int = 20
     warmup: int = 2
     ops: dict[str, OpSpec] = field(default_factory=dict)
     root: Path = field(default_factory=Path.cwd)  # the directory `model` is relative to
@@ -102,7 +106,7 @@ class Workload:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, root: Path | None = None, source: str = "workload") -> Workload:
-        known = {"model", "point", "device", "dtype", "mode", "threads", "holdout_fraction", "steps", "warmup", "ops"}
+        known = {"model", "point", "device", "dtype", "mode", "compile_backend", "threads", "holdout_fraction", "steps", "warmup", "ops"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise UserError(f"{source}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
@@ -119,6 +123,9 @@ class Workload:
             mode = Mode(data.get("mode", "eager"))
         except ValueError:
             raise UserError(f"{source}: mode {data.get('mode')!r} is not one of {', '.join(m.value for m in Mode)}") from None
+        backend = data.get("compile_backend", cls.compile_backend)
+        if not isinstance(backend, str) or not backend:
+            raise UserError(f"{source}: compile_backend must name a torch.compile backend, e.g. \"inductor\", got {backend!r}")
         fraction = data.get("holdout_fraction", 0.25)
         if not isinstance(fraction, int | float) or not 0 <= fraction < 1:
             raise UserError(f"{source}: holdout_fraction must be in [0, 1), got {fraction!r}")
@@ -130,12 +137,12 @@ class Workload:
         threads = data.get("threads")
         if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
             raise UserError(f"{source}: threads must be an integer >= 1 (torch's intra-op threads), got {threads!r}")
-        steps, warmup = data.get("steps", 5), data.get("warmup", 2)
+        steps, warmup = data.get("steps", cls.steps), data.get("warmup", cls.warmup)
         if not isinstance(steps, int) or steps < 1 or not isinstance(warmup, int) or warmup < 0:
             raise UserError(f"{source}: steps must be an integer >= 1 and warmup >= 0")
         return cls(
             model=data["model"], points=[dict(p) for p in points], device=str(data.get("device", "cpu")),
-            dtype=str(data.get("dtype", "float32")), mode=mode, holdout_fraction=float(fraction),
+            dtype=str(data.get("dtype", "float32")), mode=mode, compile_backend=backend, holdout_fraction=float(fraction),
             threads=threads, steps=steps, warmup=warmup, ops=ops, root=root or Path.cwd(),
         )
 
@@ -147,7 +154,7 @@ class Workload:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "model": self.model, "device": self.device, "dtype": self.dtype, "mode": self.mode.value,
+            "model": self.model, "device": self.device, "dtype": self.dtype, "mode": self.mode.value, "compile_backend": self.compile_backend,
             "threads": self.threads, "holdout_fraction": self.holdout_fraction, "steps": self.steps, "warmup": self.warmup,
             "point": self.points, "ops": {k: asdict(v) for k, v in self.ops.items()},
         }
@@ -199,8 +206,8 @@ class Profile:
 
     workload: dict[str, Any]
     device: str
-    model_time_s: float  # one forward pass of the mix (each point's fastest), measured inside the profiler
-    ops_time_s: float  # what the operator records add up to (covers the model time)
+    model_time_s: float  # one forward pass of the mix, measured inside the profiler (per point: its operators' and gaps' medians)
+    ops_time_s: float  # what the operators' own records add up to; the rest is host time between them
     ops: list[OpRecord]
     model_time_unprofiled_s: float | None = None  # the same, timed without the profiler
     per_point: list[dict[str, Any]] = field(default_factory=list)
@@ -210,8 +217,14 @@ class Profile:
 
     @property
     def coverage(self) -> float:
-        """Operator time / model time: near 1 when the records account for the model."""
+        """The operators' own time / the model's time, in the same forwards: near 1 when
+        the operators take the time, lower by the host time between them (Python)."""
         return self.ops_time_s / self.model_time_s if self.model_time_s else 0.0
+
+    @property
+    def host_s(self) -> float:
+        """Time in the forward outside every operator: the interpreter between the calls."""
+        return max(0.0, self.model_time_s - self.ops_time_s)
 
     def op(self, name: str) -> OpRecord:
         for op in self.ops:
@@ -222,7 +235,7 @@ class Profile:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data["coverage"] = self.coverage
+        data["coverage"], data["host_s"] = self.coverage, self.host_s
         return data
 
     @classmethod
@@ -233,7 +246,7 @@ class Profile:
         for o in data["ops"]:
             shapes = [ShapeRecord(**s) for s in o["shapes"]]
             ops.append(OpRecord(**{**o, "shapes": shapes}))
-        fields = {k: v for k, v in data.items() if k not in ("ops", "coverage")}
+        fields = {k: v for k, v in data.items() if k not in ("ops", "coverage", "host_s")}
         return cls(**{**fields, "ops": ops})
 
 

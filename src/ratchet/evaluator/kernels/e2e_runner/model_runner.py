@@ -7,8 +7,8 @@ candidate's kernel module runs in this process and may patch anything here, whic
 only hurt itself. What the verdict rests on stays in the parent: its clock around each
 request, the logits it reads back from its own buffers, and the float64 reference model.
 
-`Model(spec)`: spec is JSON, {"tree", "model", "dtype", "device", "mode", "swap":
-{op: {"module", "function", "table"}}}. Each swapped op of the model's `OPS` becomes a
+`Model(spec)`: spec is JSON, {"tree", "model", "dtype", "device", "mode",
+"compile_backend", "swap": {op: {"module", "function", "table"}}}. Each swapped op of the model's `OPS` becomes a
 per-shape switch: the dispatch table's bucket for the call's shape names the kernel
 (a hit) or the library op (a fallback), with the bucket rule of
 ratchet.evaluator.kernels.dispatch.bucket_of (kept in step by a test).
@@ -58,8 +58,10 @@ def row_shape(dims: list[int]) -> dict[str, int]:
 class Switch:
     """One swapped operator: the kernel where the table says so, else the library op."""
 
-    def __init__(self, library: Any, kernel: Any, table: dict[str, Any] | None, shape_of: Any, kernel_name: str) -> None:
+    def __init__(self, library: Any, kernel: Any, table: dict[str, Any] | None, shape_of: Any, kernel_name: str,
+                 compiling: Any) -> None:
         self.library = library
+        self.compiling = compiling  # torch.compiler.is_compiling: dynamo knows it, True while it traces
         self.kernel = kernel
         self.table = table
         self.shape_of = shape_of
@@ -78,11 +80,18 @@ class Switch:
         return bool(entry) and entry.get("impl") == self.kernel_name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # counted in eager forwards only (the census): under torch.compile a counter that
+        # changes is a guard that fails on every call, so the model would recompile each
+        # forward until dynamo's recompile limit, then run eager, unlike the baseline
+        counting = not self.compiling()
         if self.choose(args[0]):
-            self.hits += 1
+            if counting:
+                self.hits += 1
             return self.kernel(*args, **kwargs)
-        self.fallbacks += 1
+        if counting:
+            self.fallbacks += 1
         return self.library(*args, **kwargs)
+
 
 
 class Model:
@@ -103,15 +112,24 @@ class Model:
             kernel_module = _load(os.path.join(tree, how["module"]), f"ratchet_e2e_kernel_{op}")
             kernel = getattr(kernel_module, how["function"])
             shape_of = getattr(module, "SHAPE_OF", {}).get(op) or row_shape
-            self.switches[op] = Switch(module.OPS[op], kernel, how.get("table"), shape_of, how.get("impl", "kernel"))
+            self.switches[op] = Switch(module.OPS[op], kernel, how.get("table"), shape_of, how.get("impl", "kernel"),
+                                       torch.compiler.is_compiling)
             module.OPS[op] = self.switches[op]
         self.dtype, self.device = spec["dtype"], spec["device"]
         self.eager = module.build_model(self.dtype, self.device)
-        self.model = torch.compile(self.eager) if spec.get("mode") == "compile" else self.eager
+        compiled = spec.get("mode") == "compile"
+        self.model = torch.compile(self.eager, backend=spec.get("compile_backend") or "inductor") if compiled else self.eager
 
     def __call__(self, *inputs: Any) -> Any:
         with self.torch.no_grad():
             return self.model(*inputs)
+
+    def graphs(self) -> int:
+        """How many graphs torch.compile has compiled in this process (0 when eager):
+        one per shape the model ran at, when nothing makes it recompile."""
+        from torch._dynamo.utils import counters  # noqa: PLC0415 - only asked under mode = "compile"
+
+        return int(counters["stats"]["unique_graphs"])
 
     def census(self, point: dict[str, Any]) -> dict[str, dict[str, int]]:
         """Hits and fallbacks of one eager forward at `point` (graphs and compile hide calls)."""
