@@ -193,17 +193,23 @@ else:
 '''
 
 
-@pytest.mark.parametrize("mode", ["reports", "silent"])
-def test_every_agent_run_is_billed_with_its_time(tmp_path, mode):
+def agent_study(tmp_path: Path, code: str, *, args: str = "", timeout: str = "60s",
+                hourly_usd: float = 3600.0, parallel: int = 3) -> Path:
+    """A study whose proposer is the stand-in agent `code`, priced by the hour."""
     script = tmp_path / "agent.py"
-    script.write_text(FAKE_AGENT)
+    script.write_text(code)
     extra = f"""
 [agent]
-command = ["{sys.executable}", "{script}", "{mode}", "{{prompt_file}}"]
-timeout = "60s"
-hourly_usd = 3600.0
+command = ["{sys.executable}", "{script}", {args}"{{prompt_file}}"]
+timeout = "{timeout}"
+hourly_usd = {hourly_usd}
 """
-    repo = make_repo(tmp_path / "r", "agent", extra, parallel=3)
+    return make_repo(tmp_path / "r", "agent", extra, parallel=parallel)
+
+
+@pytest.mark.parametrize("mode", ["reports", "silent"])
+def test_every_agent_run_is_billed_with_its_time(tmp_path, mode):
+    repo = agent_study(tmp_path, FAKE_AGENT, args=f'"{mode}", ')
     toml = (repo / "ratchet.toml").read_text().replace("rounds = 1\n", "rounds = 2\n")
     (repo / "ratchet.toml").write_text(toml)
     hgit(repo, "commit", "-qam", "two rounds")
@@ -485,15 +491,9 @@ def test_a_second_ctrl_c_bills_the_agent_run_in_flight_by_its_time(tmp_path):
 
     from helpers import RATCHET, ROOT
 
-    script = tmp_path / "agent.py"
-    script.write_text("import time\ntime.sleep(120)\n")  # a long think
-    extra = f"""
-[agent]
-command = ["{sys.executable}", "{script}", "{{prompt_file}}"]
-timeout = "10m"
-hourly_usd = 36.0
-"""
-    repo = make_repo(tmp_path / "r", "agent", extra, parallel=2)
+    repo = agent_study(tmp_path, "import time\ntime.sleep(120)\n",  # a long think
+                       timeout="10m", hourly_usd=36.0, parallel=2)
+    script = tmp_path / "agent.py"  # the stand-in agent agent_study wrote
     proc = subprocess.Popen([*RATCHET, "run", "--repo", str(repo)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
@@ -686,15 +686,7 @@ print(f"DESCRIPTION: agent sets VALUE to {value}")
 
 
 def test_agent_runs_made_ahead_and_dropped_are_billed_with_their_time(tmp_path):
-    script = tmp_path / "agent.py"
-    script.write_text(IMPROVING_AGENT)
-    extra = f"""
-[agent]
-command = ["{sys.executable}", "{script}", "{{prompt_file}}"]
-timeout = "60s"
-hourly_usd = 3600.0
-"""
-    repo = make_repo(tmp_path / "r", "agent", extra, parallel=3)
+    repo = agent_study(tmp_path, IMPROVING_AGENT)
     toml = (repo / "ratchet.toml").read_text().replace("rounds = 1\n",
                                                        "rounds = 2\nahead = true\n")
     (repo / "ratchet.toml").write_text(toml)
