@@ -61,6 +61,11 @@ class Outcome(StrEnum):
     REPAIRED = "repaired"
 
 
+
+def _rounded(spend: Any) -> dict[str, Any]:
+    """A spend dataclass as JSON-ready fields, its dollars and hours to 6 places."""
+    return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(spend).items()}
+
 @dataclass
 class Call:
     proposer: str
@@ -249,10 +254,7 @@ class Spend:
         return self.proposer_usd + self.compute_usd
 
     def as_dict(self) -> dict[str, Any]:
-        out = {k: (round(v, 6) if isinstance(v, float) else v)
-               for k, v in asdict(self).items()}
-        out.update(tokens=self.tokens, usd=round(self.usd, 6))
-        return out
+        return {**_rounded(self), "tokens": self.tokens, "usd": round(self.usd, 6)}
 
     def line(self) -> str:
         """One line for `status` and the end of `ratchet run`."""
@@ -340,10 +342,7 @@ class RowSpend:
         return self.proposer_usd + self.compute_usd
 
     def as_dict(self) -> dict[str, Any]:
-        out = {k: (round(v, 6) if isinstance(v, float) else v)
-               for k, v in asdict(self).items()}
-        out["usd"] = round(self.usd, 6)
-        return out
+        return {**_rounded(self), "usd": round(self.usd, 6)}
 
 
 def per_candidate(ledger: Ledger) -> dict[str, RowSpend]:
