@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar
 
 from ratchet.driver.candidate import (
     Proposal,
@@ -43,6 +44,22 @@ def _duration(seconds: float) -> str:
     if seconds < 3600:
         return f"{int(seconds // 60)} min"
     return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
+
+
+T = TypeVar("T")
+
+
+def settled(future: Future[T], wait: bool) -> T | None:
+    """What a proposer request asked at the end of a study made: waited for with `wait`
+    (its calls are recorded as they end), else cancelled if not done; None when it was
+    cancelled or failed (a failed request is billed as it failed)."""
+    if not wait and not future.done():
+        future.cancel()
+        return None
+    try:
+        return future.result()
+    except Exception:  # noqa: BLE001 - billed as it failed, nothing to use
+        return None
 
 
 class Proposals:
@@ -178,14 +195,9 @@ class Proposals:
         as they end); what they made is marked unused."""
         for key in list(self._ahead):
             _, future = self._ahead.pop(key)
-            if not wait and not future.done():
-                future.cancel()
-                continue
-            try:
-                made = future.result()
-            except Exception:  # noqa: BLE001 - a failed request is billed as it failed
-                continue
-            self.drop(list(made or []), "unused: the study stopped before it was needed")
+            made = settled(future, wait)
+            if made is not None:
+                self.drop(list(made), "unused: the study stopped before it was needed")
 
     def observe(self, cand: Candidate) -> None:
         if self._proposer is not None:

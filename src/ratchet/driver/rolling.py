@@ -33,7 +33,7 @@ from ratchet.driver.candidate import (
 )
 from ratchet.driver.integrity import row_key
 from ratchet.driver.ledger import Candidate, Status
-from ratchet.driver.proposals import next_seq
+from ratchet.driver.proposals import next_seq, settled
 from ratchet.driver.settle import (
     OPEN_STATES,
     Loop,
@@ -128,12 +128,8 @@ class Rolling:
         """Repairs still asked at the end: waited for (so their calls are recorded) and
         billed as unused, or cancelled when the user cancelled."""
         for base, incumbent, _, future in self.repairing:
-            if not wait and not future.done():
-                future.cancel()
-                continue
-            try:
-                repairs = future.result()
-            except Exception:  # noqa: BLE001 - a failed request is billed as it failed
+            repairs = settled(future, wait)
+            if repairs is None:
                 continue
             self.loop.proposals.drop_failed(repairs, base, incumbent)
             self.ready += [(incumbent, p) for p in repairs.repaired + repairs.unrepaired]
