@@ -58,6 +58,9 @@ class Jobs:
         self.log = log
         self.on_trouble = on_trouble  # the live view shows backend trouble while we wait
         self.trouble = ""
+        # job ids this driver placed: only a previous driver's jobs are placed again on
+        # resume (a baseline started while its round is proposed is not placed twice)
+        self._placed_here: set[str] = set()
         self._backend: Backend | None = None
         self._cleaner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratchet-clean")
         self._took: deque[float] = deque(maxlen=8)  # recent jobs' own run times (s)
@@ -167,6 +170,7 @@ class Jobs:
                            submitted_at=time.time())
         fault_point("submit-recorded")
         job_id = self.call("submit", lambda: self.backend.submit(spec), cand.id)
+        self._placed_here.add(spec.job_id)
         fault_point("submitted")
         return job_id
 
@@ -181,6 +185,7 @@ class Jobs:
             self.ledger.update(cand.id, "submitted", job_id=spec.job_id,
                                submitted_at=time.time())
         self.call("submit", lambda: self.backend.submit(spec), cand.id)
+        self._placed_here.add(spec.job_id)
 
     def start(self, cands: list[Candidate], stop_hard: Callable[[], bool]) -> None:
         """Resume or place the jobs of these candidates (committed ones are placed).
@@ -194,7 +199,7 @@ class Jobs:
                 # one write: a driver killed before the submit must not count it twice
                 self.ledger.update(cand.id, attempt=cand.attempt + 1, status=Status.COMMITTED)
                 fresh.append(self.ledger.row(cand.id))
-            elif cand.status == Status.SUBMITTED:
+            elif cand.status == Status.SUBMITTED and cand.job_id not in self._placed_here:
                 self.reattach(cand)
             elif cand.status == Status.COMMITTED:
                 fresh.append(cand)
@@ -209,6 +214,7 @@ class Jobs:
         fault_point("submit-recorded")
         for cand, spec in zip(fresh, specs, strict=True):  # all of them: each is recorded
             self.call("submit", functools.partial(self.backend.submit, spec), cand.id)
+            self._placed_here.add(spec.job_id)
             fault_point("submitted")
 
     # -- the one retry loop ---------------------------------------------------------------
