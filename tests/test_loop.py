@@ -206,9 +206,14 @@ def test_rolling_mode_from_the_config(tmp_path):
     assert proc.returncode == 0, proc.stderr
     cands = ledger(repo).candidates()
     assert cands[0].kind == "baseline"
-    # the budget counts candidates; the baseline is measured on top of it
-    assert len([c for c in cands if c.kind in ("baseline", "candidate")]) == 6, \
-        [(c.id, c.kind, c.status) for c in cands]
+    # the budget counts candidates that ran; the baseline is measured on top of it, and
+    # a proposal that could not run (a repeat of tried settings) is recorded, with why,
+    # on top too
+    ran = [c for c in cands if c.kind == "candidate" and c.job_id is not None]
+    assert len(ran) == 5, [(c.id, c.kind, c.status, c.reasons) for c in cands]
+    unrun = [c for c in cands if c.kind == "candidate" and c.job_id is None]
+    assert all(c.status == "rejected" and c.reasons for c in unrun), \
+        [(c.id, c.status, c.reasons) for c in unrun]
     # each keep beat the incumbent it started from, which the ledger records as its parent
     best = cands[0].metric
     for cand in cands[1:]:

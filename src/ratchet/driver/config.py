@@ -275,7 +275,7 @@ class Search(Strict):
     parallel: int = Field(default=2, ge=1, le=1024)
     rounds: int = Field(default=4, ge=1)
     mode: Literal["rounds", "rolling"] = "rounds"
-    # rolling: the budget in candidates (default rounds x parallel)
+    # rolling: the budget in candidates that run (default rounds x parallel)
     candidates: int | None = Field(default=None, ge=1)
     seed: int = 0
     # rounds: propose round R+1 while round R runs (speculation), before its verdicts.

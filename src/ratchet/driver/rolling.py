@@ -1,6 +1,6 @@
 """The rolling policy: a freed slot gets a new candidate from the current incumbent at once;
 a finished candidate is judged at once (with the same noise, hold-out and integrity rules);
-the budget is a number of candidates.
+the budget is a number of candidates that run (a proposal that cannot run is recorded on top).
 
 It is the mode for never waiting: one request to the proposer is always in flight while
 jobs run, so a slot never waits for a reply it could have had. When the incumbent moves,
@@ -73,7 +73,15 @@ class Rolling:
         self.unrunnable: list[Proposal] = []  # in, never to run: recorded at the next fill
 
     def made(self) -> int:
-        return sum(1 for c in self.loop.ledger.candidates() if c.kind == Kind.CANDIDATE)
+        """Candidates that take the budget: those that ran or will run. One rejected
+        unrun (a repeat of a tried change, a failed or conflicting proposal) does not:
+        the budget buys evaluations, and a repeat is only recorded."""
+        return sum(1 for c in self.loop.ledger.candidates()
+                   if c.kind == Kind.CANDIDATE and not _unrun(c))
+
+    def unrun(self) -> int:
+        return sum(1 for c in self.loop.ledger.candidates()
+                   if c.kind == Kind.CANDIDATE and _unrun(c))
 
     def run(self) -> None:
         try:
@@ -239,13 +247,6 @@ class Rolling:
                  if c.params and c.kind == Kind.CANDIDATE and c.parent == incumbent}
         take: list[Proposal] = []
         knobs = set(loop.config.tune.knobs)
-        # a change no proposer can re-apply is recorded, not dropped unseen (a queued
-        # patch would vanish); it takes a slot of the budget but no job
-        while self.conflicted and len(take) < want:
-            base, proposal = self.conflicted.pop(0)
-            take.append(replace(proposal, files={}, commit=None, error=(
-                f"conflicts with the incumbent {incumbent[:7]} it would run on (made on "
-                f"{base[:7]})")))
         # repaired ones and changes going again first (asked first, and a stale winner
         # is the strongest lead), then those made on the incumbent, then the others
         self.ready.sort(key=lambda item: (not _among(item[1], self.first),
@@ -356,6 +357,23 @@ class Rolling:
         if record:
             self.record_unrunnable()
 
+    def set_aside(self) -> None:
+        """Proposals that will never run leave `ready` as they arrive, not when a slot
+        needs one: they need no slot, and the request for the ones that will run goes
+        out at once. They are a failed proposal, a duplicate, the files of an earlier
+        candidate, or a change no proposer could re-apply on the incumbent (recorded, not
+        dropped unseen: a queued patch would vanish)."""
+        incumbent = self.loop.ledger.get("incumbent")
+        out = [p for b, p in self.ready if b == incumbent and (
+            p.error or self.loop.proposals.repeats(p))]
+        if out:
+            self.ready = [item for item in self.ready if not _among(item[1], out)]
+            self.unrunnable += out
+        self.unrunnable += [replace(proposal, files={}, commit=None, error=(
+            f"conflicts with the incumbent {incumbent[:7]} it would run on (made on "
+            f"{base[:7]})")) for base, proposal in self.conflicted]
+        self.conflicted = []
+
     def room_for(self, want: int) -> int:
         """How many of `want` more proposals the budget allows, counting those on their
         way (never stops the study: a request or a repair is only not sent)."""
@@ -371,25 +389,25 @@ class Rolling:
     def asked_ideas(self) -> list[str]:
         return [idea for ideas in self.ideas.values() for idea in ideas]
 
-    def set_aside(self) -> None:
-        """Proposals that will never run (a failed proposal, a duplicate, the files of an
-        earlier candidate) leave `ready` as they arrive, not when a slot needs one: they
-        need no slot, and the request for the ones that will run goes out at once."""
-        incumbent = self.loop.ledger.get("incumbent")
-        out = [p for b, p in self.ready if b == incumbent and (
-            p.error or self.loop.proposals.repeats(p))]
-        if out:
-            self.ready = [item for item in self.ready if not _among(item[1], out)]
-            self.unrunnable += out
-
     def record_unrunnable(self) -> None:
-        """Recorded (rejected, with why), within the budget's room; the rest unused."""
+        """Recorded (rejected, with why). They take no room in the budget, but a study
+        records at most `budget` of them: past that the proposer has little new to offer,
+        no more is asked, and the rest are billed as unused."""
         if not self.unrunnable:
             return
-        room = max(0, self.budget - self.made())
-        take, self.unrunnable = self.unrunnable[:room], self.unrunnable[room:]
+        room = max(0, self.budget - self.unrun())
+        take, rest = self.unrunnable[:room], self.unrunnable[room:]
+        self.unrunnable = []
         if take:
             self.open_ids += self.add([], take)
+        if rest:
+            self.loop.proposals.drop(rest, "unused: as many proposals as the budget's "
+                                     "candidates were repeats or failed")
+            if not self.exhausted:
+                self.exhausted = True
+                self.loop.log(f"warning: {self.budget} proposals could not run (repeats of "
+                              "tried changes, failed or conflicting proposals): no more "
+                              "are asked for; the study ends with what is running")
 
     def waiting_for(self) -> int:
         """Proposals on their way: asked for, or being repaired."""
@@ -451,6 +469,11 @@ class Rolling:
                                      cand.metric, taken=[p for _, p in self.ready],
                                      asked=self.asked_ideas())
         self.ask(("on", cand.id, ctx.round), cand.commit_sha, want, ctx)
+
+
+def _unrun(cand: Candidate) -> bool:
+    """Rejected before any job was placed for it."""
+    return cand.status == Status.REJECTED and cand.job_id is None
 
 
 def _among(proposal: Proposal, those: list[Proposal]) -> bool:
