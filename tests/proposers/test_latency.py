@@ -9,6 +9,7 @@ through `ratchet run` with a slow loopback LLM:
 from __future__ import annotations
 
 import threading
+import time
 
 from conftest import ledger_of, make_repo
 from helpers import git as hgit
@@ -113,3 +114,124 @@ def test_rolling_proposes_on_a_would_be_keep_while_it_is_confirmed(tmp_path):
         assert on_it and min(r.at for r in on_it) < keep.judged_at, keep.id
         # so the first candidate on it was placed well within one reply's latency
         assert min(c.submitted_at for c in after) - keep.judged_at < model.delay, keep.id
+
+
+def test_slots_a_confirmation_leaves_free_take_new_candidates(tmp_path):
+    """A would-be keep's confirmation pairs take two of the four slots; the other two do
+    not idle until its verdict: they take candidates on the current incumbent, as any
+    freed slot does in rolling."""
+    model = Improving(delay=0.2)
+    with LLMServer() as server:
+        server.respond_with(model)
+        repo = repo_for(tmp_path, server.openai_url,
+                        'mode = "rolling"\ncandidates = 10\n', evaluate_s=1.5,
+                        parallel=4)
+        ratchet(repo, "run", check=True, timeout=300)
+    ledger = ledger_of(repo)
+    rows = ledger.candidates(confirmations=True)
+    ledger.close()
+    cands = [c for c in rows if c.kind == "candidate"]
+    pairs = [c for c in rows if c.kind == "confirm"]
+    assert pairs, [(c.id, c.status, c.reasons) for c in cands]
+    beside = []
+    for cand in cands:
+        measured = [p for p in pairs if p.confirms == cand.id]
+        if not measured:
+            continue
+        first_pair = min(p.submitted_at for p in measured)
+        # placed while the pairs ran, on the incumbent of the time (its parent)
+        beside += [c for c in cands if c.submitted_at and first_pair < c.submitted_at
+                   < cand.judged_at and c.parent == cand.parent]
+    assert beside, [(c.id, c.status, c.submitted_at, c.judged_at) for c in rows]
+    # each was judged like any other candidate
+    assert all(c.status in ("keep", "discard") for c in beside), \
+        [(c.id, c.status, c.reasons) for c in beside]
+
+
+CHEAT = """\
+import json, os, sqlite3
+
+VALUE = {value}
+
+
+def compute():
+    # no sandbox: from inside its job, it claims a score for the incumbent no run measured
+    repo = os.path.abspath(os.path.join(os.environ["RATCHET_WORKDIR"], *[".."] * 4))
+    db = sqlite3.connect(os.path.join(repo, ".ratchet", "ledger.db"), timeout=30)
+    db.execute("UPDATE meta SET value = '0.0001' WHERE key = 'incumbent_metric'")
+    db.commit()
+    return VALUE
+"""
+
+
+class CheatsBeside:
+    """The first request's first reply is an honest improvement (sent after 1 s), the
+    others of that request fail to parse (recorded, never run); every later reply is a
+    cheat, sent only once the honest one's confirmation pairs run, so that it starts in a
+    slot the pairs leave free."""
+
+    def __init__(self, repo) -> None:
+        self.repo, self.lock, self.n = repo, threading.Lock(), 0
+        self.first_sent = threading.Event()
+
+    def pairs_running(self) -> bool:
+        try:
+            db = ledger_of(self.repo)
+        except Exception:
+            return False
+        try:
+            return any(c.kind == "confirm" and c.status == "submitted"
+                       for c in db.candidates(confirmations=True))
+        finally:
+            db.close()
+
+    def __call__(self, request) -> Answer:
+        with self.lock:
+            self.n += 1
+            n = self.n
+        if n == 1:
+            time.sleep(1.0)
+            self.first_sent.set()
+            return Answer("DESCRIPTION: set VALUE to 5\n\nsolution.py\n<<<<<<< FILE\n"
+                          "VALUE = 5\n\n\ndef compute():\n    return VALUE\n>>>>>>> FILE\n")
+        if not self.first_sent.is_set():  # the rest of the first request
+            return Answer("I would rather not.")
+        deadline = time.time() + 60
+        while not self.pairs_running() and time.time() < deadline:
+            time.sleep(0.05)
+        return Answer(f"DESCRIPTION: a cheat\n\nsolution.py\n<<<<<<< FILE\n"
+                      f"{CHEAT.format(value=9 + n / 100)}>>>>>>> FILE\n")
+
+
+def test_a_candidate_started_beside_a_confirmation_that_tampers_is_caught(tmp_path):
+    """Without a sandbox, a candidate started in a slot a confirmation leaves free writes
+    the ledger while the pairs run: the pairs' check finds it, restores the state and
+    rejects every candidate that ran then (the one confirmed among them: its code ran
+    too); nothing is kept on the tampered state."""
+    repo_dir = tmp_path / "r"
+    model = CheatsBeside(repo_dir)
+    with LLMServer() as server:
+        server.respond_with(model)
+        repo = repo_for(tmp_path, server.openai_url,
+                        'mode = "rolling"\ncandidates = 3\n', evaluate_s=2.0, parallel=3)
+        toml = (repo / "ratchet.toml").read_text().replace(
+            "slots = 2\n", 'slots = 3\nsandbox = "none"\n')
+        (repo / "ratchet.toml").write_text(toml)
+        hgit(repo, "commit", "-qam", "three slots, no sandbox")
+        proc = ratchet(repo, "run", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    ledger = ledger_of(repo)
+    rows = ledger.candidates(confirmations=True)
+    metric = ledger.get("incumbent_metric")
+    ledger.close()
+    honest = next(c for c in rows if c.description == "set VALUE to 5")
+    cheats = [c for c in rows if c.description == "a cheat" and c.job_id]
+    pairs = [c for c in rows if c.confirms == honest.id]
+    assert cheats and pairs, [(c.id, c.kind, c.status, c.reasons) for c in rows]
+    first_pair = min(p.submitted_at for p in pairs)
+    beside = [c for c in cheats if first_pair < c.submitted_at < honest.judged_at]
+    assert beside, [(c.id, c.submitted_at, first_pair, honest.judged_at) for c in cheats]
+    assert all(c.status == "rejected" and "tampering" in c.reasons for c in beside)
+    assert honest.status == "rejected" and "tampering" in honest.reasons
+    assert metric != 0.0001  # restored: the baseline's own measurement
+    assert "tampering" in proc.stdout + proc.stderr

@@ -6,7 +6,9 @@ It is the mode for never waiting: one request to the proposer is always in fligh
 jobs run, so a slot never waits for a reply it could have had. When the incumbent moves,
 the reply must not be asked for then:
 - a would-be keep going into confirmation is proposed on at once (`speculate`): if it is
-  kept, proposals made on it are ready when the confirmation ends;
+  kept, proposals made on it are ready when the confirmation ends; meanwhile the slots
+  its pairs leave free take what is ready on the incumbent of the time (`fill_beside`),
+  their writes expected by the pairs' tamper check and their jobs blamed with the others;
 - what is ready, made on the old incumbent, is re-based onto the new one at once
   (`carry`), and what conflicts is repaired by the proposer (it re-applies its change on
   the new incumbent, cheaper than a new proposal) while the slots take the rest; a
@@ -71,6 +73,9 @@ class Rolling:
         loop.meanwhile = self.meanwhile
         self.confirming: Candidate | None = None  # the would-be keep being confirmed
         self.unrunnable: list[Proposal] = []  # in, never to run: recorded at the next fill
+        # refs and verdicts of candidates recorded while a confirmation ran (fill_beside):
+        # the check after its settle expects them
+        self.beside: dict[str, dict] = {"refs": {}, "verdicts": {}}
 
     def made(self) -> int:
         """Candidates that take the budget: those that ran or will run. One rejected
@@ -176,10 +181,13 @@ class Rolling:
         loop.in_flight, self.confirming = [], None
         meta, verdicts = loop.written
         branch = {loop.guard.branch: meta["incumbent"]} if winner else {}
-        # rows the judging made (confirmation measurements) are ours too
+        # rows the judging made (confirmation measurements, candidates started beside
+        # them) are ours too
         made = {c.id: row_key(c) for c in led.candidates() if c.id not in known}
+        beside, self.beside = self.beside, {"refs": {}, "verdicts": {}}
         # the others ran on while we judged: anything but our own writes is theirs
-        self.verify(before, open_ids, meta=meta, refs=branch, verdicts=verdicts, rows=made)
+        self.verify(before, self.open_ids, meta=meta, refs={**beside["refs"], **branch},
+                    verdicts={**beside["verdicts"], **verdicts}, rows=made)
         loop.check_baseline(finished)
         fault_point("judged")
         for cand in (led.row(i) for i in finished):
@@ -242,6 +250,14 @@ class Rolling:
         want = loop.affordable(want)  # 0: a limit is reached, and the study stops
         if want <= 0:
             return []
+        take = self.choose(want)
+        return self.add([], take) if take else []
+
+    def choose(self, want: int, hold: str | None = None) -> list[Proposal]:
+        """Up to `want` proposals from `ready`, each on the current incumbent (re-based
+        onto it, or sent to the proposer for repair). Those made on `hold` (the would-be
+        keep being confirmed) stay: they run if it is kept."""
+        loop = self.loop
         incumbent = loop.ledger.get("incumbent")
         tried = {json.dumps(c.params, sort_keys=True) for c in loop.ledger.candidates()
                  if c.params and c.kind == Kind.CANDIDATE and c.parent == incumbent}
@@ -251,6 +267,8 @@ class Rolling:
         # is the strongest lead), then those made on the incumbent, then the others
         self.ready.sort(key=lambda item: (not _among(item[1], self.first),
                                           item[0] != incumbent))
+        held = [item for item in self.ready if hold is not None and item[0] == hold]
+        self.ready = [item for item in self.ready if not _among(item[1], [p for _, p in held])]
         conflicts: dict[str, list[Proposal]] = {}  # by the commit they were made on
         while len(take) < want and self.ready:
             base, proposal = self.ready.pop(0)
@@ -270,10 +288,47 @@ class Rolling:
             conflicts.setdefault(base, []).extend(self.once(conflicting, base, incumbent))
             if key is not None:
                 tried.add(key)
+        self.ready += held
         for base, conflicting in conflicts.items():
             if conflicting:
                 self.repair(base, incumbent, conflicting)
-        return self.add([], take) if take else []
+        return take
+
+    def fill_beside(self) -> dict | None:
+        """While a would-be keep is confirmed, the slots its pairs leave free take new
+        candidates on the current incumbent, as any freed slot does in rolling (they
+        would idle for the whole confirmation). Nothing is verified here: the writes are
+        returned for the pairs' check to expect, and the new candidates join
+        `loop.in_flight`, blamed with the others if anything else changes."""
+        loop, led = self.loop, self.loop.ledger
+        if loop.stop.soft or self.confirming is None:
+            return None
+        rows = led.candidates(confirmations=True)
+        if not any(c.confirms == self.confirming.id and c.status == Status.SUBMITTED
+                   for c in rows):
+            return None  # its pairs are measured: the verdict (or the next pair) is next
+        loop.jobs.poll(loop.in_flight)  # a finished one frees its slot
+        busy = sum(1 for c in led.candidates(confirmations=True)  # polled just now
+                   if c.status == Status.SUBMITTED)
+        want = self.room_for(min(loop.parallel - busy, self.budget - self.made()))
+        if want <= 0:
+            return None
+        take = self.choose(want, hold=self.confirming.commit_sha)
+        if not take:
+            return None
+        created = loop.proposals.record(led.get("round"), led.get("incumbent"), take, [])
+        loop.write_views()
+        writes: dict[str, dict] = {"refs": {study_ref(loop.name, c.id): c.commit_sha for c in created
+                           if c.commit_sha and c.kind == Kind.CANDIDATE},
+                  "verdicts": {c.id: (c.status, c.metric) for c in created if c.is_judged},
+                  "rows": {c.id: row_key(c) for c in created}}
+        for key in ("refs", "verdicts"):  # the judge's check after the settle expects them
+            self.beside[key].update(writes[key])
+        started = [c for c in created if c.status in OPEN_STATES]
+        loop.in_flight += [c.id for c in started]
+        self.open_ids += [c.id for c in started]
+        loop.jobs.start(started, lambda: loop.stop.hard)
+        return writes
 
     def carry(self) -> None:
         """The incumbent moved: what is ready is re-based onto it now, and a repair of
@@ -318,15 +373,17 @@ class Rolling:
         self.repairing.append((base, incumbent, len(conflicting),
                                self.loop.proposals.repair(base, incumbent, conflicting, ctx)))
 
-    def meanwhile(self) -> None:
+    def meanwhile(self) -> dict | None:
         """While a confirmation waits for its pairs: replies are taken in and what will
         never run set aside, so a request for runnable ones goes out now, not when the
-        confirmation ends (nothing is recorded: the pairs' tamper check reads the state)."""
+        confirmation ends; free slots take new candidates (`fill_beside`). Returns the
+        trusted writes made (recording what will never run waits for the verdict)."""
         self.collect(record=False)
         if self.confirming is not None:
             self.ask_on(self.confirming)
         else:
             self.request(stop=False)
+        return self.fill_beside()
 
     def collect(self, record: bool = True) -> None:
         """Answers that are in (proposals, repairs) join `ready`; never waits."""

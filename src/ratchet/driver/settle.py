@@ -105,9 +105,11 @@ class Loop:
     # told when a would-be keep goes into confirmation, before its pairs run (rolling
     # asks for proposals on it then, so they are ready if it is kept)
     on_confirm: Callable[[Candidate], None] | None = None
-    # called while a confirmation waits for its pairs: the policy may take in replies and
-    # ask the proposer (nothing that writes the trusted state: the pairs' check reads it)
-    meanwhile: Callable[[], None] | None = None
+    # called while a confirmation waits for its pairs: the policy may take in replies,
+    # ask the proposer and start candidates in the slots the pairs leave free; it returns
+    # its own writes to the trusted state (Guard.expect's keywords), which the pairs'
+    # check then expects, and adds the candidates it started to `in_flight`
+    meanwhile: Callable[[], dict | None] | None = None
     # the study's spend as last summed (time.monotonic(), Spend): budget checks reuse it
     # briefly, the rolling loop asks many times a second
     _spent: tuple[float, Spend] | None = None
@@ -376,9 +378,12 @@ class Confirming:
             trusted = loop.guard.snapshot()  # the candidate's code runs again
             loop.jobs.start(waiting, lambda: loop.stop.hard)
             def report(running: list) -> None:
+                nonlocal trusted
                 loop.report(led.get("round"), loop.target or led.get("round"), running)
                 if loop.meanwhile is not None:
-                    loop.meanwhile()
+                    writes = loop.meanwhile()
+                    if writes:  # the policy's own: anything else is tampering
+                        trusted = loop.guard.expect(trusted, **writes)
 
             loop.jobs.wait(ids, report, lambda: loop.stop.hard)
             if loop.guard.check(trusted, [cand.id, *loop.in_flight]):
