@@ -145,7 +145,8 @@ class HistoryModel:
     value in the file it sees, by a step that grows with the keeps in the history it is
     shown (momentum) and shrinks after discards; some steps go the wrong way. Its choice
     is a function of what it saw (the file, the history and the candidates running, which
-    of the K it is and the direction it is given), so two
+    of the K it is and the direction it is given), it does not propose a value it was
+    shown tried or running unless all its steps were, and two
     studies that show it the same things get the same proposals. Asked to repair (re-apply
     a change made on an older incumbent), it applies the same step to the value it is
     shown, as a model re-applying "lower X by 4" would."""
@@ -180,10 +181,15 @@ class HistoryModel:
         angle = zlib.crc32(direction.group(1).encode()) % 997 if direction else 0
         rng = random.Random(x * 100_003 + attempt * 1009 + keeps * 101 + seen
                             + angle * 7_919)
-        step = rng.choice([-4, -2, 1, 2, 3, 5]) * (1 + 0.5 * keeps)
-        value = max(0, x - round(step))
-        if value == x:
-            value = x + 1
+        # what it was shown tried or running ("move X from A to B"): as a model told
+        # "do not propose these again" would, it takes another of its steps, and repeats
+        # only when every step lands on something shown
+        shown = {int(v) for v in re.findall(r"move X from \d+ to (\d+)", prompt)}
+        steps = [-4, -2, 1, 2, 3, 5]
+        rng.shuffle(steps)
+        values = [max(0, x - round(step * (1 + 0.5 * keeps))) for step in steps]
+        values = [v if v != x else x + 1 for v in values]
+        value = next((v for v in values if v not in shown), values[0])
         text = (f"DESCRIPTION: move X from {x} to {value}\n\nknob.py\n<<<<<<< SEARCH\n"
                 f"X = {x}\n=======\nX = {value}\n>>>>>>> REPLACE\n")
         return Answer(text, delay=self.delay)
@@ -205,52 +211,84 @@ def to_target(repo: Path, target: float, started_at: float) -> tuple[float | Non
 
 
 def research_speed(base: Path, task_s: float, delay: float, candidates: int = 32,
-                   target: float = 60.0) -> list[str]:
+                   target: float = 60.0, reps: int = 1, only: str | None = None) -> list[str]:
+    """Each (mode, latency) study `reps` times, the latencies interleaved (a drift of the
+    machine's load falls on both alike); the medians are compared. A history-aware model
+    takes a different path at each latency, so one pair of studies mixes the latency's
+    cost with the path's (a keep more is a confirmation more): the repeats and the slots'
+    duty (job seconds over K x wall, confirmation pairs included) tell them apart."""
     model = HistoryModel()
     os.environ.setdefault("OPENAI_API_KEY", "sk-bench")
-    modes = (("rounds (each round sees the last one's verdicts)", "rounds", ""),
-             ("rounds, search.ahead = true (speculation)", "rounds", "ahead = true"),
-             ("rolling", "rolling", ""))
+    modes = [m for m in (("rounds (each round sees the last one's verdicts)", "rounds", ""),
+                         ("rounds, search.ahead = true (speculation)", "rounds", "ahead = true"),
+                         ("rolling", "rolling", "")) if only is None or m[1] == only]
     rows = [f"**5. Research speed, the incumbent moving** (llm proposer, history-aware fake "
             f"model, K=4, {candidates} candidates of {task_s:g} s, score = X from 100, "
-            f"target X <= {target:g})",
+            f"target X <= {target:g}; {reps} studies per row, medians)",
             "| mode | proposer latency | to target: wall s | to target: candidates | "
-            "study wall s | kept | requests |", "|---|---|---|---|---|---|---|"]
-    walls: dict[tuple[str, float], float] = {}
+            "study wall s (each) | slot duty | kept | requests |",
+            "|---|---|---|---|---|---|---|---|"]
+    walls: dict[tuple[str, float], list[float]] = {}
     with LLMServer() as server:
         server.respond_with(model)
         for name, mode, search in modes:
-            for d in (0.0, delay):
-                model.delay = d
-                before = model.requests
-                llm = LLM.format(url=server.openai_url).replace(
-                    "[llm]\n", "[llm]\nhistory = 8\n")
-                repo = synthetic.make_repo(
-                    base / f"research-{mode}-{bool(search)}-{d:g}", name="rs", k=4,
-                    rounds=candidates // 4, sleep=task_s, proposer="llm", mode=mode,
-                    start=100, extra=llm)
-                if search:
-                    toml = (repo / "ratchet.toml").read_text().replace(
-                        f'mode = "{mode}"\n', f'mode = "{mode}"\n{search}\n')
-                    (repo / "ratchet.toml").write_text(toml)
-                    synthetic.git(repo, "commit", "-qam", "speculate")
-                started_at = time.time()
-                r = timed_run(repo, rolling=mode == "rolling", candidates=candidates - 1
-                              if mode == "rolling" else None)
-                seconds, made = to_target(repo, target, started_at)
-                walls[(name, d)] = r["wall"]
-                ledger = Ledger(repo / ".ratchet" / "ledger.db")
-                kept = sum(1 for c in ledger.candidates()
-                           if c.kind == "candidate" and c.status == "keep")
-                ledger.close()
-                rows.append(f"| {name} | {d:g} s | "
-                            f"{'not reached' if seconds is None else f'{seconds:.2f}'} | "
-                            f"{'—' if made is None else made} | {r['wall']:.2f} | {kept} | "
-                            f"{model.requests - before} |")
+            cells: dict[float, list[dict]] = {0.0: [], delay: []}
+            for rep in range(reps):
+                for d in (0.0, delay) if rep % 2 == 0 else (delay, 0.0):
+                    cells[d].append(research_study(base / f"research-{mode}-{bool(search)}-"
+                                                   f"{d:g}-{rep}", server, model, d, mode,
+                                                   search, candidates, task_s, target))
+            for d, got in cells.items():
+                walls[(name, d)] = [g["wall"] for g in got]
+                reached = [g["seconds"] for g in got if g["seconds"] is not None]
+                made = [g["made"] for g in got if g["made"] is not None]
+                to_s = (f"{median(reached):.2f}" + (f" ({len(reached)} of {reps})"
+                                                    if len(reached) < reps else "")
+                        if reached else "not reached")
+                rows.append(f"| {name} | {d:g} s | {to_s} | "
+                            f"{median(made) if made else '—'} | "
+                            f"{median(walls[(name, d)]):.2f} ("
+                            f"{', '.join(f'{w:.1f}' for w in walls[(name, d)])}) | "
+                            f"{median([g['duty'] for g in got]):.2f} | "
+                            f"{median([g['kept'] for g in got])} | "
+                            f"{median([g['requests'] for g in got])} |")
     for name, _, _ in modes:
         rows.append(f"{name}: {delay:g} s of latency per reply costs "
-                    f"{walls[(name, delay)] / walls[(name, 0.0)]:.2f}x the study's wall time")
+                    f"{median(walls[(name, delay)]) / median(walls[(name, 0.0)]):.2f}x the "
+                    "study's median wall time")
     return rows
+
+
+def median(values: list) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def research_study(path: Path, server: LLMServer, model: HistoryModel, delay: float,
+                   mode: str, search: str, candidates: int, task_s: float,
+                   target: float) -> dict:
+    model.delay = delay
+    before = model.requests
+    llm = LLM.format(url=server.openai_url).replace("[llm]\n", "[llm]\nhistory = 8\n")
+    repo = synthetic.make_repo(path, name="rs", k=4, rounds=candidates // 4, sleep=task_s,
+                               proposer="llm", mode=mode, start=100, extra=llm)
+    if search:
+        toml = (repo / "ratchet.toml").read_text().replace(
+            f'mode = "{mode}"\n', f'mode = "{mode}"\n{search}\n')
+        (repo / "ratchet.toml").write_text(toml)
+        synthetic.git(repo, "commit", "-qam", "speculate")
+    started_at = time.time()
+    r = timed_run(repo, rolling=mode == "rolling",
+                  candidates=candidates - 1 if mode == "rolling" else None)
+    seconds, made = to_target(repo, target, started_at)
+    ledger = Ledger(repo / ".ratchet" / "ledger.db")
+    rows = ledger.candidates(confirmations=True)
+    ledger.close()
+    kept = sum(1 for c in rows if c.kind == "candidate" and c.status == "keep")
+    duty = throughput(rows, 4).duty or 0.0
+    return {"wall": r["wall"], "seconds": seconds, "made": made, "kept": kept,
+            "duty": duty, "requests": model.requests - before}
 
 
 # a new driver process, as `ratchet run` is: every import and client is made anew
@@ -420,6 +458,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="LLM runs per setting")
     parser.add_argument("--llm-candidates", type=int, default=16,
                         help="candidates of the LLM case's study (a multiple of 4)")
+    parser.add_argument("--research-reps", type=int, default=1,
+                        help="studies per row of the research-speed case (medians)")
+    parser.add_argument("--research-mode", choices=["rounds", "rolling"], default=None,
+                        help="only this mode's rows of the research-speed case")
     parser.add_argument("--record", action="store_true", help="append to bench/RESULTS.md")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="ratchet-throughput-"))
@@ -437,7 +479,8 @@ def main() -> None:
         if args.only in (None, "gpu"):
             lines += one_gpu(base) + [""]
         if args.only in (None, "research"):
-            lines += research_speed(base, args.task_s, args.delay)
+            lines += research_speed(base, args.task_s, args.delay, reps=args.research_reps,
+                                    only=args.research_mode)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     text = "\n".join(lines)
@@ -446,6 +489,10 @@ def main() -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         with (ROOT / "bench" / "RESULTS.md").open("a") as fh:
             only = f" --only {args.only}" if args.only else ""
+            if args.research_reps != 1:
+                only += f" --research-reps {args.research_reps}"
+            if args.research_mode:
+                only += f" --research-mode {args.research_mode}"
             fh.write(f"\n### throughput, {stamp}\n\nCommand: `.venv/bin/python "
                      f"bench/throughput.py --task-s {args.task_s:g} --delay {args.delay:g}"
                      f" --llm-candidates {args.llm_candidates}{only} --record`\n\n{text}\n")
