@@ -232,13 +232,17 @@ class Rolling:
                                         rows)
         loop.write_views()
         # others run meanwhile: check against before + our own new refs and verdicts
-        refs = {study_ref(self.loop.name, c.id): c.commit_sha for c in created
-                if c.commit_sha and c.kind == Kind.CANDIDATE}
-        judged = {c.id: (c.status, c.metric) for c in created if c.is_judged}
-        self.verify(before, self.open_ids, refs=refs, verdicts=judged,
-                    rows={c.id: row_key(c) for c in created})
+        self.verify(before, self.open_ids, **self.writes_of(created))
         loop.jobs.start(created, lambda: loop.stop.hard)  # after the trusted state is set
         return [c.id for c in created if c.status in OPEN_STATES]
+
+    def writes_of(self, created: list[Candidate]) -> dict[str, dict]:
+        """The trusted state recording `created` wrote (Guard.expect's keywords): their
+        rows, their refs, and the verdicts of those judged as they were recorded."""
+        return {"refs": {study_ref(self.loop.name, c.id): c.commit_sha for c in created
+                         if c.commit_sha and c.kind == Kind.CANDIDATE},
+                "verdicts": {c.id: (c.status, c.metric) for c in created if c.is_judged},
+                "rows": {c.id: row_key(c) for c in created}}
 
     def fill(self, busy: int) -> list[str]:
         """New candidates for the free slots, from the current incumbent."""
@@ -267,8 +271,8 @@ class Rolling:
         # is the strongest lead), then those made on the incumbent, then the others
         self.ready.sort(key=lambda item: (not _among(item[1], self.first),
                                           item[0] != incumbent))
-        held = [item for item in self.ready if hold is not None and item[0] == hold]
-        self.ready = [item for item in self.ready if not _among(item[1], [p for _, p in held])]
+        held = [item for item in self.ready if item[0] == hold]
+        self.ready = [item for item in self.ready if item[0] != hold]
         conflicts: dict[str, list[Proposal]] = {}  # by the commit they were made on
         while len(take) < want and self.ready:
             base, proposal = self.ready.pop(0)
@@ -303,13 +307,12 @@ class Rolling:
         loop, led = self.loop, self.loop.ledger
         if loop.stop.soft or self.confirming is None:
             return None
-        rows = led.candidates(confirmations=True)
-        if not any(c.confirms == self.confirming.id and c.status == Status.SUBMITTED
-                   for c in rows):
+        pairs = sum(1 for c in led.candidates(confirmations=True)
+                    if c.confirms == self.confirming.id and c.status == Status.SUBMITTED)
+        if not pairs:
             return None  # its pairs are measured: the verdict (or the next pair) is next
-        loop.jobs.poll(loop.in_flight)  # a finished one frees its slot
-        busy = sum(1 for c in led.candidates(confirmations=True)  # polled just now
-                   if c.status == Status.SUBMITTED)
+        # every other job placed runs in_flight; one that finished frees its slot
+        busy = pairs + len(loop.jobs.poll(loop.in_flight))
         want = self.room_for(min(loop.parallel - busy, self.budget - self.made()))
         if want <= 0:
             return None
@@ -318,10 +321,7 @@ class Rolling:
             return None
         created = loop.proposals.record(led.get("round"), led.get("incumbent"), take, [])
         loop.write_views()
-        writes: dict[str, dict] = {"refs": {study_ref(loop.name, c.id): c.commit_sha for c in created
-                           if c.commit_sha and c.kind == Kind.CANDIDATE},
-                  "verdicts": {c.id: (c.status, c.metric) for c in created if c.is_judged},
-                  "rows": {c.id: row_key(c) for c in created}}
+        writes = self.writes_of(created)
         for key in ("refs", "verdicts"):  # the judge's check after the settle expects them
             self.beside[key].update(writes[key])
         started = [c for c in created if c.status in OPEN_STATES]
