@@ -54,6 +54,7 @@ import threading
 import time
 import zlib
 from pathlib import Path
+from statistics import median
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -257,12 +258,6 @@ def research_speed(base: Path, task_s: float, delay: float, candidates: int = 32
                     f"{median(walls[(name, delay)]) / median(walls[(name, 0.0)]):.2f}x the "
                     "study's median wall time")
     return rows
-
-
-def median(values: list) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def research_study(path: Path, server: LLMServer, model: HistoryModel, delay: float,
