@@ -46,27 +46,39 @@ class Improving:
 
 
 def repo_for(tmp_path, url: str, search: str, evaluate_s: float, parallel: int = 2,
-             baseline_s: float | None = None):
+             baseline_s: float | None = None, toml_edits: dict[str, str] | None = None):
+    """The tiny task with `search` in place of `rounds = 1`, and each of `toml_edits`
+    (old text: new text) made in ratchet.toml, in one commit."""
     sleep = (f"({baseline_s} if solution.VALUE == 10 else {evaluate_s})"
              if baseline_s is not None else f"{evaluate_s}")
     repo = make_repo(tmp_path / "r", "llm", LLM.format(url=url), parallel=parallel, files={
         "evaluate.py": f"import time\nimport solution\ntime.sleep({sleep})\n"
                        "print(f'score: {solution.compute()}')\n"})
     toml = (repo / "ratchet.toml").read_text().replace("rounds = 1\n", search)
+    for old, new in (toml_edits or {}).items():
+        toml = toml.replace(old, new)
     (repo / "ratchet.toml").write_text(toml)
     hgit(repo, "commit", "-qam", "study settings")
     return repo
 
 
+def run_study(tmp_path, responder, search: str, timeout: float = 300, **repo_kw):
+    """`ratchet run` on `repo_for`'s task against a loopback LLM answering with
+    `responder`: (the repo, the finished process, the requests the server saw)."""
+    with LLMServer() as server:
+        server.respond_with(responder)
+        repo = repo_for(tmp_path, server.openai_url, search, **repo_kw)
+        proc = ratchet(repo, "run", timeout=timeout)
+        requests = list(server.requests)
+    return repo, proc, requests
+
+
 def test_the_baseline_runs_while_the_first_proposals_are_made(tmp_path):
     model = Improving(delay=3.0)
-    with LLMServer() as server:
-        server.respond_with(model)
-        repo = repo_for(tmp_path, server.openai_url, "rounds = 1\nmode = \"rounds\"\n",
-                        evaluate_s=0.2,
-                        parallel=3)
-        ratchet(repo, "run", check=True)
-        first_reply = min(r.at for r in server.requests) + model.delay
+    repo, proc, requests = run_study(tmp_path, model, "rounds = 1\nmode = \"rounds\"\n",
+                                     evaluate_s=0.2, parallel=3)
+    assert proc.returncode == 0, proc.stderr
+    first_reply = min(r.at for r in requests) + model.delay
     ledger = ledger_of(repo)
     cands = ledger.candidates()
     ledger.close()
@@ -83,15 +95,11 @@ def test_the_baseline_runs_while_the_first_proposals_are_made(tmp_path):
 
 def test_rolling_proposes_on_a_would_be_keep_while_it_is_confirmed(tmp_path):
     model = Improving(delay=1.0)
-    with LLMServer() as server:
-        server.respond_with(model)
-        # the baseline runs longest: proposals made on it queue up meanwhile, and are
-        # carried onto the first keep
-        repo = repo_for(tmp_path, server.openai_url,
-                        'mode = "rolling"\ncandidates = 8\n', evaluate_s=1.5,
-                        baseline_s=4.0)
-        ratchet(repo, "run", check=True, timeout=300)
-        requests = list(server.requests)
+    # the baseline runs longest: proposals made on it queue up meanwhile, and are
+    # carried onto the first keep
+    repo, proc, requests = run_study(tmp_path, model, 'mode = "rolling"\ncandidates = 8\n',
+                                     evaluate_s=1.5, baseline_s=4.0)
+    assert proc.returncode == 0, proc.stderr
     ledger = ledger_of(repo)
     cands = [c for c in ledger.candidates() if c.kind == "candidate"]
     calls = ledger.calls()
@@ -120,13 +128,10 @@ def test_slots_a_confirmation_leaves_free_take_new_candidates(tmp_path):
     """A would-be keep's confirmation pairs take two of the four slots; the other two do
     not idle until its verdict: they take candidates on the current incumbent, as any
     freed slot does in rolling."""
-    model = Improving(delay=0.2)
-    with LLMServer() as server:
-        server.respond_with(model)
-        repo = repo_for(tmp_path, server.openai_url,
-                        'mode = "rolling"\ncandidates = 10\n', evaluate_s=1.5,
-                        parallel=4)
-        ratchet(repo, "run", check=True, timeout=300)
+    repo, proc, _ = run_study(tmp_path, Improving(delay=0.2),
+                              'mode = "rolling"\ncandidates = 10\n', evaluate_s=1.5,
+                              parallel=4)
+    assert proc.returncode == 0, proc.stderr
     ledger = ledger_of(repo)
     rows = ledger.candidates(confirmations=True)
     ledger.close()
@@ -208,17 +213,10 @@ def test_a_candidate_started_beside_a_confirmation_that_tampers_is_caught(tmp_pa
     the ledger while the pairs run: the pairs' check finds it, restores the state and
     rejects every candidate that ran then (the one confirmed among them: its code ran
     too); nothing is kept on the tampered state."""
-    repo_dir = tmp_path / "r"
-    model = CheatsBeside(repo_dir)
-    with LLMServer() as server:
-        server.respond_with(model)
-        repo = repo_for(tmp_path, server.openai_url,
-                        'mode = "rolling"\ncandidates = 3\n', evaluate_s=2.0, parallel=3)
-        toml = (repo / "ratchet.toml").read_text().replace(
-            "slots = 2\n", 'slots = 3\nsandbox = "none"\n')
-        (repo / "ratchet.toml").write_text(toml)
-        hgit(repo, "commit", "-qam", "three slots, no sandbox")
-        proc = ratchet(repo, "run", timeout=300)
+    repo, proc, _ = run_study(tmp_path, CheatsBeside(tmp_path / "r"),
+                              'mode = "rolling"\ncandidates = 3\n', evaluate_s=2.0,
+                              parallel=3,
+                              toml_edits={"slots = 2\n": 'slots = 3\nsandbox = "none"\n'})
     assert proc.returncode == 0, proc.stderr
     ledger = ledger_of(repo)
     rows = ledger.candidates(confirmations=True)

@@ -3,11 +3,9 @@ run is recorded on top, and a proposer that only repeats itself cannot hold a st
 
 from __future__ import annotations
 
-from conftest import ledger_of, make_repo
-from helpers import git as hgit
-from helpers import ratchet
-from llm_server import Answer, LLMServer
-from test_latency import LLM
+from conftest import ledger_of
+from llm_server import Answer
+from test_latency import run_study
 
 
 class Repeating:
@@ -22,15 +20,8 @@ def test_a_proposer_that_repeats_itself_ends_a_rolling_study(tmp_path):
     """Rolling's budget counts candidates that run; a repeat is recorded `rejected`, with
     why, on top. One that only repeats cannot hold the study open: past as many repeats
     as the budget, no more is asked, and the study says so in one line."""
-    with LLMServer() as server:
-        server.respond_with(Repeating())
-        repo = make_repo(tmp_path / "r", "llm", LLM.format(url=server.openai_url),
-                         parallel=2)
-        toml = (repo / "ratchet.toml").read_text().replace(
-            "rounds = 1\n", "mode = \"rolling\"\ncandidates = 3\n")
-        (repo / "ratchet.toml").write_text(toml)
-        hgit(repo, "commit", "-qam", "rolling")
-        proc = ratchet(repo, "run", timeout=240)
+    repo, proc, _ = run_study(tmp_path, Repeating(), 'mode = "rolling"\ncandidates = 3\n',
+                              timeout=240, evaluate_s=0)
     assert proc.returncode == 0, proc.stderr
     ledger = ledger_of(repo)
     cands = [c for c in ledger.candidates() if c.kind == "candidate"]
