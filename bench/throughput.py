@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import platform
 import random
@@ -227,9 +228,10 @@ def research_speed(base: Path, task_s: float, delay: float, candidates: int = 32
             f"model, K=4, {candidates} candidates of {task_s:g} s, score = X from 100, "
             f"target X <= {target:g}; {reps} studies per row, medians)",
             "| mode | proposer latency | to target: wall s | to target: candidates | "
-            "study wall s (each) | slot duty | kept | requests |",
-            "|---|---|---|---|---|---|---|---|"]
+            "study wall s (each) | slot duty | slots waiting for a reply | kept | requests |",
+            "|---|---|---|---|---|---|---|---|---|"]
     walls: dict[tuple[str, float], list[float]] = {}
+    shares: dict[tuple[str, float], list[float]] = {}
     with LLMServer() as server:
         server.respond_with(model)
         for name, mode, search in modes:
@@ -241,6 +243,7 @@ def research_speed(base: Path, task_s: float, delay: float, candidates: int = 32
                                                    search, candidates, task_s, target))
             for d, got in cells.items():
                 walls[(name, d)] = [g["wall"] for g in got]
+                shares[(name, d)] = [g["waited"] for g in got if g["waited"] is not None]
                 reached = [g["seconds"] for g in got if g["seconds"] is not None]
                 made = [g["made"] for g in got if g["made"] is not None]
                 to_s = (f"{median(reached):.2f}" + (f" ({len(reached)} of {reps})"
@@ -251,13 +254,28 @@ def research_speed(base: Path, task_s: float, delay: float, candidates: int = 32
                             f"{median(walls[(name, d)]):.2f} ("
                             f"{', '.join(f'{w:.1f}' for w in walls[(name, d)])}) | "
                             f"{median([g['duty'] for g in got]):.2f} | "
+                            f"{waited(got)} | "
                             f"{median([g['kept'] for g in got])} | "
                             f"{median([g['requests'] for g in got])} |")
     for name, _, _ in modes:
         rows.append(f"{name}: {delay:g} s of latency per reply costs "
                     f"{median(walls[(name, delay)]) / median(walls[(name, 0.0)]):.2f}x the "
                     "study's median wall time")
+        if shares.get((name, delay)) and shares.get((name, 0.0)):
+            cost = median(shares[(name, delay)]) - median(shares[(name, 0.0)])
+            rows.append(f"{name}: free slots waited for a reply {median(shares[(name, delay)]):.1%} "
+                        f"of the slots' time at {delay:g} s, {median(shares[(name, 0.0)]):.1%} at "
+                        f"0 s: the latency cost {cost:.1%} of the slots' time (target <= 3%)")
     return rows
+
+
+def waited(got: list[dict]) -> str:
+    """The median share of the slots' time a free slot waited for a reply, and each study's
+    (rolling counts it; rounds do not)."""
+    shares = [g["waited"] for g in got if g["waited"] is not None]
+    if not shares:
+        return "—"
+    return f"{median(shares):.1%} ({', '.join(f'{w:.1%}' for w in shares)})"
 
 
 def research_study(path: Path, server: LLMServer, model: HistoryModel, delay: float,
@@ -279,11 +297,14 @@ def research_study(path: Path, server: LLMServer, model: HistoryModel, delay: fl
     seconds, made = to_target(repo, target, started_at)
     ledger = Ledger(repo / ".ratchet" / "ledger.db")
     rows = ledger.candidates(confirmations=True)
+    # rolling's own count of the slot-seconds a free slot waited for a reply
+    waits = [json.loads(e["data"]) for e in ledger.events() if e["kind"] == "proposer-wait"]
     ledger.close()
     kept = sum(1 for c in rows if c.kind == "candidate" and c.status == "keep")
     duty = throughput(rows, 4).duty or 0.0
     return {"wall": r["wall"], "seconds": seconds, "made": made, "kept": kept,
-            "duty": duty, "requests": model.requests - before}
+            "duty": duty, "requests": model.requests - before,
+            "waited": waits[-1]["share"] if waits else None}
 
 
 # a new driver process, as `ratchet run` is: every import and client is made anew

@@ -434,6 +434,7 @@ def _as_json(cand: Candidate, metric: str) -> dict:
         "description": cand.description,
         "reasons": cand.reasons,
         "reason": cand.reasons,  # the guard's or judge's reason, under its singular name too
+        "code": cand.code,  # why, as a code to match on (judge.Reason), not as text
         "metrics_source": (cand.result or {}).get("metrics_source"),
         "gain": cand.gain,
         "margin": cand.margin,

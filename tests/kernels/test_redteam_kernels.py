@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from helpers import git, make_repo, ratchet
 
+from ratchet.driver.judge import Reason
 from ratchet.driver.ledger import Ledger
 
 CONFIG = """
@@ -273,6 +274,8 @@ def softmax(x):
 # What each cheat may end as: "discard" means the trick could not reach the evaluator
 # (the kernel is as slow as the incumbent); the others mean a guard caught it.
 CAUGHT = ("failed", "rejected", "crash")
+# a discard that says the cheat, measured honestly, is no better than the incumbent
+HONEST_DISCARDS = (Reason.NO_GAIN, Reason.WITHIN_MARGIN, Reason.NOT_CONFIRMED)
 EXPECTED: dict[str, tuple[str, ...]] = {
     "patch_harness": ("discard",),
     "stack_inspect": ("discard",),
@@ -346,9 +349,9 @@ def test_cheat_is_never_kept(study, name):
     assert verdict["status"] in EXPECTED[name], (verdict, _logs(study["repo"], study["ids"][name])[-3000:])
     if verdict["status"] == "discard":  # measured honestly, and not better than the incumbent
         # (a cheat that does the honest work too times like the incumbent: under load its
-        # gain can land inside the noise margin instead of below zero)
-        assert ("no improvement" in verdict["reasons"]
-                or "within margin" in verdict["reasons"]), verdict
+        # gain can land inside the noise margin instead of below zero, or beyond it once
+        # and then not be confirmed on fresh pairs)
+        assert verdict["code"] in HONEST_DISCARDS, verdict
     if verdict.get("metric") is not None:
         assert verdict["metric"] < 5, verdict  # never the fake 50x
 

@@ -1,10 +1,15 @@
 """Rolling's budget is a number of candidates that run (issue 23): a proposal that cannot
-run is recorded on top, and a proposer that only repeats itself cannot hold a study open."""
+run is recorded on top, and a proposer that only repeats itself cannot hold a study open;
+what rolling does with replies that have nothing runnable, and how long its slots waited."""
 
 from __future__ import annotations
 
+import json
+import threading
+
 from conftest import ledger_of
 from llm_server import Answer
+from test_latency import Improving as SlowImproving
 from test_latency import run_study
 
 
@@ -31,3 +36,75 @@ def test_a_proposer_that_repeats_itself_ends_a_rolling_study(tmp_path):
     assert len(ran) == 1, [(c.id, c.status, c.reasons) for c in cands]  # the one new change
     assert 1 <= len(unrun) <= 3 and all(c.status == "rejected" and c.reasons for c in unrun)
     assert "3 proposals could not run" in proc.stdout + proc.stderr
+
+
+class RepeatingAfterOne:
+    """The first reply's attempts are new changes (one each); every later one repeats the
+    first change, so a reply after the first has nothing runnable."""
+
+    def __init__(self) -> None:
+        self.lock, self.replies = threading.Lock(), 0
+
+    def __call__(self, request) -> Answer:
+        with self.lock:
+            self.replies += 1
+            value = 8 - self.replies if self.replies <= 2 else 7
+        return Answer(f"DESCRIPTION: set VALUE to {value}\n\nsolution.py\n<<<<<<< FILE\n"
+                      f"VALUE = {value}\n\n\ndef compute():\n    return VALUE\n"
+                      ">>>>>>> FILE\n")
+
+
+def test_a_barren_reply_is_not_asked_again_until_a_verdict(tmp_path):
+    """A reply with nothing runnable (every proposal a repeat) is the proposer's answer to
+    what it was shown: rolling does not ask the same question again while a verdict that
+    changes it is coming (before, it asked again at once, a request a tick, until its
+    limit of unrunnable proposals ended the study)."""
+    model = RepeatingAfterOne()
+    repo, proc, requests = run_study(tmp_path, model, 'mode = "rolling"\ncandidates = 12\n',
+                                     timeout=240, evaluate_s=3.0)
+    assert proc.returncode == 0, proc.stderr
+    ledger = ledger_of(repo)
+    cands = [c for c in ledger.candidates() if c.kind == "candidate"]
+    ledger.close()
+    ran = sorted((c for c in cands if c.job_id is not None), key=lambda c: c.seq)
+    assert len(ran) == 2, [(c.id, c.status, c.reasons) for c in cands]
+    # until the first candidate's verdict (its run and its confirmation, about 12 s) the
+    # questions asked were few: the first, one after the barren reply, one after the
+    # baseline's verdict, one on the would-be keep and its beside slots, each K = 2
+    # requests and a retry or two (9 seen); asking again a tick after a barren reply
+    # made 26 in the same span
+    first_verdict = min(c.judged_at for c in ran)
+    asked_meanwhile = [r for r in requests if r.at < first_verdict]
+    assert len(asked_meanwhile) <= 14, len(asked_meanwhile)
+
+
+def test_twins_in_one_reply_are_billed_not_recorded(tmp_path):
+    """K requests made side by side may answer with the same change: the copy is not a
+    candidate row (its twin is), and its call is billed, marked as dropped with why."""
+    repo, proc, requests = run_study(tmp_path, Repeating(), 'mode = "rolling"\ncandidates = 3\n',
+                                     timeout=240, evaluate_s=0)
+    assert proc.returncode == 0, proc.stderr
+    ledger = ledger_of(repo)
+    cands = [c for c in ledger.candidates() if c.kind == "candidate"]
+    calls = ledger.calls()
+    ledger.close()
+    assert not any("identical diff" in (c.reasons or "") for c in cands)
+    assert len(calls) == len(requests)  # every request billed, twins' too
+    twins = [c for c in calls if (c["fate"] or "").startswith("dropped: the same change")]
+    assert twins and all(c["candidate"] is None for c in twins)
+
+
+def test_rolling_says_how_long_slots_waited_for_replies(tmp_path):
+    """Rolling counts the slot-seconds a free slot waited for a reply: at least the first
+    reply's second for the slot the baseline leaves free; said in one line at the end and
+    kept in the ledger's events."""
+    repo, proc, _ = run_study(tmp_path, SlowImproving(delay=1.5),
+                              'mode = "rolling"\ncandidates = 2\n', timeout=240,
+                              evaluate_s=0.5)
+    assert proc.returncode == 0, proc.stderr
+    ledger = ledger_of(repo)
+    [wait] = [json.loads(e["data"]) for e in ledger.events() if e["kind"] == "proposer-wait"]
+    ledger.close()
+    assert wait["slot_s"] >= 1.2 and 0 < wait["share"] < 1, wait
+    assert "slots waited" in proc.stdout + proc.stderr and "for the proposer's replies" in (
+        proc.stdout + proc.stderr)

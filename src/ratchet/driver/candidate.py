@@ -32,6 +32,8 @@ class Proposal:
     context: str | None = None  # exactly what the proposer saw (saved with the candidate)
     error: str | None = None  # a proposal that failed to materialise (bad patch, ...)
     calls: list[int] = field(default_factory=list)  # the ledger's calls that made it (spend.py)
+    # the same change as proposal N (0-based) of the same reply: it never runs
+    duplicate_of: int | None = None
 
 
 def study_ref(study: str, cand_id: str) -> str:

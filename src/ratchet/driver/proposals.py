@@ -345,16 +345,22 @@ class Proposals:
         if proposal.error or not proposal.commit:
             return False
         earlier = [c.commit_sha for c in self.ledger.candidates() if c.commit_sha]
-        unknown = [sha for sha in dict.fromkeys([*earlier, proposal.commit])
-                   if sha not in self._trees]
+        trees = self.trees([*earlier, proposal.commit])
+        return proposal.commit in trees and trees[proposal.commit] in {
+            trees[sha] for sha in earlier if sha in trees}
+
+    def trees(self, commits: list[str]) -> dict[str, str]:
+        """The tree of each commit (the files it holds, whatever its parent), cached;
+        {} where git cannot say."""
+        unknown = [sha for sha in dict.fromkeys(commits) if sha not in self._trees]
         if unknown:
             try:
                 self._trees.update(zip(unknown, gitrepo.git(
                     self.repo, "rev-parse", *(f"{sha}^{{tree}}" for sha in unknown)).split(),
                     strict=True))
             except gitrepo.GitError:
-                return False
-        return self._trees[proposal.commit] in {self._trees[sha] for sha in earlier}
+                return {}
+        return {sha: self._trees[sha] for sha in commits}
 
     def _reject_repeats(self, built: list[dict]) -> list[dict]:
         """No candidate repeats an earlier one (whoever proposed either): the same tree is

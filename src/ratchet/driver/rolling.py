@@ -24,6 +24,7 @@ still in flight are waited for and billed.
 from __future__ import annotations
 
 import json
+import math
 import time
 from concurrent.futures import Future
 from dataclasses import replace
@@ -44,6 +45,9 @@ from ratchet.driver.settle import (
 from ratchet.job.faults import fault_point
 from ratchet.proposers import ProposalContext
 from ratchet.vocab import Kind
+
+REPLIES_SEEN = 4  # the replies whose share of runnable proposals sizes the next request
+WIDEST = 3  # a request asks at most this many times the proposals it needs
 
 
 class Rolling:
@@ -76,6 +80,18 @@ class Rolling:
         # refs and verdicts of candidates recorded while a confirmation ran (fill_beside):
         # the check after its settle expects them
         self.beside: dict[str, dict] = {"refs": {}, "verdicts": {}}
+        # slot-seconds a free slot waited for a reply (a request or a repair in flight,
+        # nothing ready to run): what the proposer's latency cost, whatever the path
+        self.waited = 0.0
+        # (base, verdicts judged) of each reply that had nothing runnable: the same
+        # question is not asked again while a verdict that changes what the proposer is
+        # shown is coming
+        self.barren: set[tuple[str, int]] = set()
+        # (asked, runnable) of the last replies: a proposer whose replies are partly
+        # repeats or failures is asked for more at once, not once more after a wait
+        self.replies: list[tuple[int, int]] = []
+        self._free_waiting, self._tick = 0, time.monotonic()
+        self._started = self._tick
 
     def made(self) -> int:
         """Candidates that take the budget: those that ran or will run. One rejected
@@ -92,7 +108,33 @@ class Rolling:
         try:
             self._run()
         finally:
+            self.tally(None)
+            self.report_waits()
             self.loop.finish(self.budget)
+
+    def tally(self, busy: int | None) -> None:
+        """Count the slot-seconds since the last tally that waited for the proposer, then
+        note how many slots wait now (`busy`: jobs placed; None: the state holds)."""
+        now = time.monotonic()
+        self.waited += self._free_waiting * (now - self._tick)
+        self._tick = now
+        if busy is None:
+            return
+        free = self.loop.parallel - busy
+        waiting = (free > 0 and self.waiting_for() > 0 and not self.loop.stop.soft
+                   and self.made() < self.budget)
+        self._free_waiting = free if waiting else 0
+
+    def report_waits(self) -> None:
+        """The study's end: how long free slots waited for replies, in the ledger's events
+        (`ratchet show`'s timeline) and one log line when it was any."""
+        span = (time.monotonic() - self._started) * self.loop.parallel
+        share = self.waited / span if span > 0 else 0.0
+        self.loop.ledger.event("proposer-wait", None, slot_s=round(self.waited, 3),
+                               share=round(share, 5), slots=self.loop.parallel)
+        if self.waited >= 0.05:
+            self.loop.log(f"slots waited {self.waited:.1f} slot-s for the proposer's replies "
+                          f"({share:.1%} of the slots' time)")
 
     def _run(self) -> None:
         loop, led = self.loop, self.loop.ledger
@@ -111,6 +153,7 @@ class Rolling:
                 self.open_ids += self.fill(len(self.open_ids))
                 self.request()  # the proposer works on the next ones while these run
             running = loop.jobs.poll(self.open_ids)
+            self.tally(len(running))
             loop.progress(led.get("round"), self.budget, running)
             if self.judgeable(self.open_ids):
                 self.judge(self.open_ids)
@@ -305,6 +348,7 @@ class Rolling:
         returned for the pairs' check to expect, and the new candidates join
         `loop.in_flight`, blamed with the others if anything else changes."""
         loop, led = self.loop, self.loop.ledger
+        self.tally(None)
         if loop.stop.soft or self.confirming is None:
             return None
         pairs = sum(1 for c in led.candidates(confirmations=True)
@@ -314,10 +358,11 @@ class Rolling:
         # every other job placed runs in_flight; one that finished frees its slot
         busy = pairs + len(loop.jobs.poll(loop.in_flight))
         want = self.room_for(min(loop.parallel - busy, self.budget - self.made()))
-        if want <= 0:
-            return None
-        take = self.choose(want, hold=self.confirming.commit_sha)
+        take = self.choose(want, hold=self.confirming.commit_sha) if want > 0 else []
+        if len(take) < want:
+            self.ask_beside(want - len(take))
         if not take:
+            self.tally(busy)
             return None
         created = loop.proposals.record(led.get("round"), led.get("incumbent"), take, [])
         loop.write_views()
@@ -328,7 +373,25 @@ class Rolling:
         loop.in_flight += [c.id for c in started]
         self.open_ids += [c.id for c in started]
         loop.jobs.start(started, lambda: loop.stop.hard)
+        self.tally(busy + len(started))
         return writes
+
+    def ask_beside(self, want: int) -> None:
+        """Slots beside a confirmation that nothing ready fills: a request on the
+        incumbent of the time for them (the one on the would-be keep is for after its
+        verdict), unless one is in flight or repairs will fill them."""
+        loop = self.loop
+        if self.exhausted or any(k[0] == self.KEY for k in self.asked) or (
+                self.asked_on(loop.ledger.get("incumbent")) in self.barren):
+            return  # the confirmation's verdict first
+        want = self.room_for(want - sum(r[2] for r in self.repairing))
+        if want <= 0:
+            return
+        led = loop.ledger
+        ctx = loop.proposals.context(self.ask_no(), led.get("incumbent"), led.candidates(),
+                                     led.get("incumbent_metric"),
+                                     taken=[p for _, p in self.ready], asked=self.asked_ideas())
+        self.ask((self.KEY, ctx.round), led.get("incumbent"), want, ctx)
 
     def carry(self) -> None:
         """The incumbent moved: what is ready is re-based onto it now, and a repair of
@@ -388,16 +451,18 @@ class Rolling:
     def collect(self, record: bool = True) -> None:
         """Answers that are in (proposals, repairs) join `ready`; never waits."""
         proposals = self.loop.proposals
+        replies: list[tuple[str, int, list[Proposal]]] = []
         for key in list(self.asked):
             ahead = proposals.take_done(key)
             if ahead is None:
                 continue
-            del self.asked[key]
+            asked = self.asked.pop(key)
             self.ideas.pop(key, None)  # its proposals carry them now (`taken`)
             base, future = ahead
             got = future.result()
             if not got:
                 self.exhausted = True  # the proposer has nothing new: no more requests
+            replies.append((base, asked, got))
             self.ready += [(base, p) for p in got]
         for item in [r for r in self.repairing if r[3].done()]:
             self.repairing.remove(item)
@@ -411,8 +476,21 @@ class Rolling:
             self.first += repairs.repaired
             self.conflicted += [(base, p) for p in repairs.unrepaired]
         self.set_aside()
+        for base, asked, got in replies:
+            self.tell_reply(base, asked, got)
         if record:
             self.record_unrunnable()
+
+    def tell_reply(self, base: str, asked: int, got: list[Proposal]) -> None:
+        """How much of a reply can run (what `set_aside` left in `ready`, no repeat of a
+        candidate): it sizes the next requests (`widen`), and a reply with nothing
+        runnable is not asked again while a verdict is coming (`barren`)."""
+        ready = [p for _, p in self.ready]
+        runnable = sum(1 for p in got if _among(p, ready) and not p.error
+                       and not self.loop.proposals.repeats(p))
+        self.replies = [*self.replies, (asked, runnable)][-REPLIES_SEEN:]
+        if not runnable:
+            self.barren.add(self.asked_on(base))
 
     def set_aside(self) -> None:
         """Proposals that will never run leave `ready` as they arrive, not when a slot
@@ -421,6 +499,15 @@ class Rolling:
         candidate, or a change no proposer could re-apply on the incumbent (recorded, not
         dropped unseen: a queued patch would vanish)."""
         incumbent = self.loop.ledger.get("incumbent")
+        # requests made side by side (a reply's K, or two replies in flight together)
+        # may say the same thing twice: the copy is billed, not recorded (its twin is),
+        # and is no sign that the proposer has run out of new changes
+        # (`record_unrunnable`'s limit)
+        twins = [p for _, p in self.ready if p.duplicate_of is not None] + self.twins()
+        if twins:
+            self.ready = [item for item in self.ready if not _among(item[1], twins)]
+            self.loop.proposals.drop(twins, "dropped: the same change as another proposal "
+                                     "of its reply")
         out = [p for b, p in self.ready if b == incumbent and (
             p.error or self.loop.proposals.repeats(p))]
         if out:
@@ -430,6 +517,21 @@ class Rolling:
             f"conflicts with the incumbent {incumbent[:7]} it would run on (made on "
             f"{base[:7]})")) for base, proposal in self.conflicted]
         self.conflicted = []
+
+    def twins(self) -> list[Proposal]:
+        """Ready proposals with the same files as one ahead of them in `ready`."""
+        built = [p for _, p in self.ready if p.commit and not p.error]
+        trees = self.loop.proposals.trees([p.commit for p in built if p.commit])
+        seen: set[str] = set()
+        twins = []
+        for proposal in built:
+            tree = trees.get(proposal.commit or "")
+            if tree is None:
+                continue
+            if tree in seen:
+                twins.append(proposal)
+            seen.add(tree)
+        return twins
 
     def room_for(self, want: int) -> int:
         """How many of `want` more proposals the budget allows, counting those on their
@@ -466,6 +568,12 @@ class Rolling:
                               "tried changes, failed or conflicting proposals): no more "
                               "are asked for; the study ends with what is running")
 
+    def asked_on(self, base: str) -> tuple[str, int]:
+        """What a request on `base` is asked: the commit and the verdicts on runs it is
+        shown (a repeat recorded unrun tells it nothing new)."""
+        return base, sum(1 for c in self.loop.ledger.candidates()
+                         if c.is_judged and not _unrun(c))
+
     def waiting_for(self) -> int:
         """Proposals on their way: asked for, or being repaired."""
         return sum(self.asked.values()) + sum(r[2] for r in self.repairing)
@@ -483,6 +591,8 @@ class Rolling:
         loop, led = self.loop, self.loop.ledger
         if self.exhausted or loop.stop.soft or any(k[0] == self.KEY for k in self.asked):
             return
+        if self.open_ids and self.asked_on(led.get("incumbent")) in self.barren:
+            return  # its last answer to this question had nothing runnable: a verdict first
         queued = len(self.ready) + len(self.conflicted) + self.waiting_for()
         want = min(loop.parallel, self.budget - self.made()) - queued
         if want <= 0:
@@ -499,9 +609,24 @@ class Rolling:
 
     def ask(self, key: tuple, base: str, want: int,
             ctx: ProposalContext) -> None:
-        self.loop.proposals.ask_ahead(key, base, want, ctx)
-        self.asked[key] = want
-        self.ideas[key] = ctx.ideas[:want]  # the first `want` go to this request
+        """One request for `want` runnable proposals: as many more as the last replies'
+        share of runnable ones says it takes (within what the budget allows)."""
+        asked = self.widen(want)
+        if asked > want and self.loop.config.budget.limits:
+            asked = max(want, self.room_for(asked))
+        self.loop.proposals.ask_ahead(key, base, asked, ctx)
+        self.asked[key] = asked
+        self.ideas[key] = ctx.ideas[:asked]  # the first `asked` go to this request
+
+    def widen(self, want: int) -> int:
+        """`want` over the runnable share of the last replies (a repeat, a failed
+        proposal or a twin is not runnable), at most WIDEST times `want` and never more
+        than twice the slots."""
+        asked = sum(a for a, _ in self.replies)
+        if not asked:
+            return want
+        share = max(sum(r for _, r in self.replies) / asked, 1 / WIDEST)
+        return max(want, min(math.ceil(want / share), 2 * self.loop.parallel))
 
     def speculate(self, cand: Candidate) -> None:
         """A would-be keep goes into confirmation (the loop waits for its pairs): the
@@ -516,8 +641,9 @@ class Rolling:
         will need a candidate if it is kept (what is ready on it, or on its way, counts)."""
         loop, led = self.loop, self.loop.ledger
         if self.exhausted or loop.stop.soft or not cand.commit_sha or any(
-                key[0] == "on" and key[1] == cand.id for key in self.asked):
-            return
+                key[0] == "on" and key[1] == cand.id for key in self.asked) or (
+                self.asked_on(cand.commit_sha) in self.barren):
+            return  # (a barren reply on it: its verdict first)
         queued = sum(1 for base, _ in self.ready if base == cand.commit_sha)
         want = self.room_for(min(loop.parallel, self.budget - self.made()) - queued)
         if want <= 0:

@@ -647,6 +647,7 @@ def dedupe(proposals: list[Proposal]) -> list[Proposal]:
                 proposal.error = (f"identical diff to proposal {seen[key] + 1} of this round "
                                   "(duplicate not run)")
                 proposal.files = {}
+                proposal.duplicate_of = seen[key]
             else:
                 seen[key] = i
         out.append(proposal)
