@@ -83,6 +83,9 @@ class Rolling:
         # slot-seconds a free slot waited for a reply (a request or a repair in flight,
         # nothing ready to run): what the proposer's latency cost, whatever the path
         self.waited = 0.0
+        # the part of it before the first reply was in: only the baseline can overlap
+        # that one (a start-up cost, the same whatever the study's length)
+        self.waited_first, self.answered = 0.0, False
         # (base, verdicts judged) of each reply that had nothing runnable: the same
         # question is not asked again while a verdict that changes what the proposer is
         # shown is coming
@@ -117,6 +120,8 @@ class Rolling:
         note how many slots wait now (`busy`: jobs placed; None: the state holds)."""
         now = time.monotonic()
         self.waited += self._free_waiting * (now - self._tick)
+        if not self.answered:
+            self.waited_first += self._free_waiting * (now - self._tick)
         self._tick = now
         if busy is None:
             return
@@ -130,11 +135,15 @@ class Rolling:
         (`ratchet show`'s timeline) and one log line when it was any."""
         span = (time.monotonic() - self._started) * self.loop.parallel
         share = self.waited / span if span > 0 else 0.0
+        first = self.waited_first / span if span > 0 else 0.0
         self.loop.ledger.event("proposer-wait", None, slot_s=round(self.waited, 3),
-                               share=round(share, 5), slots=self.loop.parallel)
+                               share=round(share, 5), slots=self.loop.parallel,
+                               first_slot_s=round(self.waited_first, 3),
+                               first_share=round(first, 5))
         if self.waited >= 0.05:
             self.loop.log(f"slots waited {self.waited:.1f} slot-s for the proposer's replies "
-                          f"({share:.1%} of the slots' time)")
+                          f"({share:.1%} of the slots' time; {self.waited_first:.1f} slot-s "
+                          "of it for the first reply)")
 
     def _run(self) -> None:
         loop, led = self.loop, self.loop.ledger
@@ -464,6 +473,7 @@ class Rolling:
                 self.exhausted = True  # the proposer has nothing new: no more requests
             replies.append((base, asked, got))
             self.ready += [(base, p) for p in got]
+            self.answered = True
         for item in [r for r in self.repairing if r[3].done()]:
             self.repairing.remove(item)
             base, incumbent, _, future = item
@@ -507,7 +517,7 @@ class Rolling:
         if twins:
             self.ready = [item for item in self.ready if not _among(item[1], twins)]
             self.loop.proposals.drop(twins, "dropped: the same change as another proposal "
-                                     "of its reply")
+                                     "in hand (made side by side)")
         out = [p for b, p in self.ready if b == incumbent and (
             p.error or self.loop.proposals.repeats(p))]
         if out:
