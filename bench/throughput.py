@@ -313,7 +313,7 @@ def research_study(path: Path, server: LLMServer, model: HistoryModel, delay: fl
             "waited": waits[-1]["share"] if waits else None,
             # the part of it after the first reply (the first has only the baseline to
             # overlap: a start-up cost that weighs less as studies grow)
-            "later": (waits[-1]["share"] - waits[-1].get("first_share", 0.0)) if waits
+            "later": (waits[-1]["share"] - waits[-1]["first_share"]) if waits
             else None}
 
 

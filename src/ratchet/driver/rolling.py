@@ -83,9 +83,9 @@ class Rolling:
         # slot-seconds a free slot waited for a reply (a request or a repair in flight,
         # nothing ready to run): what the proposer's latency cost, whatever the path
         self.waited = 0.0
-        # the part of it before the first reply was in: only the baseline can overlap
-        # that one (a start-up cost, the same whatever the study's length)
-        self.waited_first, self.answered = 0.0, False
+        # the part of it before the first reply was in (`replies` still empty): only the
+        # baseline can overlap that one (a start-up cost, the same whatever the length)
+        self.waited_first = 0.0
         # (base, verdicts judged) of each reply that had nothing runnable: the same
         # question is not asked again while a verdict that changes what the proposer is
         # shown is coming
@@ -119,9 +119,10 @@ class Rolling:
         """Count the slot-seconds since the last tally that waited for the proposer, then
         note how many slots wait now (`busy`: jobs placed; None: the state holds)."""
         now = time.monotonic()
-        self.waited += self._free_waiting * (now - self._tick)
-        if not self.answered:
-            self.waited_first += self._free_waiting * (now - self._tick)
+        waited = self._free_waiting * (now - self._tick)
+        self.waited += waited
+        if not self.replies:
+            self.waited_first += waited
         self._tick = now
         if busy is None:
             return
@@ -134,8 +135,8 @@ class Rolling:
         """The study's end: how long free slots waited for replies, in the ledger's events
         (`ratchet show`'s timeline) and one log line when it was any."""
         span = (time.monotonic() - self._started) * self.loop.parallel
-        share = self.waited / span if span > 0 else 0.0
-        first = self.waited_first / span if span > 0 else 0.0
+        share, first = ((self.waited / span, self.waited_first / span) if span > 0
+                        else (0.0, 0.0))
         self.loop.ledger.event("proposer-wait", None, slot_s=round(self.waited, 3),
                                share=round(share, 5), slots=self.loop.parallel,
                                first_slot_s=round(self.waited_first, 3),
@@ -473,7 +474,6 @@ class Rolling:
                 self.exhausted = True  # the proposer has nothing new: no more requests
             replies.append((base, asked, got))
             self.ready += [(base, p) for p in got]
-            self.answered = True
         for item in [r for r in self.repairing if r[3].done()]:
             self.repairing.remove(item)
             base, incumbent, _, future = item
