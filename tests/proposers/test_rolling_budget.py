@@ -5,6 +5,7 @@ what rolling does with replies that have nothing runnable, and how long its slot
 from __future__ import annotations
 
 import json
+import re
 import threading
 
 from conftest import ledger_of
@@ -110,6 +111,48 @@ def test_rolling_says_how_long_slots_waited_for_replies(tmp_path):
     # the first reply's 1.5 s, less the driver's own start-up, is the first part
     assert 1.2 <= wait["first_slot_s"] <= wait["slot_s"], wait
     assert 0 < wait["first_share"] <= wait["share"], wait
+    # every reply had a new change: no request waited on a verdict to have one
+    assert wait["gated_slot_s"] == 0, wait
     out = proc.stdout + proc.stderr
     assert "slots waited" in out and "for the proposer's replies" in out
     assert "of it for the first reply" in out
+
+
+class NewAfterEachVerdict:
+    """One new change per candidate's verdict it is shown (a worse VALUE each time, so
+    nothing is kept): asked twice with the same verdicts, it says the same thing, so a
+    slot freed by a verdict waits for the reply asked after it, and no request made
+    sooner could have filled it."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def __call__(self, request) -> Answer:
+        verdicts = len(re.findall(r"(?m)^- c\d+ \(round \d+\) \[(?:discard|crash)\]",
+                                  request.prompt))
+        value = 20 + verdicts
+        return Answer(f"DESCRIPTION: set VALUE to {value}\n\nsolution.py\n<<<<<<< FILE\n"
+                      f"VALUE = {value}\n\n\ndef compute():\n    return VALUE\n"
+                      ">>>>>>> FILE\n", delay=self.delay)
+
+
+def test_rolling_tells_the_waits_a_verdict_gated_apart(tmp_path):
+    """A proposer with nothing new until it sees the next verdict: the slot-seconds
+    spent on requests asked only because a verdict came in (its last reply had nothing
+    runnable) are counted apart from the first reply's, in the event and the line; they
+    are latency no earlier request could have hidden."""
+    repo, proc, _ = run_study(tmp_path, NewAfterEachVerdict(delay=1.0),
+                              'mode = "rolling"\ncandidates = 4\n', timeout=240,
+                              evaluate_s=0.5)
+    assert proc.returncode == 0, proc.stderr
+    ledger = ledger_of(repo)
+    [wait] = [json.loads(e["data"]) for e in ledger.events() if e["kind"] == "proposer-wait"]
+    ran = [c for c in ledger.candidates() if c.kind == "candidate" and c.job_id is not None]
+    ledger.close()
+    assert len(ran) >= 2, wait
+    # each later candidate's reply was asked at a verdict: about a second each, a slot free
+    assert wait["gated_slot_s"] >= 0.8, wait
+    assert wait["gated_slot_s"] + wait["first_slot_s"] <= wait["slot_s"] + 1e-3, wait
+    assert 0 < wait["gated_share"] <= wait["share"], wait
+    assert "asked after one with nothing new" in proc.stdout + proc.stderr
+

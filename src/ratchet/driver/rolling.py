@@ -86,14 +86,23 @@ class Rolling:
         # the part of it before the first reply was in (`replies` still empty): only the
         # baseline can overlap that one (a start-up cost, the same whatever the length)
         self.waited_first = 0.0
+        # the part of it spent on requests asked only because a verdict came in: the
+        # proposer's last reply on that code had nothing runnable, so asking sooner would
+        # have got nothing (a proposer short of new changes, not a late request)
+        self.waited_gated = 0.0
         # (base, verdicts judged) of each reply that had nothing runnable: the same
         # question is not asked again while a verdict that changes what the proposer is
         # shown is coming
         self.barren: set[tuple[str, int]] = set()
+        # commits whose last reply had nothing runnable, and the requests in flight asked
+        # on one of them (after a verdict changed the question)
+        self.dry: set[str] = set()
+        self.gated: set[tuple] = set()
         # (asked, runnable) of the last replies: a proposer whose replies are partly
         # repeats or failures is asked for more at once, not once more after a wait
         self.replies: list[tuple[int, int]] = []
         self._free_waiting, self._tick = 0, time.monotonic()
+        self._gated_waiting = False  # the slots waiting now wait on gated requests only
         self._started = self._tick
 
     def made(self) -> int:
@@ -123,6 +132,8 @@ class Rolling:
         self.waited += waited
         if not self.replies:
             self.waited_first += waited
+        elif self._gated_waiting:
+            self.waited_gated += waited
         self._tick = now
         if busy is None:
             return
@@ -130,21 +141,28 @@ class Rolling:
         waiting = (free > 0 and self.waiting_for() > 0 and not self.loop.stop.soft
                    and self.made() < self.budget)
         self._free_waiting = free if waiting else 0
+        # a repair in flight, or a request asked before the proposer ran dry, could
+        # have filled the slot sooner: those waits are not gated
+        self._gated_waiting = bool(waiting and self.asked and not self.repairing
+                                   and set(self.asked) <= self.gated)
 
     def report_waits(self) -> None:
         """The study's end: how long free slots waited for replies, in the ledger's events
         (`ratchet show`'s timeline) and one log line when it was any."""
         span = (time.monotonic() - self._started) * self.loop.parallel
-        share, first = ((self.waited / span, self.waited_first / span) if span > 0
-                        else (0.0, 0.0))
+        share, first, gated = ((self.waited / span, self.waited_first / span,
+                                self.waited_gated / span) if span > 0 else (0.0, 0.0, 0.0))
         self.loop.ledger.event("proposer-wait", None, slot_s=round(self.waited, 3),
                                share=round(share, 5), slots=self.loop.parallel,
                                first_slot_s=round(self.waited_first, 3),
-                               first_share=round(first, 5))
+                               first_share=round(first, 5),
+                               gated_slot_s=round(self.waited_gated, 3),
+                               gated_share=round(gated, 5))
         if self.waited >= 0.05:
             self.loop.log(f"slots waited {self.waited:.1f} slot-s for the proposer's replies "
                           f"({share:.1%} of the slots' time; {self.waited_first:.1f} slot-s "
-                          "of it for the first reply)")
+                          f"of it for the first reply, {self.waited_gated:.1f} for replies "
+                          "asked after one with nothing new, when a verdict came in)")
 
     def _run(self) -> None:
         loop, led = self.loop, self.loop.ledger
@@ -467,6 +485,7 @@ class Rolling:
             if ahead is None:
                 continue
             asked = self.asked.pop(key)
+            self.gated.discard(key)
             self.ideas.pop(key, None)  # its proposals carry them now (`taken`)
             base, future = ahead
             got = future.result()
@@ -494,13 +513,17 @@ class Rolling:
     def tell_reply(self, base: str, asked: int, got: list[Proposal]) -> None:
         """How much of a reply can run (what `set_aside` left in `ready`, no repeat of a
         candidate): it sizes the next requests (`widen`), and a reply with nothing
-        runnable is not asked again while a verdict is coming (`barren`)."""
+        runnable is not asked again while a verdict is coming (`barren`); the commit is
+        `dry` until a reply on it has something runnable."""
         ready = [p for _, p in self.ready]
         runnable = sum(1 for p in got if _among(p, ready) and not p.error
                        and not self.loop.proposals.repeats(p))
         self.replies = [*self.replies, (asked, runnable)][-REPLIES_SEEN:]
         if not runnable:
             self.barren.add(self.asked_on(base))
+            self.dry.add(base)
+        else:
+            self.dry.discard(base)
 
     def set_aside(self) -> None:
         """Proposals that will never run leave `ready` as they arrive, not when a slot
@@ -626,6 +649,8 @@ class Rolling:
             asked = max(want, self.room_for(asked))
         self.loop.proposals.ask_ahead(key, base, asked, ctx)
         self.asked[key] = asked
+        if base in self.dry:  # asked again only because a verdict came in
+            self.gated.add(key)
         self.ideas[key] = ctx.ideas[:asked]  # the first `asked` go to this request
 
     def widen(self, want: int) -> int:
