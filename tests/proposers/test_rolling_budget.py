@@ -95,25 +95,31 @@ def test_twins_in_one_reply_are_billed_not_recorded(tmp_path):
     assert twins and all(c["candidate"] is None for c in twins)
 
 
+def rolling_waits(tmp_path, model, candidates: int, evaluate_s: float):
+    """A rolling study of `candidates` against `model`: (its `proposer-wait` event, the
+    candidates that ran, what it printed)."""
+    repo, proc, _ = run_study(tmp_path, model, f'mode = "rolling"\ncandidates = {candidates}\n',
+                              timeout=240, evaluate_s=evaluate_s)
+    assert proc.returncode == 0, proc.stderr
+    ledger = ledger_of(repo)
+    [wait] = [json.loads(e["data"]) for e in ledger.events() if e["kind"] == "proposer-wait"]
+    ran = [c for c in ledger.candidates() if c.kind == "candidate" and c.job_id is not None]
+    ledger.close()
+    return wait, ran, proc.stdout + proc.stderr
+
+
 def test_rolling_says_how_long_slots_waited_for_replies(tmp_path):
     """Rolling counts the slot-seconds a free slot waited for a reply: at least the first
     reply's second for the slot the baseline leaves free, and that part on its own (only
     the baseline can overlap the first reply); said in one line at the end and kept in
     the ledger's events."""
-    repo, proc, _ = run_study(tmp_path, SlowImproving(delay=1.5),
-                              'mode = "rolling"\ncandidates = 2\n', timeout=240,
-                              evaluate_s=0.5)
-    assert proc.returncode == 0, proc.stderr
-    ledger = ledger_of(repo)
-    [wait] = [json.loads(e["data"]) for e in ledger.events() if e["kind"] == "proposer-wait"]
-    ledger.close()
+    wait, _, out = rolling_waits(tmp_path, SlowImproving(delay=1.5), 2, evaluate_s=0.5)
     assert wait["slot_s"] >= 1.2 and 0 < wait["share"] < 1, wait
     # the first reply's 1.5 s, less the driver's own start-up, is the first part
     assert 1.2 <= wait["first_slot_s"] <= wait["slot_s"], wait
     assert 0 < wait["first_share"] <= wait["share"], wait
     # every reply had a new change: no request waited on a verdict to have one
     assert wait["gated_slot_s"] == 0, wait
-    out = proc.stdout + proc.stderr
     assert "slots waited" in out and "for the proposer's replies" in out
     assert "of it for the first reply" in out
 
@@ -141,18 +147,12 @@ def test_rolling_tells_the_waits_a_verdict_gated_apart(tmp_path):
     spent on requests asked only because a verdict came in (its last reply had nothing
     runnable) are counted apart from the first reply's, in the event and the line; they
     are latency no earlier request could have hidden."""
-    repo, proc, _ = run_study(tmp_path, NewAfterEachVerdict(delay=1.0),
-                              'mode = "rolling"\ncandidates = 4\n', timeout=240,
-                              evaluate_s=0.5)
-    assert proc.returncode == 0, proc.stderr
-    ledger = ledger_of(repo)
-    [wait] = [json.loads(e["data"]) for e in ledger.events() if e["kind"] == "proposer-wait"]
-    ran = [c for c in ledger.candidates() if c.kind == "candidate" and c.job_id is not None]
-    ledger.close()
+    wait, ran, out = rolling_waits(tmp_path, NewAfterEachVerdict(delay=1.0), 4,
+                                   evaluate_s=0.5)
     assert len(ran) >= 2, wait
     # each later candidate's reply was asked at a verdict: about a second each, a slot free
     assert wait["gated_slot_s"] >= 0.8, wait
     assert wait["gated_slot_s"] + wait["first_slot_s"] <= wait["slot_s"] + 1e-3, wait
     assert 0 < wait["gated_share"] <= wait["share"], wait
-    assert "asked after one with nothing new" in proc.stdout + proc.stderr
+    assert "asked after one with nothing new" in out
 
