@@ -121,3 +121,9 @@ def edit(value: int, description: str = "", path: str = "solution.py") -> str:
     """A well-formed reply changing VALUE."""
     return (f"DESCRIPTION: {description or f'set VALUE to {value}'}\n\n"
             f"{path}\n<<<<<<< SEARCH\nVALUE = 10\n=======\nVALUE = {value}\n>>>>>>> REPLACE\n")
+
+
+def whole_file(value: int) -> str:
+    """A reply rewriting solution.py whole: it applies on any incumbent."""
+    return (f"DESCRIPTION: set VALUE to {value}\n\nsolution.py\n<<<<<<< FILE\n"
+            f"VALUE = {value}\n\n\ndef compute():\n    return VALUE\n>>>>>>> FILE\n")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 
-from conftest import ledger_of, make_repo
+from conftest import ledger_of, make_repo, whole_file
 from helpers import git as hgit
 from helpers import ratchet
 from llm_server import Answer, LLMServer
@@ -40,9 +40,7 @@ class Improving:
         with self.lock:
             self.value -= 1
             value = self.value
-        return Answer(f"DESCRIPTION: set VALUE to {value}\n\nsolution.py\n<<<<<<< FILE\n"
-                      f"VALUE = {value}\n\n\ndef compute():\n    return VALUE\n"
-                      ">>>>>>> FILE\n", delay=self.delay)
+        return Answer(whole_file(value), delay=self.delay)
 
 
 def repo_for(tmp_path, url: str, search: str, evaluate_s: float, parallel: int = 2,
@@ -197,8 +195,7 @@ class CheatsBeside:
         if n == 1:
             time.sleep(1.0)
             self.first_sent.set()
-            return Answer("DESCRIPTION: set VALUE to 5\n\nsolution.py\n<<<<<<< FILE\n"
-                          "VALUE = 5\n\n\ndef compute():\n    return VALUE\n>>>>>>> FILE\n")
+            return Answer(whole_file(5))
         if not self.first_sent.is_set():  # the rest of the first request
             return Answer("I would rather not.")
         deadline = time.time() + 60

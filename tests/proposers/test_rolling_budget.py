@@ -8,7 +8,7 @@ import json
 import re
 import threading
 
-from conftest import ledger_of
+from conftest import ledger_of, whole_file
 from llm_server import Answer
 from test_latency import Improving as SlowImproving
 from test_latency import run_study
@@ -18,8 +18,7 @@ class Repeating:
     """Every reply is the same change: after the first, each one repeats a tried change."""
 
     def __call__(self, request) -> Answer:
-        return Answer("DESCRIPTION: set VALUE to 8\n\nsolution.py\n<<<<<<< FILE\n"
-                      "VALUE = 8\n\n\ndef compute():\n    return VALUE\n>>>>>>> FILE\n")
+        return Answer(whole_file(8))
 
 
 def test_a_proposer_that_repeats_itself_ends_a_rolling_study(tmp_path):
@@ -50,9 +49,7 @@ class RepeatingAfterOne:
         with self.lock:
             self.replies += 1
             value = 8 - self.replies if self.replies <= 2 else 7
-        return Answer(f"DESCRIPTION: set VALUE to {value}\n\nsolution.py\n<<<<<<< FILE\n"
-                      f"VALUE = {value}\n\n\ndef compute():\n    return VALUE\n"
-                      ">>>>>>> FILE\n")
+        return Answer(whole_file(value))
 
 
 def test_a_barren_reply_is_not_asked_again_until_a_verdict(tmp_path):
@@ -137,9 +134,7 @@ class NewAfterEachVerdict:
         verdicts = len(re.findall(r"(?m)^- c\d+ \(round \d+\) \[(?:discard|crash)\]",
                                   request.prompt))
         value = 20 + verdicts
-        return Answer(f"DESCRIPTION: set VALUE to {value}\n\nsolution.py\n<<<<<<< FILE\n"
-                      f"VALUE = {value}\n\n\ndef compute():\n    return VALUE\n"
-                      ">>>>>>> FILE\n", delay=self.delay)
+        return Answer(whole_file(value), delay=self.delay)
 
 
 def test_rolling_tells_the_waits_a_verdict_gated_apart(tmp_path):

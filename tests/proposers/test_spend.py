@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import ledger_of, make_repo
+from conftest import ledger_of, make_repo, whole_file
 from helpers import git as hgit
 from helpers import ratchet
 from llm_server import Answer, LLMServer
@@ -44,12 +44,6 @@ price_per_mtok_in = {PRICE_IN}
 price_per_mtok_out = {PRICE_OUT}
 {budget}
 """, f'mode = "{mode}"\nrounds = {rounds}\n{search}'
-
-
-def whole_file(value: int) -> str:
-    """A reply rewriting solution.py whole: it applies on any incumbent."""
-    return (f"DESCRIPTION: set VALUE to {value}\n\nsolution.py\n<<<<<<< FILE\n"
-            f"VALUE = {value}\n\n\ndef compute():\n    return VALUE\n>>>>>>> FILE\n")
 
 
 class Billing:
