@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -56,7 +57,7 @@ def _shared_fixture_group(item: pytest.Item) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not getattr(config.option, "numprocesses", None):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # collection happens on the workers
         return
     for item in items:
         group = _shared_fixture_group(item)
