@@ -602,7 +602,7 @@ def _describe(error: dict[str, Any]) -> str:
     message = message.removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
         meant = misspelling(error)
-        message = "unknown key (check the spelling; see the README for the keys)"
+        message = "unknown key (check the spelling; every key: docs/reference/config.md)"
         if meant is not None:
             message = f"unknown key; did you mean {meant!r}? (check the spelling)"
     elif error["type"] == "missing":
