@@ -216,8 +216,8 @@ def sections() -> list[Section]:
 
 
 def _cell(text: str) -> str:
-    """A table cell: a `|` outside code spans is escaped (inside one it is text already)."""
-    parts = text.split("`")
+    """A table cell: `|` and `<` outside code spans are escaped (inside one they are text)."""
+    parts = _text(text).split("`")
     return "`".join(p if i % 2 else p.replace("|", "\\|") for i, p in enumerate(parts)) or " "
 
 

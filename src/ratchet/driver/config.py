@@ -119,7 +119,7 @@ class Metric(Strict):
 
 
 class Task(Strict):
-    # the study's name: its branch ratchet/<name>, its refs refs/ratchet/<name>/<id>
+    # the study's name: its branch `ratchet/<name>`, its refs `refs/ratchet/<name>/<id>`
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
     editable: list[str] = Field(min_length=1)  # globs a proposer may change
     protected: list[str] = []  # globs pinned at the start, restored before evaluating
