@@ -4,12 +4,12 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-agents agent-clis lint bench tinygpt clean
+.PHONY: install demo test test-agents agent-clis lint docs bench tinygpt clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,llm,ray,report]'
+	$(BIN)/pip install -q -e '.[dev,llm,ray,report,docs]'
 	# torch only for the tinygpt example and its test (pinned: the CPU build on disk)
 	$(BIN)/pip install -q torch==2.13.0 || echo "torch unavailable: the tinygpt test will skip"
 	touch $(STAMP)
@@ -41,6 +41,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/mypy
 
+# The docs site into site/ (gitignored); --strict: a broken link or include fails it.
+# The reference pages are generated from the code: python scripts/gen_reference.py
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py
 
@@ -49,4 +54,4 @@ tinygpt: $(STAMP)
 	bash scripts/run_example.sh tinygpt
 
 clean:
-	rm -rf $(VENV) .venv-agents build *.egg-info src/*.egg-info
+	rm -rf $(VENV) .venv-agents build site *.egg-info src/*.egg-info

@@ -10,7 +10,7 @@ Chromium (tests/web/browser.py) and checked as a user would read them.
 - a bind other than loopback needs a token; on loopback a foreign Host is refused.
 
 Screenshots of each page go to $RATCHET_DASHBOARD_SCREENSHOTS (docs/dashboard/ holds
-the ones the README shows), else to the test's temporary folder.
+the ones docs/watching.md shows), else to the test's temporary folder.
 """
 
 from __future__ import annotations
