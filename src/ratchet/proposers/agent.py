@@ -402,8 +402,10 @@ class AgentProposer(Proposer):
         real = {Path(p).resolve() for p in [*argv, *named] if p.startswith("/")}
         readonly = sorted(p for p in real if p.exists()
                           and not any(p.is_relative_to(h) for h in hidden))
+        # the network stays open for its model's API (no allow-listing proxy yet:
+        # docs/security-network.md says what an agent can still reach)
         policy = sandbox.Policy(writable=[copy.root], hidden=hidden, readonly=readonly,
-                                seed=f"agents:{ctx.state_dir}")
+                                seed=f"agents:{ctx.state_dir}", network=True)
         sandbox.grant([copy.root], policy)  # its copy and home are its own uid's
         return policy
 
