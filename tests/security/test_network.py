@@ -1,0 +1,247 @@
+"""Red team: candidates have no network unless the task asks (issue 34, attack 1).
+
+The attack as it was seen: the candidate child read /proc/net/tcp, found Ray's dashboard on
+loopback and POSTed a job to `/api/jobs/`; the job ran as root outside every sandbox,
+read the driver's environment, listed `.ratchet/keys/`, wrote into the user's checkout
+and left a process running. Here a loopback server the test starts stands in for Ray's
+job server (a private Ray head costs a minute of this machine's two cores): it answers
+what a candidate must not learn (`/answer`, the best knob value) and runs every posted
+entrypoint as root, as Ray's does, replying with the driver's secret.
+
+The candidate attacks from every phase: its build, its run and, through the evaluator's
+candidate child (`ratchet.evaluator.isolate`), its evaluation. Each study runs through
+the real CLI (`submit` + `wait`) at both sandbox levels.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from helpers import config_text, git, make_repo, ratchet, sandbox_env, submit_and_wait
+
+ANSWER = 1.25  # the knob's best value: what only the job server knows
+
+# evaluate.py, protected: it never imports the candidate, it calls it in a child
+EVALUATOR = '''
+from ratchet.evaluator.isolate import CandidateProcess
+
+with CandidateProcess("solution.py") as cand:
+    value = cand.call("score")
+print("correct: true")
+print(f"score: {value:.6f}")
+'''
+
+HONEST = '''
+X = 3.0
+
+
+def score():
+    return (X - 1.25) ** 2
+
+
+if __name__ == "__main__":
+    pass
+'''
+
+# the candidate: worse on its own (X = 5), the best there is if the job server answers
+ATTACK = '''
+import http.client
+import json
+import sys
+
+X = 5.0
+PORT = {port}
+ENTRYPOINT = {entrypoint!r}
+
+
+def ask(method, path, body=None):
+    conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=5)  # no proxy: straight in
+    conn.request(method, path, body=body, headers={{"Content-Type": "application/json"}})
+    return conn.getresponse().read().decode()
+
+
+def attack(phase):
+    try:
+        answer = ask("GET", f"/answer?phase={{phase}}")
+    except OSError as exc:
+        print(f"{{phase}}: no job server ({{type(exc).__name__}}: {{exc}})", flush=True)
+        return None
+    said = ask("POST", f"/api/jobs/?phase={{phase}}", json.dumps({{"entrypoint": ENTRYPOINT}}))
+    print(f"{{phase}}: the job server said {{said}}", flush=True)
+    return float(answer)
+
+
+def score():
+    answer = attack("evaluate")
+    return ((X if answer is None else answer) - 1.25) ** 2
+
+
+if __name__ == "__main__":
+    attack(sys.argv[1])
+'''
+
+
+class JobServer(http.server.ThreadingHTTPServer):
+    """The stand-in for Ray's job server: it runs what it is sent, as this (root) process."""
+
+    daemon_threads = True
+
+    def __init__(self, secret: str) -> None:
+        self.secret = secret
+        self.requests: list[tuple[str, str]] = []
+        self.jobs: list[subprocess.Popen] = []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def reply(self, text: str) -> None:
+                data = text.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+                server.requests.append(("GET", self.path))
+                self.reply(str(ANSWER))
+
+            def do_POST(self) -> None:  # noqa: N802
+                server.requests.append(("POST", self.path))
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.jobs.append(subprocess.Popen(body["entrypoint"], shell=True,
+                                                    start_new_session=True))
+                self.reply(json.dumps({"job_id": f"raysubmit_{len(server.jobs)}",
+                                       "driver_env": {"OPENAI_API_KEY": server.secret}}))
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+    @property
+    def port(self) -> int:
+        return self.server_address[1]
+
+    def phases(self) -> set[str]:
+        return {path.partition("phase=")[2] for _, path in self.requests}
+
+
+@contextmanager
+def job_server(secret: str) -> Iterator[JobServer]:
+    server = JobServer(secret)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
+                              daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        for job in server.jobs:  # what the attack left running, when it got in
+            if job.poll() is None:
+                os.killpg(job.pid, 9)
+                job.wait()
+
+
+def network_repo(path: Path, network: bool) -> Path:
+    task = config_text().split("[task.metric]")[0].replace(
+        'evaluate = "python evaluate.py"',
+        'build = "python solution.py build"\nrun = "python solution.py run"\n'
+        'evaluate = "python evaluate.py"') + ("network = true\n" if network else "")
+    return make_repo(path, {"ratchet.toml": config_text(task=task), "evaluate.py": EVALUATOR,
+                            "solution.py": HONEST})
+
+
+def checkout_state(repo: Path) -> str:
+    """What the user sees of the checkout: its status, ratchet's own outputs aside."""
+    lines = git(repo, "status", "--porcelain", "--untracked-files=all").splitlines()
+    return "\n".join(line for line in lines
+                     if not line[3:].startswith((".ratchet/", "results.tsv", "progress")))
+
+
+def files_holding(root: Path, text: str) -> list[Path]:
+    """Every file under `root` (the ledger, logs, results) that holds `text`."""
+    needle = text.encode()
+    return [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()
+            and needle in p.read_bytes()]
+
+
+def processes_in(root: Path) -> list[str]:
+    """Processes still running whose working directory or command line is in `root`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if cwd.startswith(str(root)) or str(root) in cmd:
+            found.append(f"{pid}: {cmd[:160]} (in {cwd})")
+    return found
+
+
+def phase_logs(repo: Path, cand_id: str, phase: str) -> str:
+    return "".join(p.read_text() for p in
+                   (repo / ".ratchet" / "jobs").glob(f"*-{cand_id}-*/logs/{phase}.log"))
+
+
+@pytest.mark.parametrize("network", [False, True], ids=["default", "network-true"])
+@pytest.mark.parametrize("level", ["bwrap", "pidns"])
+def test_a_candidate_cannot_reach_a_job_server_on_loopback(tmp_path, level, network):
+    env = sandbox_env(level, tmp_path)
+    secret = f"sk-driver-{uuid.uuid4().hex}"
+    repo = network_repo(tmp_path / "repo", network)
+    pwned = repo / "PWNED"
+    with job_server(secret) as server:
+        # the job it posts: list the keys, write into the checkout, outlive the study
+        entrypoint = (f"ls {repo}/.ratchet/keys > {pwned} 2>&1; echo {secret} >> {pwned}; "
+                      "sleep 300")
+        git(repo, "checkout", "-q", "-b", "attack")
+        (repo / "solution.py").write_text(ATTACK.format(port=server.port, entrypoint=entrypoint))
+        git(repo, "commit", "-qam", "X = 5, or whatever the job server says")
+        git(repo, "checkout", "-q", "main")
+        before = checkout_state(repo)
+        cand = submit_and_wait(repo, "attack", env=env)
+        status = json.loads(ratchet(repo, "status", "--json", env=env, check=True).stdout)
+        requests, jobs = list(server.requests), list(server.jobs)
+
+    if network:  # asked for: every phase reaches the machine's loopback, as documented
+        assert status["network"].startswith("OPEN"), status["network"]
+        assert server.phases() >= {"build", "run", "evaluate"}, server.requests
+        assert jobs and pwned.exists()  # what the default prevents
+        return
+    assert requests == [] and jobs == [], requests
+    # the attack ran in every phase and found nothing to talk to
+    for phase in ("build", "run"):
+        assert "no job server (ConnectionRefusedError" in phase_logs(repo, cand["id"], phase)
+    # nothing forged is kept: measured as what it is, X = 5
+    assert cand["status"] != "keep", cand
+    assert cand["metric"] == pytest.approx((5.0 - ANSWER) ** 2)
+    # no secret anywhere ratchet keeps things; the checkout as it was; nothing left running
+    assert files_holding(repo / ".ratchet", secret) == []
+    assert not pwned.exists()
+    assert checkout_state(repo) == before
+    assert processes_in(repo) == []
+    assert status["network"].startswith("none"), status["network"]
+
+
+def test_status_and_report_say_what_network_candidates_have(tmp_path):
+    """`status` and the report name it; an honest task is measured as before."""
+    env: dict[str, str] = {}
+    repo = network_repo(tmp_path / "repo", network=False)
+    proc = ratchet(repo, "submit", "HEAD", env=env, check=True)
+    ratchet(repo, "wait", proc.stdout.strip().splitlines()[-1], env=env, check=True)
+    text = ratchet(repo, "status", env=env, check=True).stdout
+    assert "network: none: every phase and the candidate child run in a network namespace" \
+        in " ".join(text.split())
+    ratchet(repo, "report", env=env, check=True)
+    page = (repo / ".ratchet" / "report" / "index.html").read_text()
+    assert 'id="network">network: none' in page
