@@ -28,6 +28,8 @@ from pathlib import Path
 import pytest
 from helpers import config_text, git, make_repo, ratchet, sandbox_env, submit_and_wait
 
+from security.evidence import checkout_state, files_holding, processes_in
+
 ANSWER = 1.25  # the knob's best value: what only the job server knows
 
 # evaluate.py, protected: it never imports the candidate, it calls it in a child
@@ -158,34 +160,6 @@ def network_repo(path: Path, network: bool) -> Path:
         'evaluate = "python evaluate.py"') + ("network = true\n" if network else "")
     return make_repo(path, {"ratchet.toml": config_text(task=task), "evaluate.py": EVALUATOR,
                             "solution.py": HONEST})
-
-
-def checkout_state(repo: Path) -> str:
-    """What the user sees of the checkout: its status, ratchet's own outputs aside."""
-    lines = git(repo, "status", "--porcelain", "--untracked-files=all").splitlines()
-    return "\n".join(line for line in lines
-                     if not line[3:].startswith((".ratchet/", "results.tsv", "progress")))
-
-
-def files_holding(root: Path, text: str) -> list[Path]:
-    """Every file under `root` (the ledger, logs, results) that holds `text`."""
-    needle = text.encode()
-    return [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()
-            and needle in p.read_bytes()]
-
-
-def processes_in(root: Path) -> list[str]:
-    """Processes still running whose working directory or command line is in `root`."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cwd = os.readlink(f"/proc/{pid}/cwd")
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if cwd.startswith(str(root)) or str(root) in cmd:
-            found.append(f"{pid}: {cmd[:160]} (in {cwd})")
-    return found
 
 
 def phase_logs(repo: Path, cand_id: str, phase: str) -> str:
