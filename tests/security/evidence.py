@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 from pathlib import Path
 
 from helpers import git
@@ -22,15 +24,23 @@ def files_holding(root: Path, text: str) -> list[Path]:
             and needle in p.read_bytes()]
 
 
-def processes_in(root: Path) -> list[str]:
+def processes_in(root: Path) -> dict[int, str]:
     """Processes still running whose working directory or command line is in `root`."""
-    found = []
+    found = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cwd = os.readlink(f"/proc/{pid}/cwd")
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if cwd.startswith(str(root)) or str(root) in cmd:
-            found.append(f"{pid}: {cmd[:160]} (in {cwd})")
+        if int(pid) != os.getpid() and (cwd.startswith(str(root)) or str(root) in cmd):
+            found[int(pid)] = f"{cmd[:160]} (in {cwd})"
     return found
+
+
+def end_processes_in(root: Path) -> None:
+    """Kill, by pid, what an attack that got in left running in `root` (a failing test
+    must not leave work on a shared machine)."""
+    for pid in processes_in(root):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)

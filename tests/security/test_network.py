@@ -27,10 +27,13 @@ from pathlib import Path
 
 import pytest
 from helpers import config_text, git, make_repo, ratchet, sandbox_env, submit_and_wait
+from ray_cluster import ray_cluster  # noqa: F401  (session fixture: a private Ray head)
 
-from security.evidence import checkout_state, files_holding, processes_in
+from security.evidence import checkout_state, end_processes_in, files_holding, processes_in
 
 ANSWER = 1.25  # the knob's best value: what only the job server knows
+# what a job posted by the attack leaves running: named by the repository, so it is found
+LINGER = "python3 -c 'import time; time.sleep(300)' {repo}"
 
 # evaluate.py, protected: it never imports the candidate, it calls it in a child
 EVALUATOR = '''
@@ -73,13 +76,15 @@ def ask(method, path, body=None):
 
 def attack(phase):
     try:
-        answer = ask("GET", f"/answer?phase={{phase}}")
+        said = ask("POST", f"/api/jobs/?phase={{phase}}", json.dumps({{"entrypoint": ENTRYPOINT}}))
     except OSError as exc:
         print(f"{{phase}}: no job server ({{type(exc).__name__}}: {{exc}})", flush=True)
         return None
-    said = ask("POST", f"/api/jobs/?phase={{phase}}", json.dumps({{"entrypoint": ENTRYPOINT}}))
     print(f"{{phase}}: the job server said {{said}}", flush=True)
-    return float(answer)
+    try:
+        return float(ask("GET", f"/answer?phase={{phase}}"))
+    except ValueError:  # a real Ray head has no answer to give
+        return None
 
 
 def score():
@@ -167,6 +172,37 @@ def phase_logs(repo: Path, cand_id: str, phase: str) -> str:
                    (repo / ".ratchet" / "jobs").glob(f"*-{cand_id}-*/logs/{phase}.log"))
 
 
+def attack_study(repo: Path, port: int, entrypoint: str, env: dict[str, str]
+                 ) -> tuple[dict, dict, str]:
+    """The attacking candidate (aimed at `port`) submitted and waited for: its row, the
+    study's status, and the checkout as it was before."""
+    git(repo, "checkout", "-q", "-b", "attack")
+    (repo / "solution.py").write_text(ATTACK.format(port=port, entrypoint=entrypoint))
+    git(repo, "commit", "-qam", "X = 5, or whatever the job server says")
+    git(repo, "checkout", "-q", "main")
+    before = checkout_state(repo)
+    cand = submit_and_wait(repo, "attack", env=env)
+    status = json.loads(ratchet(repo, "status", "--json", env=env, check=True).stdout)
+    return cand, status, before
+
+
+def assert_refused(repo: Path, cand: dict, status: dict, before: str, left: dict[int, str],
+                   *secrets: str) -> None:
+    """The attack ran in every phase, found nothing to talk to, and left nothing."""
+    for phase in ("build", "run"):
+        assert "no job server (ConnectionRefusedError" in phase_logs(repo, cand["id"], phase)
+    # nothing forged is kept: measured as what it is, X = 5
+    assert cand["status"] != "keep", cand
+    assert cand["metric"] == pytest.approx((5.0 - ANSWER) ** 2)
+    # no secret anywhere ratchet keeps things; the checkout as it was; nothing left running
+    for secret in secrets:
+        assert files_holding(repo / ".ratchet", secret) == []
+    assert not (repo / "PWNED").exists()
+    assert checkout_state(repo) == before
+    assert left == {}
+    assert status["network"].startswith("none"), status["network"]
+
+
 @pytest.mark.parametrize("network", [False, True], ids=["default", "network-true"])
 @pytest.mark.parametrize("level", ["bwrap", "pidns"])
 def test_a_candidate_cannot_reach_a_job_server_on_loopback(tmp_path, level, network):
@@ -174,18 +210,12 @@ def test_a_candidate_cannot_reach_a_job_server_on_loopback(tmp_path, level, netw
     secret = f"sk-driver-{uuid.uuid4().hex}"
     repo = network_repo(tmp_path / "repo", network)
     pwned = repo / "PWNED"
+    # the job it posts: list the keys, write into the checkout, outlive the study
+    entrypoint = (f"ls {repo}/.ratchet/keys > {pwned} 2>&1; echo {secret} >> {pwned}; "
+                  + LINGER.format(repo=repo))
     with job_server(secret) as server:
-        # the job it posts: list the keys, write into the checkout, outlive the study
-        entrypoint = (f"ls {repo}/.ratchet/keys > {pwned} 2>&1; echo {secret} >> {pwned}; "
-                      "sleep 300")
-        git(repo, "checkout", "-q", "-b", "attack")
-        (repo / "solution.py").write_text(ATTACK.format(port=server.port, entrypoint=entrypoint))
-        git(repo, "commit", "-qam", "X = 5, or whatever the job server says")
-        git(repo, "checkout", "-q", "main")
-        before = checkout_state(repo)
-        cand = submit_and_wait(repo, "attack", env=env)
-        status = json.loads(ratchet(repo, "status", "--json", env=env, check=True).stdout)
-        requests, jobs = list(server.requests), list(server.jobs)
+        cand, status, before = attack_study(repo, server.port, entrypoint, env)
+        requests, jobs, left = list(server.requests), list(server.jobs), processes_in(repo)
 
     if network:  # asked for: every phase reaches the machine's loopback, as documented
         assert status["network"].startswith("OPEN"), status["network"]
@@ -193,18 +223,37 @@ def test_a_candidate_cannot_reach_a_job_server_on_loopback(tmp_path, level, netw
         assert jobs and pwned.exists()  # what the default prevents
         return
     assert requests == [] and jobs == [], requests
-    # the attack ran in every phase and found nothing to talk to
-    for phase in ("build", "run"):
-        assert "no job server (ConnectionRefusedError" in phase_logs(repo, cand["id"], phase)
-    # nothing forged is kept: measured as what it is, X = 5
-    assert cand["status"] != "keep", cand
-    assert cand["metric"] == pytest.approx((5.0 - ANSWER) ** 2)
-    # no secret anywhere ratchet keeps things; the checkout as it was; nothing left running
-    assert files_holding(repo / ".ratchet", secret) == []
-    assert not pwned.exists()
-    assert checkout_state(repo) == before
-    assert processes_in(repo) == []
-    assert status["network"].startswith("none"), status["network"]
+    assert_refused(repo, cand, status, before, left, secret)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("level", ["bwrap", "pidns"])
+def test_a_candidate_cannot_submit_a_job_to_a_private_ray_head(tmp_path, level, ray_cluster):  # noqa: F811
+    """The attack as seen, against a real Ray head's job server on loopback."""
+    from ray.job_submission import JobSubmissionClient
+
+    env = sandbox_env(level, tmp_path)
+    marker = f"ratchet-attack-{uuid.uuid4().hex}"
+    repo = network_repo(tmp_path / "repo", network=False)
+    entrypoint = (f"ls {repo}/.ratchet/keys > {repo / 'PWNED'} 2>&1; "
+                  + LINGER.format(repo=repo) + f" # {marker}")
+    client = JobSubmissionClient(ray_cluster["address"])
+    port = int(ray_cluster["address"].rsplit(":", 1)[1])
+
+    def ours() -> list[str]:
+        return [job.submission_id for job in client.list_jobs()
+                if marker in (job.entrypoint or "") and job.submission_id]
+
+    try:
+        cand, status, before = attack_study(repo, port, entrypoint, env)
+        submitted, left = ours(), processes_in(repo)
+    finally:
+        for job_id in ours():  # what the attack left running, when it got in
+            client.stop_job(job_id)
+        end_processes_in(repo)
+    assert submitted == []
+    assert_refused(repo, cand, status, before, left, marker)
 
 
 def test_status_and_report_say_what_network_candidates_have(tmp_path):

@@ -103,5 +103,5 @@ def test_a_candidate_cannot_read_the_dashboard(tmp_path, level):
     assert holding and all(f"-{base['id']}-" in str(p) for p in holding), holding
     assert note not in (repo / "results.tsv").read_text()
     assert checkout_state(repo) == before
-    assert processes_in(repo) == []
+    assert processes_in(repo) == {}
     assert ratchet(repo, "status", env=env).returncode == 0
