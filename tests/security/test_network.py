@@ -19,6 +19,7 @@ import http.server
 import json
 import os
 import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ import pytest
 from helpers import config_text, git, make_repo, ratchet, sandbox_env, submit_and_wait
 from ray_cluster import ray_cluster  # noqa: F401  (session fixture: a private Ray head)
 
+from ratchet.job import sandbox
 from security.evidence import checkout_state, end_processes_in, files_holding, processes_in
 
 ANSWER = 1.25  # the knob's best value: what only the job server knows
@@ -268,3 +270,45 @@ def test_status_and_report_say_what_network_candidates_have(tmp_path):
     ratchet(repo, "report", env=env, check=True)
     page = (repo / ".ratchet" / "report" / "index.html").read_text()
     assert 'id="network">network: none' in page
+
+
+PROBE = '''
+import http.client, socket, sys
+try:
+    conn = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=5)
+    conn.request("GET", "/answer?phase=probe")
+    outside = "reached " + conn.getresponse().read().decode()
+except OSError as exc:
+    outside = type(exc).__name__
+own = socket.socket()
+own.bind(("127.0.0.1", 0))
+own.listen()
+socket.create_connection(own.getsockname(), timeout=5).close()
+print(outside, "own-loopback-ok")
+'''
+
+
+@pytest.mark.parametrize("network", [False, True], ids=["default", "network-true"])
+@pytest.mark.parametrize("level", [lv for lv in ("bwrap", "pidns", "none")
+                                   if lv != "none" or os.geteuid() == 0])
+def test_a_party_has_only_its_own_loopback(tmp_path, level, network):
+    """Every level that can make a namespace (bubblewrap's, the warden's own at pidns and,
+    as root, none): the machine's loopback is out of reach, the party's own works."""
+    if level == "bwrap" and not sandbox.bwrap_works():
+        pytest.skip("bubblewrap does not work here")
+    if level == "pidns" and sandbox.unshare_prefix() is None:
+        pytest.skip("unshare cannot make a PID namespace here")
+    work = tmp_path / "work"
+    policy = sandbox.Policy(writable=[work], seed=str(tmp_path), network=network)
+    sandbox.grant([work], policy)
+    with job_server("unused") as server:
+        argv = sandbox.command(level, [sys.executable, "-c", PROBE, str(server.port)], policy)
+        out = subprocess.run(argv, cwd=work, capture_output=True, text=True, timeout=60,
+                             env={"PATH": os.environ["PATH"]})
+    assert out.returncode == 0, out.stderr
+    if network:
+        assert out.stdout.split() == ["reached", str(ANSWER), "own-loopback-ok"]
+        return
+    assert out.stdout.split() == ["ConnectionRefusedError", "own-loopback-ok"]
+    assert server.requests == []
+    assert sandbox.network_isolated(level)
