@@ -578,7 +578,9 @@ def describe_agent_sandbox(config: Config) -> str:
     except RuntimeError as exc:
         return f"refused: {exc}"
     hidden = ("only each agent's private copy is writable; the repository, its .git, "
-              ".ratchet, the hold-out data and the other agents' copies are out of sight")
+              ".ratchet, the hold-out data and the other agents' copies are out of sight; "
+              "the network stays open for the model's API, and so for this machine's "
+              "loopback services too (docs/security-network.md)")
     if level == sandbox.BWRAP:
         return f"bubblewrap: {hidden}"
     if agent_contained(level):
