@@ -158,24 +158,25 @@ def unshare_prefix() -> tuple[str, ...] | None:
 
 
 @functools.cache
-def _warden_netns() -> bool:
-    """Can the warden give a party its own network namespace outside bubblewrap (as root,
-    or inside unshare's user namespace)? Probed once: the warden itself makes it."""
-    base = [sys.executable, "-I", "-S", str(WARDEN), "--no-network", "--",
-            "/bin/sh", "-c", "echo 1"]
-    if (prefix := unshare_prefix()) is not None and _probe([*prefix, *base]):
-        return True
-    return os.geteuid() == 0 and _probe(base)
+def _root_netns() -> bool:
+    """Can the warden, as root but outside any namespace `unshare` made, give a party its
+    own network namespace (not in a container that forbids it)? Probed once (~0.4 s)."""
+    return os.geteuid() == 0 and _probe([sys.executable, "-I", "-S", str(WARDEN),
+                                         "--no-network", "--", "/bin/sh", "-c", "echo 1"])
 
 
 def network_isolated(level: Level | str) -> bool:
-    """Does a party with `network=False` really lose the network at `level`?"""
+    """Does a party with `network=False` really lose the network at `level`?
+
+    bwrap and pidns need no probe: where they make a PID namespace they have the power to
+    make a network namespace too, and both fail closed (the party never starts with the
+    machine's network). The evaluator's candidate child asks this in every evaluation."""
     level = Level(level)
     if level == Level.BWRAP:
-        return True  # --unshare-net: bubblewrap refuses to start without it
+        return True  # --unshare-net: bubblewrap fails rather than start without it
     if level == Level.PIDNS:
-        return unshare_prefix() is not None and _warden_netns()
-    return os.geteuid() == 0 and _warden_netns()
+        return unshare_prefix() is not None
+    return _root_netns()
 
 
 def describe_network(allowed: bool, preference: str = "auto") -> str:

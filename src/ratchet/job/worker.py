@@ -677,7 +677,8 @@ def _preload() -> None:
 
     with contextlib.suppress(Exception):
         machine_fingerprint()  # cached: read while idle, not while a job waits
-        sandbox.choose("auto")  # the isolation probes too
+        # the isolation probes too, the network namespace's among them
+        sandbox.network_isolated(sandbox.choose("auto"))
 
 
 def _read_key(text: str) -> bytes | None:
