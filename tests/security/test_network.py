@@ -3,10 +3,12 @@
 The attack as it was seen: the candidate child read /proc/net/tcp, found Ray's dashboard on
 loopback and POSTed a job to `/api/jobs/`; the job ran as root outside every sandbox,
 read the driver's environment, listed `.ratchet/keys/`, wrote into the user's checkout
-and left a process running. Here a loopback server the test starts stands in for Ray's
-job server (a private Ray head costs a minute of this machine's two cores): it answers
-what a candidate must not learn (`/answer`, the best knob value) and runs every posted
-entrypoint as root, as Ray's does, replying with the driver's secret.
+and left a process running. It is tried twice: against a private Ray head's real job
+server (marked `ray`: the head takes a minute of this machine's two cores, and is skipped
+where it cannot start), and against a loopback server the test starts as a stand-in, which
+also answers what a candidate must not learn (`/answer`, the best knob value), runs every
+posted entrypoint as root, as Ray's does, and replies with the driver's secret; with
+`[task] network = true` the stand-in is reached, as documented.
 
 The candidate attacks from every phase: its build, its run and, through the evaluator's
 candidate child (`ratchet.evaluator.isolate`), its evaluation. Each study runs through
