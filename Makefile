@@ -20,8 +20,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	bash scripts/run_example.sh kernel-cpu
 
+# Side by side (pytest-xdist): 4 workers on 2 cores, since most of a study-driven test is
+# waiting on its jobs' processes; tests sharing a built study stay on one worker
+# (tests/conftest.py). The `timing` tests measure wall time and run after, one at a time.
+PYTEST_WORKERS ?= 4
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 -m "not timing"
+	$(BIN)/python -m pytest -q -m timing
 
 # The real coding-agent CLIs (Claude Code, Codex, aider), pinned, into .venv-agents/; the
 # tests in tests/agent_cli (marker agent_cli, part of `make test`) skip without them.

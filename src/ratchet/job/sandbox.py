@@ -119,10 +119,13 @@ def _probe(argv: list[str], expect: str = "1") -> bool:
     return probe.returncode == 0 and probe.stdout.strip() == expect
 
 
-@functools.cache
 def _bwrap_modes() -> tuple[bool, bool]:
-    """(bubblewrap works, it can also give a PID namespace)."""
-    exe = shutil.which("bwrap")
+    """(bubblewrap works, it can also give a PID namespace), for the `bwrap` on PATH now."""
+    return _bwrap_modes_of(shutil.which("bwrap"))
+
+
+@functools.cache  # per executable: a caller may put another `bwrap` first on PATH
+def _bwrap_modes_of(exe: str | None) -> tuple[bool, bool]:
     if not exe:
         return False, False
     base = [exe, "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc"]
