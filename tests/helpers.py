@@ -198,3 +198,37 @@ def job_result(repo: Path, job_id: str) -> dict:
     assert key is not None, f"no result key for {job_id}"
     text = (state / "jobs" / job_id / "result.json").read_text()
     return json.loads(JobResult.from_sealed(text, key, job_id).to_json())
+
+
+def sandbox_env(level: str, tmp_path: Path) -> dict[str, str]:
+    """The environment that makes a study run its candidates at `level` ("bwrap" or
+    "pidns"), or skips the test where this machine cannot: for pidns, a PATH whose
+    bubblewrap does not work (as on a machine without it), so ratchet falls back."""
+    import pytest
+
+    from ratchet.job import sandbox
+
+    if level == "bwrap" and not sandbox.bwrap_works():
+        pytest.skip("bubblewrap does not work here")
+    if level == "pidns" and sandbox.unshare_prefix() is None:
+        pytest.skip("unshare cannot make a PID namespace here")
+    if level == "bwrap":
+        return {}
+    stub = tmp_path / "stub-bin"
+    stub.mkdir(exist_ok=True)
+    (stub / "bwrap").write_text("#!/bin/sh\nexit 1\n")
+    (stub / "bwrap").chmod(0o755)
+    return {"PATH": f"{stub}{os.pathsep}{os.environ['PATH']}"}
+
+
+def submit_and_wait(repo: Path, rev: str, env: dict[str, str] | None = None) -> dict:
+    """`ratchet submit REV` then `ratchet wait` on it, as a person (or an agent) would:
+    the candidate's row as `wait --json` prints it."""
+    import json
+
+    proc = ratchet(repo, "submit", rev, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cand_id = proc.stdout.strip().splitlines()[-1]
+    proc = ratchet(repo, "wait", cand_id, "--json", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -526,6 +526,7 @@ def status(
             "duty_cycle": busy.duty,  # job time / (slots x wall time of the jobs)
             "limit_per_hour": busy.limit_per_hour,  # slots x 3600 / mean run time
             "sandbox": study.sandbox_status(),
+            "network": study.network_status(),
             "agent_sandbox": study.agent_sandbox_status(),
             "backend": study.backend_kind,
         }
@@ -567,6 +568,7 @@ def status(
         for line in budget.lines(summary["budget"]):
             emit(console, line)
         emit(console, f"sandbox: {summary['sandbox']}")
+        emit(console, f"network: {summary['network']}")
         if summary["agent_sandbox"]:
             emit(console, f"agents: {summary['agent_sandbox']}")
         if busy.duty is not None:
@@ -677,8 +679,9 @@ def serve(
         help="address to listen on; other than loopback it needs --token")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="port (0: any free one)")] = 8765,
     token: Annotated[str | None, typer.Option(
-        help="required to view the pages (default: $RATCHET_SERVE_TOKEN); needed "
-             "for any --host but loopback")] = None,
+        help="required to view the pages (default: $RATCHET_SERVE_TOKEN, else a random "
+             "one on loopback; the printed address carries it); needed for any --host but "
+             "loopback")] = None,
 ) -> None:
     """A live, read-only dashboard of the study in your browser (the report's views)."""
 

@@ -140,6 +140,12 @@ class Task(Strict):
     constraints: list[str] = []  # e.g. "memory_gb <= 60", over the evaluator's extra metrics
     holdout_tolerance: ImprovementField = Improvement()  # allowed hold-out regression
     holdout_data: str | None = None  # a directory only the hold-out evaluator may read
+    network: bool = Field(default=False, description=(
+        "Let candidates' code reach the network. Off by default: every phase (build, smoke, "
+        "run, evaluate, hold-out) and the evaluator's candidate child run in a network "
+        "namespace of their own with only loopback. On, they reach this machine's loopback "
+        "services (a Ray head's job server, `ratchet serve`) and the internet: set it only "
+        "for a task that must download (docs/security-network.md)."))
 
     @field_validator("editable", "protected")
     @classmethod

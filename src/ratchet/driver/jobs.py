@@ -129,6 +129,7 @@ class Jobs:
             # the job's own parts
             readonly_paths=[str(self.repo / ".git")],
             sandbox=sandbox,
+            network=task.network,
         )
 
     def incumbent_env(self, cand: Candidate) -> dict[str, str]:

@@ -192,6 +192,7 @@ class JobSpec:
     slots: list[Slot] = field(default_factory=list)
     build_slots: list[Slot] = field(default_factory=list)  # CPU slots for build_on_cpu
     sandbox: str = "auto"  # auto | bwrap | pidns | none
+    network: bool = False  # [task] network: every phase keeps the machine's network
     readonly_paths: list[str] = field(default_factory=list)
     env_deny: list[str] = field(default_factory=list)  # never passed on, whatever allows it
 

@@ -308,9 +308,11 @@ class Job:
             hidden.append(Path(self.spec.holdout_dir))
         elif self.spec.holdout_dir:
             readonly.append(self.spec.holdout_dir)
+        # no network unless the task asks: trusted phases too, since an evaluator may
+        # import candidate code in its own process
         policy = sandbox.Policy(writable=writable, hidden=hidden, readonly=readonly,
                                 drop_privileges=not trusted, seed=str(state_dir),
-                                keep_fds=keep_fds)
+                                keep_fds=keep_fds, network=self.spec.network)
         if trusted:
             # a dropped uid's ~/.local could otherwise plant .pth files for the evaluator
             # (the work tree itself stays off its sys.path when evaluate runs `python -P`)
@@ -637,6 +639,9 @@ def build_env(spec: JobSpec, job_dir: Path, work: Path, slot) -> dict[str, str]:
     env["RATCHET_CANDIDATE"] = spec.candidate
     env["RATCHET_COMMIT"] = spec.commit
     env["RATCHET_WORKDIR"] = str(work)
+    # the evaluator's candidate child (ratchet.evaluator.isolate) gets the network only
+    # when the task gives it to every phase
+    env[sandbox.NETWORK_ENV] = "1" if spec.network else "0"
     if spec.data_dir:
         env["RATCHET_DATA"] = spec.data_dir
     # names only the worker sets, for trusted phases alone: never inherited from whoever
@@ -672,7 +677,8 @@ def _preload() -> None:
 
     with contextlib.suppress(Exception):
         machine_fingerprint()  # cached: read while idle, not while a job waits
-        sandbox.choose("auto")  # the isolation probes too
+        # the isolation probes too, the network namespace's among them
+        sandbox.network_isolated(sandbox.choose("auto"))
 
 
 def _read_key(text: str) -> bytes | None:
