@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 from helpers import config_text, make_repo
+from redteam.test_redteam import cheat
 
 from ratchet.job import leftovers
-from redteam.test_redteam import cheat
 from security.studies import (
     LEVELS,
     assert_contained,
@@ -59,15 +59,17 @@ def secret():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def study(tmp_path: Path, level: str) -> Path:
+def study(base: Path, level: str, backend: str = "") -> Path:
+    """A study under `base` whose run phase writes out.txt and whose evaluator reads it
+    (`backend`: more [backend] settings)."""
     mode = "bwrap" if level == "bwrap" else "auto"  # auto, with bubblewrap made to fail
     task = config_text().split("[task.metric]")[0].replace(
         'editable = ["solution.py"]', 'editable = ["train.py"]').replace(
         'timeout = "60s"', 'run = "python train.py"\ntimeout = "20s"')
-    return make_repo(tmp_path / "repo", {
+    return make_repo(base / "repo", {
         "ratchet.toml": config_text(
             task=task, knobs="", search='[search]\nproposer = "tune"\nparallel = 1\n',
-            backend=f'[backend]\nkind = "local"\nslots = 1\nsandbox = "{mode}"\n'),
+            backend=f'[backend]\nkind = "local"\nslots = 1\nsandbox = "{mode}"\n{backend}'),
         "evaluate.py": EVALUATE, "train.py": TRAIN})
 
 
