@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 NAMED = 10  # paths named in a reason; the rest are counted
@@ -21,6 +21,21 @@ NAMED = 10  # paths named in a reason; the rest are counted
 
 def _inside(path: str, roots: Sequence[str]) -> bool:
     return any(path == r or path.startswith(r + os.sep) for r in roots)
+
+
+def walk(top: str) -> Iterator[os.DirEntry[str]]:
+    """Every entry under `top`, symlinked directories not entered (scandir: the kind of
+    each entry comes with its name, so only what needs a closer look costs a stat)."""
+    todo = [top]
+    while todo:
+        try:
+            with os.scandir(todo.pop()) as found:
+                for entry in found:
+                    yield entry
+                    if entry.is_dir(follow_symlinks=False):
+                        todo.append(entry.path)
+        except OSError:
+            continue
 
 
 def refused(roots: Sequence[Path]) -> list[str]:
@@ -32,31 +47,30 @@ def refused(roots: Sequence[Path]) -> list[str]:
     """
     real_roots = [os.path.realpath(r) for r in roots]
     found: list[str] = []
-    links: dict[tuple[int, int], tuple[int, str, int]] = {}  # inode -> (seen, name, nlink)
-    for top in roots:
-        for root, dirs, files in os.walk(top):  # never follows a symlinked directory
-            for name in dirs + files:
-                path = os.path.join(root, name)
-                rel = os.path.relpath(path, top)
-                try:
-                    st = os.lstat(path)
-                except OSError:
+    links: dict[tuple[int, int], tuple[int, str, int]] = {}  # inode -> (seen, path, nlink)
+    for top in map(str, roots):
+        for entry in walk(top):
+            try:
+                if entry.is_dir(follow_symlinks=False):
                     continue
-                mode = st.st_mode
-                if stat.S_ISLNK(mode):
-                    target = os.path.realpath(path)
-                    if not _inside(target, real_roots):
-                        found.append(f"{rel} (a symlink out of the job's tree)")
-                elif stat.S_ISFIFO(mode):
-                    found.append(f"{rel} (a fifo)")
-                elif stat.S_ISSOCK(mode):
-                    found.append(f"{rel} (a socket)")
-                elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-                    found.append(f"{rel} (a device)")
-                elif stat.S_ISREG(mode) and st.st_nlink > 1:
-                    key = (st.st_dev, st.st_ino)
-                    seen, first, nlink = links.get(key, (0, rel, st.st_nlink))
-                    links[key] = (seen + 1, first, nlink)
+                if entry.is_symlink():
+                    if not _inside(os.path.realpath(entry.path), real_roots):
+                        found.append(f"{os.path.relpath(entry.path, top)} (a symlink out of "
+                                     "the job's tree)")
+                    continue
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            mode = st.st_mode
+            kind = ("a fifo" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else None)
+            if kind:
+                found.append(f"{os.path.relpath(entry.path, top)} ({kind})")
+            elif st.st_nlink > 1:
+                key = (st.st_dev, st.st_ino)
+                seen, first, nlink = links.get(key, (0, os.path.relpath(entry.path, top),
+                                                     st.st_nlink))
+                links[key] = (seen + 1, first, nlink)
     found += [f"{first} (a hard link to a file outside the job's tree)"
               for seen, first, nlink in links.values() if seen < nlink]
     return found

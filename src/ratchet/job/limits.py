@@ -29,8 +29,8 @@ GIB = 1 << 30
 RESERVE_SHARE = 0.05  # of the filesystem, when [backend] disk_reserve_gb is not set
 RESERVE_MAX = 1 * GIB
 STATVFS_EVERY_S = 0.02  # one syscall: cheap enough to read fifty times a second
-WALK_MIN_S = 0.25  # a walk of the job's tree at most this often...
-WALK_COST_FACTOR = 20  # ...and never more than 1/20 of the time
+WALK_MIN_S = 1.0  # a paced walk of the job's tree at most this often...
+WALK_COST_FACTOR = 20  # ...and no walk more than 1/20 of the time
 
 
 class Bound(StrEnum):
@@ -159,17 +159,19 @@ class PidsBound:
 
 def tree_bytes(paths: Sequence[Path]) -> int:
     """Bytes allocated to the files under `paths` (a hard-linked file counted once)."""
+    from ratchet.job.leftovers import walk  # the same walk as the leftovers check
+
     seen: set[tuple[int, int]] = set()
     total = 0
     for top in paths:
-        for root, dirs, files in os.walk(top):
-            for name in dirs + files:
-                with contextlib.suppress(OSError):
-                    st = os.lstat(os.path.join(root, name))
-                    key = (st.st_dev, st.st_ino)
-                    if key not in seen:
-                        seen.add(key)
-                        total += st.st_blocks * 512
+        for entry in walk(str(top)):
+            with contextlib.suppress(OSError):
+                st = entry.stat(follow_symlinks=False)
+                if st.st_nlink > 1 and not entry.is_dir(follow_symlinks=False):
+                    if (st.st_dev, st.st_ino) in seen:
+                        continue
+                    seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
     return total
 
 
@@ -200,22 +202,22 @@ class DiskWatch:
         self.used_at_start = tree_bytes(self.dirs)
         self.free_at_start = free_bytes(fs_path)
         self.used = self.used_at_start
-        self._next_walk = 0.0
+        self._next_walk = 0.0  # the paced walk (when there is a job_disk_gb)
+        self._next_urgent_walk = 0.0
         self._next_free = 0.0
+        if not limit:
+            self._next_walk = float("inf")  # only the reserve: walk when it is eaten
 
     def _walk(self, now: float) -> int:
         began = time.monotonic()
         self.used = tree_bytes(self.dirs)
         cost = time.monotonic() - began
         self._next_walk = now + max(WALK_MIN_S, WALK_COST_FACTOR * cost)
+        self._next_urgent_walk = now + WALK_COST_FACTOR * cost
         return self.used
 
     def breach(self) -> Breach | None:
         now = time.monotonic()
-        if self.limit and now >= self._next_walk and self._walk(now) > self.limit:
-            return Breach(Bound.DISK, f"the job's work and tmp directories reached "
-                                      f"{_gib(self.used)}, over [backend] job_disk_gb = "
-                                      f"{self.limit / GIB:g}")
         if now < self._next_free:
             return None
         self._next_free = now + STATVFS_EVERY_S
@@ -223,11 +225,19 @@ class DiskWatch:
             free = free_bytes(self.fs_path)
         except OSError:
             return None
-        if free >= self.reserve:
-            return None
-        grew = self._walk(now) - self.used_at_start
         fell = self.free_at_start - free
-        if grew > 0 and grew * 2 >= fell:
+        # a fast writer passes the bound between two paced walks: walk at once when the
+        # filesystem lost more than the job may write, or its reserve is being eaten
+        urgent = free < self.reserve or bool(self.limit and fell > self.limit - self.used_at_start)
+        if not (now >= self._next_walk or (urgent and now >= self._next_urgent_walk)):
+            return None
+        used = self._walk(now)
+        if self.limit and used > self.limit:
+            return Breach(Bound.DISK, f"the job's work and tmp directories reached "
+                                      f"{_gib(used)}, over [backend] job_disk_gb = "
+                                      f"{self.limit / GIB:g}")
+        grew = used - self.used_at_start
+        if free < self.reserve and grew > 0 and grew * 2 >= fell:
             return Breach(Bound.RESERVE, f"the job wrote {_gib(grew)} and left {_gib(free)} "
                                          f"free on the study's filesystem, under its reserve "
                                          f"of {_gib(self.reserve)} ([backend] "
