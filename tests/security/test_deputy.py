@@ -114,8 +114,6 @@ def test_every_kind_of_leftover_is_named(tmp_path):
     outside.write_text("x")
     (tree / "inside.txt").write_text("y")
     (tree / "sub" / "ok").symlink_to("../inside.txt")  # stays in the tree: allowed
-    (tree / "up").symlink_to("../outside.txt")
-    (tree / "abs").symlink_to("/etc/hostname")
     os.link(outside, tree / "hard")
     os.link(tree / "inside.txt", tree / "sub" / "hard-inside")  # both links inside: allowed
     os.mkfifo(tree / "fifo")
@@ -123,9 +121,16 @@ def test_every_kind_of_leftover_is_named(tmp_path):
         sock.bind(str(tree / "sock"))
     if os.geteuid() == 0:
         os.mknod(tree / "null", stat.S_IFCHR | 0o600, os.makedev(1, 3))
-    found = leftovers.refused([tree])
+    (tree / "data").symlink_to("/etc")  # the study's own commit has it: allowed as is
+    committed = leftovers.symlinks(tree)
+    (tree / "up").symlink_to("../outside.txt")
+    (tree / "abs").symlink_to("/etc/hostname")
+    found = leftovers.refused([tree], committed)
     expected = {"up (a symlink out of the job's tree)", "abs (a symlink out of the job's tree)",
                 "hard (a hard link to a file outside the job's tree)", "fifo (a fifo)", "sock (a socket)"}
     if os.geteuid() == 0:
         expected.add("null (a device)")
     assert set(found) == expected
+    (tree / "data").unlink()
+    (tree / "data").symlink_to("/root")  # retargeted by a phase: refused
+    assert "data (a symlink out of the job's tree)" in leftovers.refused([tree], committed)

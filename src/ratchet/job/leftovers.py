@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 NAMED = 10  # paths named in a reason; the rest are counted
@@ -38,13 +38,22 @@ def walk(top: str) -> Iterator[os.DirEntry[str]]:
             continue
 
 
-def refused(roots: Sequence[Path]) -> list[str]:
+def symlinks(root: Path) -> dict[str, str]:
+    """The symlinks under `root` as checked out, by path: those of the study's own commit
+    (a candidate's commit may add or change none: driver.candidate refuses it)."""
+    return {entry.path: os.readlink(entry.path) for entry in walk(str(root))
+            if entry.is_symlink()}
+
+
+def refused(roots: Sequence[Path], committed: Mapping[str, str] | None = None) -> list[str]:
     """One line per refused entry under `roots`, its path relative to its root.
 
-    Refused: symlinks whose target (fully resolved) is outside every root, fifos, sockets,
-    character and block devices, and regular files with hard links outside the roots
-    (more links than the walk found inside them). Nothing is opened or followed.
+    Refused: symlinks whose target (fully resolved) is outside every root, but those
+    `committed` as they are (path -> target, from `symlinks` before any phase ran), fifos,
+    sockets, character and block devices, and regular files with hard links outside the
+    roots (more links than the walk found inside them). Nothing is opened or followed.
     """
+    committed = committed or {}
     real_roots = [os.path.realpath(r) for r in roots]
     found: list[str] = []
     links: dict[tuple[int, int], tuple[int, str, int]] = {}  # inode -> (seen, path, nlink)
@@ -54,7 +63,8 @@ def refused(roots: Sequence[Path]) -> list[str]:
                 if entry.is_dir(follow_symlinks=False):
                     continue
                 if entry.is_symlink():
-                    if not _inside(os.path.realpath(entry.path), real_roots):
+                    kept = committed.get(entry.path) == os.readlink(entry.path)
+                    if not kept and not _inside(os.path.realpath(entry.path), real_roots):
                         found.append(f"{os.path.relpath(entry.path, top)} (a symlink out of "
                                      "the job's tree)")
                     continue

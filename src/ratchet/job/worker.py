@@ -247,6 +247,7 @@ class Job:
         self.off_slot = False  # phases now run on a CPU build slot, not the job's own
         self.stopped: tuple[float, float, float] | None = None  # the run, stopped early
         self.bounds: limits.Watch | None = None  # made by start(), once the tree is laid out
+        self.committed_links: dict[str, str] = {}  # the tree's own symlinks, before any phase
 
     def on_slot(self, slot: Slot | None, own: bool = True) -> None:
         """Run the next phases on `slot`: its devices, its cores; `own`: the job's own slot,
@@ -513,7 +514,7 @@ class Job:
         """Reject the candidate when its phases left in the tree what a trusted phase must
         not follow (leftovers.refused): checked before anything trusted touches the tree,
         the pinned files' restore included (it writes as root)."""
-        found = leftovers.refused([self.work])
+        found = leftovers.refused([self.work], self.committed_links)
         if not found:
             return None
         reason = leftovers.reason(found, before)
@@ -570,6 +571,10 @@ class Job:
         (self.job_dir / "tmp").mkdir(exist_ok=True)
         if self.bounds is None:
             spec = self.spec
+            # a reused tree (the hold-out on the candidate's built tree) has had phases
+            # run in it: none of its symlinks out of it counts as the commit's
+            if not spec.reuse_workdir:
+                self.committed_links = leftovers.symlinks(self.work)
             disk = limits.DiskWatch([self.work, self.job_dir / "tmp"], self.job_dir,
                                     spec.disk_bytes, spec.disk_reserve_bytes)
             self.bounds = limits.Watch(limits.PidsBound(spec.job_id, spec.pids_limit), disk)
