@@ -65,7 +65,7 @@ class Jobs:
         self._backend: Backend | None = None
         self._cleaner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratchet-clean")
         self._took: deque[float] = deque(maxlen=8)  # recent jobs' own run times (s)
-        # (incumbent id, its extra metrics as JSON, its run's progress curve as JSON)
+        # (incumbent id, its extra metrics as JSON)
         self._incumbent_extra: tuple[str | None, str] = ("", "")
 
     @property

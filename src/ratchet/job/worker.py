@@ -365,11 +365,15 @@ class Job:
         # the kernel's per-process high-water marks keep the peaks between samples
         monitor = PeakMemory(interval_s=0.5 if name == "run" else 1.0) if measure else None
         started_at = time.time()
-        should_stop = lambda: _stop_requested or bool(progress and progress.poll())  # noqa: E731
+
+        def stop_asked() -> bool:
+            return _stop_requested or bool(progress and progress.poll())
+
         bounds = self.bounds
+        should_stop = stop_asked
         if bounds is not None:
             bounds.start_phase()
-            should_stop = bounds.stop_when(should_stop)
+            should_stop = bounds.stop_when(stop_asked)
         try:
             with monitor or contextlib.nullcontext():
                 code, timed_out, log, seconds = run_capped(
@@ -571,14 +575,26 @@ class Job:
         (self.job_dir / "tmp").mkdir(exist_ok=True)
         if self.bounds is None:
             spec = self.spec
-            # a reused tree (the hold-out on the candidate's built tree) has had phases
-            # run in it: none of its symlinks out of it counts as the commit's
-            if not spec.reuse_workdir:
-                self.committed_links = leftovers.symlinks(self.work)
+            self.committed_links = self.commit_symlinks()
             disk = limits.DiskWatch([self.work, self.job_dir / "tmp"], self.job_dir,
                                     spec.disk_bytes, spec.disk_reserve_bytes)
             self.bounds = limits.Watch(limits.PidsBound(spec.job_id, spec.pids_limit), disk)
         return self.prepare_data()
+
+    def commit_symlinks(self) -> dict[str, str]:
+        """The symlinks of the tree as checked out, before any phase ran (kept in the job's
+        directory, which no phase can write). A reused tree (the hold-out on the
+        candidate's built tree) has had phases run in it: its first job's record counts."""
+        if self.spec.reuse_workdir:
+            record = Path(self.spec.reuse_workdir).parent / "symlinks.json"
+            with contextlib.suppress(OSError, ValueError):
+                found = json.loads(record.read_text())
+                return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+            return {}
+        found = leftovers.symlinks(self.work)
+        with contextlib.suppress(OSError):
+            (self.job_dir / "symlinks.json").write_text(json.dumps(found))
+        return found
 
     def build_ahead(self) -> JobResult | None:
         """The build phase alone, on a CPU build slot, before the job's own slot is leased.
