@@ -409,6 +409,11 @@ class Backend(Strict):
     gpus: list[str] | None = None  # GPU ids to lease, default: all visible
     memory_limit_gb: float | None = Field(default=None, gt=0)  # per job (address space)
     disk_limit_gb: float | None = Field(default=None, gt=0)  # largest file a job may write
+    # the job's work and tmp directories together (a watched bound: past it, a crash)
+    job_disk_gb: float | None = Field(default=None, gt=0)
+    # kept free on the filesystem of the study's state; default: 5% of it, at most 1 GiB
+    disk_reserve_gb: float | None = Field(default=None, ge=0)
+    job_pids: int | None = Field(default=4096, ge=8)  # processes and threads of one job
     log_limit_mb: float = Field(default=16.0, gt=0)  # per phase log: head and tail kept
     # auto: bubblewrap, else a PID namespace (util-linux unshare); none: no isolation
     sandbox: Literal["auto", "bwrap", "none"] = "auto"
