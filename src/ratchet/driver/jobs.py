@@ -21,11 +21,18 @@ from typing import TypeVar
 
 from ratchet.backends import Backend, JobState, make_backend
 from ratchet.driver.config import Config
+from ratchet.driver.infra import RESUME, InfraFault
 from ratchet.driver.ledger import Candidate, Ledger
 from ratchet.driver.spend import compute_usd
 from ratchet.errors import InfrastructureError
 from ratchet.job.faults import fault_point
-from ratchet.job.jobspec import COMPILE_CACHE_VARS, JobResult, JobSpec, PinnedFile
+from ratchet.job.jobspec import (
+    COMPILE_CACHE_VARS,
+    UNREACHABLE_STAGE,
+    JobResult,
+    JobSpec,
+    PinnedFile,
+)
 from ratchet.vocab import Kind, Status
 
 T = TypeVar("T")
@@ -130,6 +137,13 @@ class Jobs:
             readonly_paths=[str(self.repo / ".git")],
             sandbox=sandbox,
         )
+
+    def unreachable(self, commit: str) -> str | None:
+        """Why the sandbox could not start this study's jobs' parties here, or None
+        (asked before the first job; a stand-in candidate, nothing recorded)."""
+        stand_in = Candidate(id="reach", seq=0, round=0, status=Status.COMMITTED,
+                             commit_sha=commit)
+        return self.backend.unreachable(self.spec(stand_in))
 
     def incumbent_env(self, cand: Candidate) -> dict[str, str]:
         """$RATCHET_INCUMBENT_EXTRA for a proposed candidate: the incumbent's extra metrics
@@ -277,6 +291,8 @@ class Jobs:
                 phase = self.backend.phase(job_id) if state == JobState.RUNNING else None
                 running.append((cand.id, cand.description, now - (cand.submitted_at or now),
                                 f"{state}: {phase}" if phase else state))
+        shut_out = [(c, r) for c, r in done if unreachable(r)]
+        done = [(c, r) for c, r in done if not unreachable(r)]
         if done:  # the results of one look in one transaction (one fsync)
             with self.ledger.transaction():
                 for cand, result in done:
@@ -284,7 +300,26 @@ class Jobs:
             fault_point("result-recorded")
         for cand in lost:  # outside it: a rerun is recorded before it is placed
             self.handle_lost(cand)
+        for cand, result in shut_out:
+            self.handle_shut_out(cand, result)
         return running
+
+    def handle_shut_out(self, cand: Candidate, result: JobResult) -> None:
+        """The sandbox could not start one of the job's parties (its uid cannot reach the
+        interpreter, the venv or the job's tree): the machine's fault, never a verdict.
+        Run again while attempts are left (the machine may have been mended meanwhile);
+        then the candidate is left pending and the study stops with the worker's line."""
+        self.ledger.event("sandbox-unreachable", cand.id, job_id=result.job_id,
+                          reason=result.reason)
+        if cand.attempt + 1 < self.backend.max_attempts:
+            self.log(f"{cand.id}: {result.reason} (run again)")
+            self.ledger.update(cand.id, "unreachable-resubmitted", attempt=cand.attempt + 1)
+            self.submit(self.ledger.row(cand.id))
+            return
+        self.ledger.update(cand.id, "interrupted", status=Status.INTERRUPTED,
+                           reasons=f"{result.reason} (left pending)",
+                           **self._held_meanwhile(cand))
+        raise InfraFault(f"{result.reason}; {RESUME}")
 
     def wait(self, ids: list[str], report: Callable[[list], None],
              stop_hard: Callable[[], bool]) -> None:
@@ -444,6 +479,11 @@ def _placed(cand: Candidate) -> str:
     if cand.job_id is None:
         raise LookupError(f"{cand.id}: no job was placed")
     return cand.job_id
+
+
+def unreachable(result: JobResult) -> bool:
+    """Did the job fail because the sandbox could not start one of its parties?"""
+    return result.outcome == "error" and result.failed_stage == UNREACHABLE_STAGE
 
 
 def slot_seconds_of(result: JobResult) -> float:
