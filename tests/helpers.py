@@ -95,12 +95,14 @@ def score_repo(path: Path, **config_overrides: str) -> Path:
 
 
 def ratchet(repo: Path, *args: str, timeout: float = 240, env: dict | None = None,
-            check: bool = False) -> subprocess.CompletedProcess:
+            check: bool = False, python: str | None = None) -> subprocess.CompletedProcess:
+    """`python`: run the CLI under that interpreter (its venv is the one jobs use)."""
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = str(ROOT / "src")
+    cli = [python, *RATCHET[1:]] if python else RATCHET
     proc = subprocess.run(
-        [*RATCHET, *args, "--repo", str(repo)] if args and args[0] not in ("--help",) else
-        [*RATCHET, *args],
+        [*cli, *args, "--repo", str(repo)] if args and args[0] not in ("--help",) else
+        [*cli, *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -228,13 +228,13 @@ class Study:
         commit = self.ledger.get("pinned") or gitrepo.try_rev_parse(self.repo, "HEAD")
         if commit is None:
             return  # no commits: ensure_started says so
-        checks = [lambda: self.jobs.unreachable(commit)]
-        if proposer:
-            checks.append(lambda: self.proposer.unreachable(self.repo, self.state_dir))
-        with _as_study_errors(), ThreadPoolExecutor(len(checks)) as pool:
-            for line in pool.map(lambda check: check(), checks):
-                if line:
-                    raise StudyError(line)
+        # the agent's probe beside the jobs' (the ledger is read on this thread only)
+        agent = self.proposer if proposer else None
+        with _as_study_errors(), ThreadPoolExecutor(1) as pool:
+            asked = agent and pool.submit(agent.unreachable, self.repo, self.state_dir)
+            line = self.jobs.unreachable(commit) or (asked.result() if asked else None)
+        if line:
+            raise StudyError(line)
 
     def _check_ideas_file(self) -> None:
         from ratchet.driver.ideas import IDEAS_FILE, read_ideas_file

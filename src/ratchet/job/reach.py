@@ -106,17 +106,38 @@ def probe(level: sandbox.Level | str, policy: sandbox.Policy, paths: Sequence[Pa
         return line(who, uid, Path(fields[0]), Path(fields[1]), fields[2])
     if START_FAILED in done.stderr:  # the interpreter itself: found on this side
         exe = Path(sys.executable)
-        closed = closed_on_the_way(exe, uid)
+        opened = _opened(level, policy, uid)
+        closed = closed_on_the_way(exe, uid, opened)
         return line(who, uid, exe, closed or exe, "search" if closed else "read")
     tail = " | ".join(done.stderr.strip().splitlines()[-2:])[:300]
     return (f"ratchet sandbox: cannot start {who} as uid {uid} "
             f"(exit {done.returncode}): {tail or 'no message'}")
 
 
-def closed_on_the_way(path: Path, uid: int) -> Path | None:
-    """The first directory above `path` that `uid` may not search, on this side."""
-    path = Path(os.path.abspath(path))
-    return next((p for p in path.parents[::-1][1:] if not sandbox.reachable(p, uid)), None)
+def _opened(level: sandbox.Level | str, policy: sandbox.Policy, uid: int) -> set[Path]:
+    """The paths the sandbox puts back inside the private directories it opens: the
+    directories above them are made searchable, they keep their own modes."""
+    if sandbox.Level(level) == sandbox.Level.NONE:
+        return set()
+    return {p for keep in sandbox.private_cover(policy, uid).values() for p in keep}
+
+
+def closed_on_the_way(path: Path, uid: int, opened: Iterable[Path] = ()) -> Path | None:
+    """The first directory above `path` that `uid` may not search in the party's view.
+    Above the deepest path the sandbox put back (`opened`) it made every directory
+    searchable; from that path down, the real modes count."""
+    chain = Path(os.path.abspath(path)).parents[::-1][1:]  # outermost first, "/" left out
+    kept = [i for i, p in enumerate(chain) if p in set(opened)]
+    return next((p for p in chain[kept[-1] if kept else 0:] if not _searchable(p, uid)), None)
+
+
+def _searchable(path: Path, uid: int) -> bool:
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    bit = stat.S_IXUSR if st.st_uid == uid else stat.S_IXOTH
+    return bool(st.st_mode & bit)
 
 
 def line(who: str, uid: int, path: Path, where: Path, kind: str) -> str:

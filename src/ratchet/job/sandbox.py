@@ -292,7 +292,7 @@ def _needed(policy: Policy) -> list[Path]:
     return [*map(Path, policy.readonly), *map(Path, policy.extra_visible), *_runtime_paths()]
 
 
-def _cover(policy: Policy, uid: int | None) -> dict[Path, set[Path]]:
+def private_cover(policy: Policy, uid: int | None) -> dict[Path, set[Path]]:
     """The private directories to open for the party, each with the paths put back in it.
 
     The writable paths count too: a job tree or an agent's copy under a 0700 parent (a
@@ -339,7 +339,7 @@ def command(level: Level | str, argv: Sequence[str], policy: Policy, *,
             control_fd: int | None = None) -> list[str]:
     """The full command line that runs `argv` as an untrusted party under `policy`."""
     level = Level(level)
-    cover = _cover(policy, policy.party_uid())
+    cover = private_cover(policy, policy.party_uid())
     if level == Level.BWRAP:
         return _bwrap_args(policy, cover) + _warden_argv(
             policy, pidns=_bwrap_modes()[1], control_fd=control_fd, mount_plan=None) + list(argv)

@@ -1,0 +1,177 @@
+"""A checkout and a venv under a directory the sandbox's uid cannot enter (issue 39).
+
+As root, the untrusted parties (the candidate's build phase, the evaluator's candidate
+child) run as an unprivileged uid. A study cloned into a 0700 `mktemp -d`, with its venv
+there too, must either run and keep the honest improvement (bubblewrap and the `unshare`
+level open the private parent for the party) or refuse before recording anything with
+one line naming the path, the uid and the fix; and a venv closed under a running study
+is the machine's fault, never the candidate's.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, git, ratchet, results_tsv, score_repo
+
+from ratchet.job import sandbox
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop happens only as root")
+
+LEVELS = ["bwrap", "pidns"]
+
+# The evaluator calls the candidate in a sandboxed child (as the uid), and the task has
+# a build phase (as the uid too): both start the venv's interpreter.
+CHILD_EVALUATOR = '''
+import os
+from ratchet.evaluator.isolate import CandidateProcess
+if os.path.exists(CLOSE):  # the machine changes under the study: the venv is closed
+    os.chmod(VENV, 0o700)
+with CandidateProcess("solution.py") as cand:
+    value = cand.call("score")
+print("correct: true")
+print(f"score: {value:.6f}")
+'''
+
+TASK = '''
+[task]
+name = "demo"
+editable = ["solution.py"]
+protected = ["evaluate.py"]
+build = "python -c 'import solution'"
+evaluate = "python evaluate.py"
+timeout = "60s"
+'''
+
+
+def private_venv(parent: Path, umask: int = 0o022) -> Path:
+    """A venv of this interpreter under `parent` that sees this environment's packages
+    and ratchet's source; made under `umask` (077: closed to everyone but root)."""
+    venv = parent / "venv"
+    old = os.umask(umask)
+    try:
+        subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv",
+                        "--without-pip", str(venv)], check=True, timeout=120)
+    finally:
+        os.umask(old)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    shared = [p for p in sys.path if p.endswith("-packages") and Path(p).is_dir()]
+    (site / "shared.pth").write_text("\n".join([str(ROOT / "src"), *shared]) + "\n")
+    return venv / "bin" / "python"
+
+
+def level_env(level: str, tmp_path: Path) -> dict[str, str]:
+    """The driver's environment for a sandbox level (`pidns`: bubblewrap stubbed out)."""
+    if level == "bwrap" and not sandbox.bwrap_works():
+        pytest.skip("bubblewrap does not work here")
+    if sandbox.unshare_prefix() is None:
+        pytest.skip("unshare cannot make a PID namespace here")
+    if level == "bwrap":
+        return {}
+    stub = tmp_path / "stub-bin"
+    stub.mkdir(exist_ok=True)
+    (stub / "bwrap").write_text("#!/bin/sh\nexit 1\n")
+    (stub / "bwrap").chmod(0o755)
+    return {"PATH": f"{stub}{os.pathsep}{os.environ['PATH']}"}
+
+
+def private_study(tmp_path: Path, umask: int = 0o022) -> tuple[Path, Path, Path]:
+    """(repo, its venv's python, the marker that closes the venv) under a 0700 directory
+    made as `mktemp -d` makes one."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    python = private_venv(private, umask)
+    close = tmp_path / "close-the-venv"
+    evaluator = f"CLOSE = {str(close)!r}\nVENV = {str(python.parents[1])!r}\n" + CHILD_EVALUATOR
+    repo = score_repo(private / "task", task=textwrap.dedent(TASK))
+    (repo / "evaluate.py").write_text(evaluator)
+    git(repo, "commit", "-qam", "the evaluator calls the candidate in its child")
+    return repo, python, close
+
+
+def recorded(repo: Path) -> tuple[int, object]:
+    """(candidates in the ledger, the pinned start) — (0, None) when nothing is recorded."""
+    db = repo / ".ratchet" / "ledger.db"
+    if not db.exists():
+        return 0, None
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        count = conn.execute("SELECT COUNT(*) FROM candidates").fetchone()[0]
+        pinned = conn.execute("SELECT value FROM meta WHERE key = 'pinned'").fetchone()
+    return count, pinned
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_study_under_a_private_directory_keeps_the_honest_improvement(tmp_path, level):
+    """Checkout and venv under a 0700 parent: the sandbox opens the parent for the uid,
+    the build phase and the evaluator's child start, and the known best is kept."""
+    env = level_env(level, tmp_path)
+    repo, python, _ = private_study(tmp_path)
+    proc = ratchet(repo, "run", env=env, python=str(python))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = results_tsv(repo)
+    statuses = [r["status"] for r in rows]
+    assert "crash" not in statuses and "rejected" not in statuses, rows
+    kept = [float(r["score"]) for r in rows if r["status"] == "keep"]
+    assert len(kept) >= 2 and kept[-1] < kept[0], rows  # the baseline, then better
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_venv_others_cannot_read_is_refused_before_anything_is_recorded(tmp_path, level):
+    """A venv made under umask 077: no bind opens it (the uid is shut out of the venv
+    itself). `run` and `submit` refuse with one line naming the path, the uid and the
+    fix; the ledger holds nothing and no study branch is made."""
+    env = level_env(level, tmp_path)
+    repo, python, _ = private_study(tmp_path, umask=0o077)
+    venv = python.parents[1]
+    for args in (("run",), ("submit", "HEAD")):
+        proc = ratchet(repo, *args, env=env, python=str(python))
+        assert proc.returncode != 0, proc.stdout + proc.stderr
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1, proc.stderr
+        line = lines[0]
+        uid = sandbox.untrusted_uid(str(repo / ".ratchet"))
+        assert f"uid {uid}" in line and str(venv) in line, line
+        assert f"chmod -R o+rX {venv}" in line and "move the checkout" in line, line
+        assert recorded(repo) == (0, None)
+        assert not (repo / "results.tsv").exists()
+        assert git(repo, "branch", "--list", "ratchet/*") == ""
+    # the fix the line names works
+    subprocess.run(["chmod", "-R", "o+rX", str(venv)], check=True)
+    proc = ratchet(repo, "run", "--rounds", "1", env=env, python=str(python))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_a_venv_closed_under_a_running_study_is_never_the_candidates_fault(tmp_path):
+    """The machine changes after the check: the evaluator's child can no longer start.
+    The job is run again, then the study stops with the line and leaves the candidate
+    pending; nothing is `crash`, `rejected` or `correct: false`. Mended, it resumes and
+    keeps the improvement."""
+    env = level_env("bwrap", tmp_path)
+    repo, python, close = private_study(tmp_path)
+    close.write_text("")
+    proc = ratchet(repo, "run", env=env, python=str(python))
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out, out
+    assert "the evaluator's candidate child" in out and "cannot reach" in out, out
+    assert f"chmod -R o+rX {python.parents[1]}" in out, out
+    if (repo / "results.tsv").exists():
+        assert {r["status"] for r in results_tsv(repo)} <= {"keep", "discard"}
+    with sqlite3.connect(f"file:{repo / '.ratchet' / 'ledger.db'}?mode=ro", uri=True) as conn:
+        statuses = {s for (s,) in conn.execute("SELECT status FROM candidates")}
+    assert "interrupted" in statuses and "finished" not in statuses, statuses
+    # mended: the same command resumes and keeps
+    close.unlink()
+    os.chmod(python.parents[1], 0o755)
+    proc = ratchet(repo, "run", env=env, python=str(python))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = results_tsv(repo)
+    assert "crash" not in {r["status"] for r in rows}, rows
+    kept = [float(r["score"]) for r in rows if r["status"] == "keep"]
+    assert len(kept) >= 2 and kept[-1] < kept[0], rows
