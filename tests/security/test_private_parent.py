@@ -15,6 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -29,10 +30,7 @@ LEVELS = ["bwrap", "pidns"]
 # The evaluator calls the candidate in a sandboxed child (as the uid), and the task has
 # a build phase (as the uid too): both start the venv's interpreter.
 CHILD_EVALUATOR = '''
-import os
 from ratchet.evaluator.isolate import CandidateProcess
-if os.path.exists(CLOSE):  # the machine changes under the study: the venv is closed
-    os.chmod(VENV, 0o700)
 with CandidateProcess("solution.py") as cand:
     value = cand.call("score")
 print("correct: true")
@@ -81,18 +79,15 @@ def level_env(level: str, tmp_path: Path) -> dict[str, str]:
     return {"PATH": f"{stub}{os.pathsep}{os.environ['PATH']}"}
 
 
-def private_study(tmp_path: Path, umask: int = 0o022) -> tuple[Path, Path, Path]:
-    """(repo, its venv's python, the marker that closes the venv) under a 0700 directory
-    made as `mktemp -d` makes one."""
+def private_study(tmp_path: Path, umask: int = 0o022) -> tuple[Path, Path]:
+    """(repo, its venv's python) under a 0700 directory, as `mktemp -d` makes one."""
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     python = private_venv(private, umask)
-    close = tmp_path / "close-the-venv"
-    evaluator = f"CLOSE = {str(close)!r}\nVENV = {str(python.parents[1])!r}\n" + CHILD_EVALUATOR
     repo = score_repo(private / "task", task=textwrap.dedent(TASK))
-    (repo / "evaluate.py").write_text(evaluator)
+    (repo / "evaluate.py").write_text(textwrap.dedent(CHILD_EVALUATOR))
     git(repo, "commit", "-qam", "the evaluator calls the candidate in its child")
-    return repo, python, close
+    return repo, python
 
 
 def recorded(repo: Path) -> tuple[int, object]:
@@ -111,7 +106,7 @@ def test_a_study_under_a_private_directory_keeps_the_honest_improvement(tmp_path
     """Checkout and venv under a 0700 parent: the sandbox opens the parent for the uid,
     the build phase and the evaluator's child start, and the known best is kept."""
     env = level_env(level, tmp_path)
-    repo, python, _ = private_study(tmp_path)
+    repo, python = private_study(tmp_path)
     proc = ratchet(repo, "run", env=env, python=str(python))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = results_tsv(repo)
@@ -127,7 +122,7 @@ def test_a_venv_others_cannot_read_is_refused_before_anything_is_recorded(tmp_pa
     itself). `run` and `submit` refuse with one line naming the path, the uid and the
     fix; the ledger holds nothing and no study branch is made."""
     env = level_env(level, tmp_path)
-    repo, python, _ = private_study(tmp_path, umask=0o077)
+    repo, python = private_study(tmp_path, umask=0o077)
     venv = python.parents[1]
     for args in (("run",), ("submit", "HEAD")):
         proc = ratchet(repo, *args, env=env, python=str(python))
@@ -148,30 +143,40 @@ def test_a_venv_others_cannot_read_is_refused_before_anything_is_recorded(tmp_pa
 
 
 def test_a_venv_closed_under_a_running_study_is_never_the_candidates_fault(tmp_path):
-    """The machine changes after the check: the evaluator's child can no longer start.
-    The job is run again, then the study stops with the line and leaves the candidate
-    pending; nothing is `crash`, `rejected` or `correct: false`. Mended, it resumes and
-    keeps the improvement."""
-    env = level_env("bwrap", tmp_path)
-    repo, python, close = private_study(tmp_path)
-    close.write_text("")
-    proc = ratchet(repo, "run", env=env, python=str(python))
-    assert proc.returncode != 0, proc.stdout[-2000:]
-    out = proc.stdout + proc.stderr
-    assert "Traceback" not in out, out
-    assert "the evaluator's candidate child" in out and "cannot reach" in out, out
-    assert f"chmod -R o+rX {python.parents[1]}" in out, out
+    """The machine changes after the check: once the baseline's job is done, the venv
+    is closed (0700). The next jobs' build phases and children cannot start: each is run
+    again, then the study stops with the line and leaves its candidate pending; nothing
+    is `crash`, `rejected` or `correct: false`. Mended, it resumes and keeps the gain."""
+    env = {**os.environ, **level_env("bwrap", tmp_path), "PYTHONPATH": str(ROOT / "src")}
+    repo, python = private_study(tmp_path)
+    venv = python.parents[1]
+    driver = subprocess.Popen([str(python), "-m", "ratchet.cli", "run", "--repo", str(repo)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((repo / ".ratchet" / "jobs").glob("*-c0000-*/result.json")):
+            assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
+            time.sleep(0.02)
+        venv.chmod(0o700)
+        out, err = driver.communicate(timeout=240)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode != 0, out[-2000:]
+    assert "Traceback" not in out + err, out + err
+    assert "cannot reach" in err and f"chmod -R o+rX {venv}" in err, err
     if (repo / "results.tsv").exists():
         assert {r["status"] for r in results_tsv(repo)} <= {"keep", "discard"}
     with sqlite3.connect(f"file:{repo / '.ratchet' / 'ledger.db'}?mode=ro", uri=True) as conn:
-        statuses = {s for (s,) in conn.execute("SELECT status FROM candidates")}
-    assert "interrupted" in statuses and "finished" not in statuses, statuses
+        rows = dict(conn.execute("SELECT id, status FROM candidates").fetchall())
+        shut_out = conn.execute("SELECT COUNT(*) FROM events WHERE kind = "
+                                "'sandbox-unreachable'").fetchone()[0]
+    assert "interrupted" in rows.values() and shut_out >= 2, (rows, shut_out)
     # mended: the same command resumes and keeps
-    close.unlink()
-    os.chmod(python.parents[1], 0o755)
+    venv.chmod(0o755)
     proc = ratchet(repo, "run", env=env, python=str(python))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = results_tsv(repo)
-    assert "crash" not in {r["status"] for r in rows}, rows
+    assert {r["status"] for r in rows} <= {"keep", "discard"}, rows
     kept = [float(r["score"]) for r in rows if r["status"] == "keep"]
     assert len(kept) >= 2 and kept[-1] < kept[0], rows

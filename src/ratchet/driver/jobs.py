@@ -68,6 +68,7 @@ class Jobs:
         # job ids this driver placed: only a previous driver's jobs are placed again on
         # resume (a baseline started while its round is proposed is not placed twice)
         self._placed_here: set[str] = set()
+        self._born = time.time()  # results of jobs started before this are a past machine's
         self._backend: Backend | None = None
         self._cleaner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratchet-clean")
         self._took: deque[float] = deque(maxlen=8)  # recent jobs' own run times (s)
@@ -311,7 +312,10 @@ class Jobs:
         then the candidate is left pending and the study stops with the worker's line."""
         self.ledger.event("sandbox-unreachable", cand.id, job_id=result.job_id,
                           reason=result.reason)
-        if cand.attempt + 1 < self.backend.max_attempts:
+        # a job that started before this driver did speaks of the machine as it was then
+        # (the user may have mended it since): always run again
+        stale = (result.started_at or 0.0) < self._born
+        if stale or cand.attempt + 1 < self.backend.max_attempts:
             self.log(f"{cand.id}: {result.reason} (run again)")
             self.ledger.update(cand.id, "unreachable-resubmitted", attempt=cand.attempt + 1)
             self.submit(self.ledger.row(cand.id))

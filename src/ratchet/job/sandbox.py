@@ -218,9 +218,15 @@ def private_ancestors(paths: Iterable[Path], uid: int) -> dict[Path, set[Path]]:
     and only those paths are put back, so the party sees them and nothing beside them. /root
     is the usual one: a 0700 home holding the interpreter (pyenv) and the repository."""
     cover: dict[Path, set[Path]] = {}
+    paths = [Path(os.path.abspath(p)) for p in paths]
+    trees = set(paths)
     for path in paths:
-        path = Path(os.path.abspath(path))
         for ancestor in path.parents[::-1][1:]:  # "/" excluded, outermost first
+            if ancestor in trees and not _traversable(ancestor, uid):
+                # a needed tree (a venv, the checkout) keeps its own modes: only what is
+                # above it is opened, never the tree itself (a venv closed to others is
+                # closed to the party: reach.probe says so, with the fix)
+                break
             if not _traversable(ancestor, uid):
                 cover.setdefault(ancestor, set()).add(path)
                 break
