@@ -126,7 +126,7 @@ def test_a_venv_others_cannot_read_is_refused_before_anything_is_recorded(tmp_pa
     venv = python.parents[1]
     for args in (("run",), ("submit", "HEAD")):
         proc = ratchet(repo, *args, env=env, python=str(python))
-        assert proc.returncode != 0, proc.stdout + proc.stderr
+        assert proc.returncode == 2, proc.stdout + proc.stderr
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert len(lines) == 1, proc.stderr
         line = lines[0]
@@ -180,3 +180,22 @@ def test_a_venv_closed_under_a_running_study_is_never_the_candidates_fault(tmp_p
     assert {r["status"] for r in rows} <= {"keep", "discard"}, rows
     kept = [float(r["score"]) for r in rows if r["status"] == "keep"]
     assert len(kept) >= 2 and kept[-1] < kept[0], rows
+
+
+def test_an_agent_command_others_cannot_read_is_refused_before_anything_is_recorded(tmp_path):
+    """The agent's own command, a script only root may read: the agent's probe (its
+    policy, its uid) names it; the jobs' parties could start, nothing is recorded."""
+    env = level_env("bwrap", tmp_path)
+    repo, python = private_study(tmp_path)
+    agent = tmp_path / "agent.sh"
+    agent.write_text("#!/bin/sh\nexit 0\n")
+    agent.chmod(0o700)
+    config = (repo / "ratchet.toml").read_text().replace('proposer = "tune"', 'proposer = "agent"')
+    (repo / "ratchet.toml").write_text(config + f'\n[agent]\ncommand = "{agent} {{prompt_file}}"\n')
+    git(repo, "commit", "-qam", "an agent proposes")
+    proc = ratchet(repo, "run", env=env, python=str(python))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = proc.stderr.strip()
+    assert "\n" not in line and "the agent" in line and f"cannot read {agent}" in line, line
+    assert f"chmod -R o+rX {agent}" in line, line
+    assert recorded(repo) == (0, None)
