@@ -412,6 +412,7 @@ def _bwrap_args(policy: Policy, cover: Mapping[Path, set[Path]]) -> list[str]:
         # the directories made below it before are gone with the tmpfs: make them again
         # (else bubblewrap makes a bound path's parents 0700, closed to the party's uid)
         made.difference_update({d for d in made if ancestor in d.parents})
+        made.add(ancestor)
         for path in sorted(keep):
             if path.exists():
                 args += bind("--ro-bind", path)
