@@ -37,6 +37,15 @@ print("correct: true")
 print(f"score: {value:.6f}")
 '''
 
+# A candidate that would pass its crash off as the machine's: its build (which imports
+# it) prints the warden's words and exits 126, as the warden does when it cannot start.
+FAKER = '''
+if X == 5.0:
+    import sys
+    print("ratchet sandbox: cannot start python: [Errno 13] Permission denied", flush=True)
+    sys.exit(126)
+'''
+
 TASK = '''
 [task]
 name = "demo"
@@ -107,11 +116,17 @@ def test_a_study_under_a_private_directory_keeps_the_honest_improvement(tmp_path
     the build phase and the evaluator's child start, and the known best is kept."""
     env = level_env(level, tmp_path)
     repo, python = private_study(tmp_path)
+    solution = (repo / "solution.py").read_text()
+    (repo / "solution.py").write_text(solution + FAKER)
+    git(repo, "commit", "-qam", "X = 5.0 fakes the warden's words")
     proc = ratchet(repo, "run", env=env, python=str(python))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = results_tsv(repo)
-    statuses = [r["status"] for r in rows]
-    assert "crash" not in statuses and "rejected" not in statuses, rows
+    # the faker's build died with the warden's words, but its sandbox could start it:
+    # its own crash (the probe decides, not what it printed)
+    assert [r["status"] for r in rows if "X=5.0" in r["description"]] == ["crash"], rows
+    others = [r["status"] for r in rows if "X=5.0" not in r["description"]]
+    assert "crash" not in others and "rejected" not in others, rows
     kept = [float(r["score"]) for r in rows if r["status"] == "keep"]
     assert len(kept) >= 2 and kept[-1] < kept[0], rows  # the baseline, then better
 

@@ -153,9 +153,9 @@ class LocalBackend(Backend):
             env = dict(job.env)
             policy = job.policy("build", env, None, trusted=False)
             data = [Path(spec.data_dir)] if spec.data_dir and Path(spec.data_dir).is_dir() else []
-            return reach.probe(spec.sandbox, policy, reach.needed(extra=[work, *data]),
+            return reach.probe(spec.sandbox, policy, reach.needed(extra=data),
                                "the candidate's phases and its evaluator's child",
-                               env=env, cwd=work)
+                               env=env, cwd=work, trees=[work])
         finally:
             shutil.rmtree(job_dir, ignore_errors=True)
 

@@ -646,9 +646,9 @@ class CandidateProcess:
         if not reach.start_failed(self.log_tail()):
             return
         env = _scratch_env(child_env(self._env), self._scratch or self.cwd, self._uid)
-        line = reach.probe(self.level, self._jail.policy,
-                           reach.needed(self._python, [self.cwd, self.module]),
-                           "the evaluator's candidate child", env=env, cwd=self.cwd)
+        line = reach.probe(self.level, self._jail.policy, reach.needed(self._python),
+                           "the evaluator's candidate child", env=env, cwd=self.cwd,
+                           trees=[self.cwd])
         if line is None:
             return
         if channel.available():

@@ -49,12 +49,15 @@ def first_closed(path):
 def report(path, where, kind):
     print(f"{path}\t{where}\t{kind}")
     sys.exit(3)
-for path in sys.argv[1:]:
+for arg in sys.argv[1:]:
+    only_reach, path = arg.startswith("@"), arg.lstrip("@")
     where = first_closed(path)
     if where:
         report(path, where, "search")
     if not os.path.lexists(path):
         report(path, path, "missing")
+    if only_reach:
+        continue
     if os.path.isdir(path):
         if not os.access(path, os.R_OK | os.X_OK):
             report(path, path, "read")
@@ -85,14 +88,18 @@ def needed(python: str | None = None, extra: Iterable[Path | str] = ()) -> list[
 
 
 def probe(level: sandbox.Level | str, policy: sandbox.Policy, paths: Sequence[Path],
-          who: str, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> str | None:
-    """None when `who` (its uid under `policy`) reaches every path of `paths`, else the
-    one line that says which path it cannot, what is in the way and the fix."""
+          who: str, env: Mapping[str, str] | None = None, cwd: Path | None = None,
+          trees: Sequence[Path] = ()) -> str | None:
+    """None when `who` (its uid under `policy`) can read every path of `paths` (and the
+    entries of a directory) and reach each of `trees`, else the one line that says which
+    path it cannot, what is in the way and the fix. `trees`: the job's work tree and the
+    like, which the candidate writes: only the way to them is checked, never what is in
+    them (a file the candidate closed must not make its failure the machine's)."""
     uid = policy.party_uid()
     if uid is None:
         return None  # it runs as the caller: whatever the caller reaches, it does
     argv = sandbox.command(level, [sys.executable, "-I", "-S", "-c", _PROBE,
-                                   *map(str, paths)], policy)
+                                   *map(str, paths), *(f"@{t}" for t in trees)], policy)
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
                               stdin=subprocess.DEVNULL, cwd=cwd or "/",

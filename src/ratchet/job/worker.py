@@ -463,8 +463,9 @@ class Job:
         env = dict(self.env)
         policy = self.policy(phase.name, env, None, trusted=False)
         data = [self.data_dir] if self.data_dir is not None else []
-        return reach.probe(self.sandbox_kind, policy, reach.needed(extra=[self.work, *data]),
-                           f"the candidate's {phase.name} phase", env=env, cwd=self.work)
+        return reach.probe(self.sandbox_kind, policy, reach.needed(extra=data),
+                           f"the candidate's {phase.name} phase", env=env, cwd=self.work,
+                           trees=[self.work])
 
     def prepare_data(self) -> JobResult | None:
         """Intact prepared data for this job, before any phase runs.
