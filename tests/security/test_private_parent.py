@@ -214,3 +214,48 @@ def test_an_agent_command_others_cannot_read_is_refused_before_anything_is_recor
     assert "\n" not in line and "the agent" in line and f"cannot read {agent}" in line, line
     assert f"chmod -R o+rX {agent}" in line, line
     assert recorded(repo) == (0, None)
+
+
+HOLDOUT_EVALUATOR = '''
+import os, sys
+from pathlib import Path
+from ratchet.evaluator.isolate import CandidateProcess
+python = None
+if "--holdout" in sys.argv and os.environ.get("CLOSE_THE_CHILD"):
+    # the child's interpreter where its uid cannot go: a 0700 directory of the job's own
+    closed = Path(os.environ["TMPDIR"]) / "closed"
+    closed.mkdir(mode=0o700, exist_ok=True)
+    python = closed / "python"
+    if not python.exists():
+        python.symlink_to(sys.executable)
+with CandidateProcess("solution.py", python=str(python) if python else None) as cand:
+    value = cand.call("score")
+print("correct: true")
+print(f"score: {value:.6f}")
+'''
+
+
+def test_a_holdout_whose_child_cannot_start_is_never_overfit(tmp_path):
+    """The hold-out evaluator of a would-be keep cannot start its candidate child: the
+    study stops with the line (not `rejected` as overfit); mended, the same command
+    judges it again on a fresh hold-out job and keeps it."""
+    env = {**level_env("bwrap", tmp_path), "CLOSE_THE_CHILD": "1"}
+    repo, python = private_study(tmp_path)
+    (repo / "evaluate.py").write_text(textwrap.dedent(HOLDOUT_EVALUATOR))
+    config = (repo / "ratchet.toml").read_text().replace(
+        'timeout = "60s"', 'timeout = "60s"\nholdout = "python evaluate.py --holdout"\n'
+        'env = ["CLOSE_THE_CHILD"]')
+    (repo / "ratchet.toml").write_text(config)
+    git(repo, "commit", "-qam", "a hold-out evaluation")
+    proc = ratchet(repo, "run", env=env, python=str(python))
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "the evaluator's candidate child" in proc.stderr and "fix:" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    if (repo / "results.tsv").exists():
+        assert "rejected" not in {r["status"] for r in results_tsv(repo)}
+    proc = ratchet(repo, "run", env={**env, "CLOSE_THE_CHILD": ""}, python=str(python))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = results_tsv(repo)
+    assert {r["status"] for r in rows} <= {"keep", "discard"}, rows
+    kept = [float(r["score"]) for r in rows if r["status"] == "keep"]
+    assert len(kept) >= 2 and kept[-1] < kept[0], rows

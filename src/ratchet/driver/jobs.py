@@ -51,6 +51,10 @@ BACKEND_BACKOFF_S = 0.5
 # compile caches (jobspec.COMPILE_CACHE_VARS) are shared by the jobs of one study under
 # .ratchet/cache/: the second candidate to compile the same kernel finds it built
 
+# the ledger event of a hold-out job whose party the sandbox could not start
+HOLDOUT_SHUT_OUT = "holdout-unreachable"
+
+
 class BackendDown(InfrastructureError):
     """A backend call failed BACKEND_TRIES times; everything is recorded for a resume."""
 
@@ -436,7 +440,10 @@ class Jobs:
         if result.holdout is not None or self.backend.holdout_in_job:
             return result
         spec = self.spec(cand)
-        spec.job_id = f"{spec.job_id}-holdout"
+        # after a hold-out job the sandbox could not start, the next one has an id of its
+        # own (placing the same id again would only read the old result)
+        shut_out = sum(e["kind"] == HOLDOUT_SHUT_OUT for e in self.ledger.events(cand.id))
+        spec.job_id = f"{spec.job_id}-holdout" + (f".{shut_out + 1}" if shut_out else "")
         spec.holdout_only = True
         spec.reuse_workdir = self.backend.holdout_workdir(_placed(cand))
         self.ledger.event("holdout-submitted", cand.id, job_id=spec.job_id)
@@ -448,6 +455,9 @@ class Jobs:
             time.sleep(POLL_S)
         held = self.call("result", lambda: self.backend.result(spec.job_id), cand.id) or \
             JobResult(job_id=spec.job_id, outcome="error", reason="hold-out job lost")
+        if unreachable(held):  # the machine's fault, never `overfit`: stop, judge it later
+            self.ledger.event(HOLDOUT_SHUT_OUT, cand.id, job_id=spec.job_id, reason=held.reason)
+            raise InfraFault(f"{held.reason}; {RESUME}")
         # the follow-up job held a slot too: its time and price join the row's
         spent = slot_seconds_of(held)
         cand = self.ledger.row(cand.id)
