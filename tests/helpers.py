@@ -99,20 +99,23 @@ def score_repo(path: Path, **config_overrides: str) -> Path:
 
 
 def ratchet(repo: Path, *args: str, timeout: float = 240, env: dict | None = None,
-            check: bool = False, process: bool | None = None) -> subprocess.CompletedProcess:
+            check: bool = False, process: bool | None = None,
+            python: str | None = None) -> subprocess.CompletedProcess:
     """`ratchet ARGS --repo REPO`, as a user types it; what it printed and its exit code.
 
     It runs in this test's process (the command's own `main`, its streams and environment
     swapped for the call), which saves a Python start and the CLI's import on each of the
     suite's few hundred calls. Where the process itself is the point it is a real
     `python -m ratchet.cli`: `process=True`, and always for an injected fault
-    (`RATCHET_FAULT` SIGKILLs the process it lands in) and a study on Ray (`ray.init` is
-    once per process). The study's jobs are real worker processes either way.
+    (`RATCHET_FAULT` SIGKILLs the process it lands in), a study on Ray (`ray.init` is
+    once per process) and another interpreter (`python`: its venv is the one jobs use).
+    The study's jobs are real worker processes either way.
     """
     argv = [*args, "--repo", str(repo)] if args and args[0] not in ("--help",) else [*args]
     if process is None:
-        process = _needs_process(repo, args, env or {})
-    proc = _run_process(argv, timeout, env) if process else _run_in_process(argv, env)
+        process = python is not None or _needs_process(repo, args, env or {})
+    proc = (_run_process(argv, timeout, env, python) if process
+            else _run_in_process(argv, env))
     if check and proc.returncode != 0:
         raise AssertionError(f"ratchet {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -129,10 +132,11 @@ def _needs_process(repo: Path, args: tuple[str, ...], env: dict) -> bool:
     return re.search(r'^\s*kind\s*=\s*"ray"', text, re.MULTILINE) is not None
 
 
-def _run_process(argv: list[str], timeout: float,
-                 env: dict | None) -> subprocess.CompletedProcess:
+def _run_process(argv: list[str], timeout: float, env: dict | None,
+                 python: str | None = None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run([*RATCHET, *argv], capture_output=True, text=True,
+    cli = [python, *RATCHET[1:]] if python else RATCHET
+    return subprocess.run([*cli, *argv], capture_output=True, text=True,
                           timeout=timeout, env=full_env)
 
 

@@ -100,6 +100,13 @@ class Backend(abc.ABC):
         the job's machine; a backend running jobs here resolves it once (`auto`)."""
         return setting
 
+    def unreachable(self, spec: JobSpec) -> str | None:
+        """Before the first job: why the sandbox could not start the job's untrusted
+        parties as their uid (the one line of `ratchet.job.reach.probe`), or None.
+        Default: None, the jobs run elsewhere; their workers ask the same when a party
+        dies at its start, and the result says so."""
+        return None
+
     def work_dirs(self, job_id: str) -> list[Path]:
         """Directories of a finished job on this machine that clean-up may delete (its
         work tree, temp files); logs and results are kept. Default: none here."""

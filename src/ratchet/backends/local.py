@@ -136,6 +136,29 @@ class LocalBackend(Backend):
 
         return sandbox.choose(setting)  # decided once here rather than by every worker
 
+    def unreachable(self, spec: JobSpec) -> str | None:
+        """Probe as the worker would start a party: a stand-in job directory beside the
+        real ones, the phases' own policy and uid. The evaluator's candidate child needs
+        the same (interpreter, venv, ratchet's package, the job's tree) as another uid of
+        the same kind: what one of them reaches, the other does."""
+        from ratchet.job import reach
+        from ratchet.job.worker import Job
+
+        job_dir = self.jobs_dir / f".reach-{os.getpid()}"
+        try:
+            work = job_dir / "work"
+            work.mkdir(parents=True, exist_ok=True)
+            job = Job(spec, job_dir, work)
+            job.on_slot(None)
+            env = dict(job.env)
+            policy = job.policy("build", env, None, trusted=False)
+            data = [Path(spec.data_dir)] if spec.data_dir and Path(spec.data_dir).is_dir() else []
+            return reach.probe(spec.sandbox, policy, reach.needed(extra=data),
+                               "the candidate's phases and its evaluator's child",
+                               env=env, cwd=work, trees=[work])
+        finally:
+            shutil.rmtree(job_dir, ignore_errors=True)
+
     def work_dirs(self, job_id: str) -> list[Path]:
         return [self.job_dir(job_id) / "work", self.job_dir(job_id) / "tmp",
                 self.job_dir(job_id) / "data"]  # the job's private copy of prepared data

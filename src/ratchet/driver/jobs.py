@@ -22,11 +22,18 @@ from typing import TypeVar
 from ratchet.backends import Backend, JobState, make_backend
 from ratchet.driver import reference
 from ratchet.driver.config import Config
+from ratchet.driver.infra import RESUME, InfraFault
 from ratchet.driver.ledger import Candidate, Ledger
 from ratchet.driver.spend import compute_usd
 from ratchet.errors import InfrastructureError
 from ratchet.job.faults import fault_point
-from ratchet.job.jobspec import COMPILE_CACHE_VARS, JobResult, JobSpec, PinnedFile
+from ratchet.job.jobspec import (
+    COMPILE_CACHE_VARS,
+    UNREACHABLE_STAGE,
+    JobResult,
+    JobSpec,
+    PinnedFile,
+)
 from ratchet.vocab import Kind, Status
 
 T = TypeVar("T")
@@ -45,6 +52,10 @@ BACKEND_BACKOFF_S = 0.5
 # compile caches (jobspec.COMPILE_CACHE_VARS) are shared by the jobs of one study under
 # .ratchet/cache/: the second candidate to compile the same kernel finds it built
 
+# the ledger event of a hold-out job whose party the sandbox could not start
+HOLDOUT_SHUT_OUT = "holdout-unreachable"
+
+
 class BackendDown(InfrastructureError):
     """A backend call failed BACKEND_TRIES times; everything is recorded for a resume."""
 
@@ -62,6 +73,7 @@ class Jobs:
         # job ids this driver placed: only a previous driver's jobs are placed again on
         # resume (a baseline started while its round is proposed is not placed twice)
         self._placed_here: set[str] = set()
+        self._born = time.time()  # results of jobs started before this are a past machine's
         self._backend: Backend | None = None
         self._cleaner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratchet-clean")
         self._took: deque[float] = deque(maxlen=8)  # recent jobs' own run times (s)
@@ -136,6 +148,13 @@ class Jobs:
             sandbox=sandbox,
             network=task.network,
         )
+
+    def unreachable(self, commit: str) -> str | None:
+        """Why the sandbox could not start this study's jobs' parties here, or None
+        (asked before the first job; a stand-in candidate, nothing recorded)."""
+        stand_in = Candidate(id="reach", seq=0, round=0, status=Status.COMMITTED,
+                             commit_sha=commit)
+        return self.backend.unreachable(self.spec(stand_in))
 
     def incumbent_env(self, cand: Candidate) -> dict[str, str]:
         """$RATCHET_INCUMBENT_EXTRA for a proposed candidate: the incumbent's extra metrics
@@ -297,6 +316,8 @@ class Jobs:
                 phase = self.backend.phase(job_id) if state == JobState.RUNNING else None
                 running.append((cand.id, cand.description, now - (cand.submitted_at or now),
                                 f"{state}: {phase}" if phase else state))
+        shut_out = [(c, r) for c, r in done if unreachable(r)]
+        done = [(c, r) for c, r in done if not unreachable(r)]
         if done:  # the results of one look in one transaction (one fsync)
             with self.ledger.transaction():
                 for cand, result in done:
@@ -304,7 +325,29 @@ class Jobs:
             fault_point("result-recorded")
         for cand in lost:  # outside it: a rerun is recorded before it is placed
             self.handle_lost(cand)
+        for cand, result in shut_out:
+            self.handle_shut_out(cand, result)
         return running
+
+    def handle_shut_out(self, cand: Candidate, result: JobResult) -> None:
+        """The sandbox could not start one of the job's parties (its uid cannot reach the
+        interpreter, the venv or the job's tree): the machine's fault, never a verdict.
+        Run again while attempts are left (the machine may have been mended meanwhile);
+        then the candidate is left pending and the study stops with the worker's line."""
+        self.ledger.event("sandbox-unreachable", cand.id, job_id=result.job_id,
+                          reason=result.reason)
+        # a job that started before this driver did speaks of the machine as it was then
+        # (the user may have mended it since): always run again
+        stale = (result.started_at or 0.0) < self._born
+        if stale or cand.attempt + 1 < self.backend.max_attempts:
+            self.log(f"{cand.id}: {result.reason} (run again)")
+            self.ledger.update(cand.id, "unreachable-resubmitted", attempt=cand.attempt + 1)
+            self.submit(self.ledger.row(cand.id))
+            return
+        self.ledger.update(cand.id, "interrupted", status=Status.INTERRUPTED,
+                           reasons=f"{result.reason} (left pending)",
+                           **self._held_meanwhile(cand))
+        raise InfraFault(f"{result.reason}; {RESUME}")
 
     def wait(self, ids: list[str], report: Callable[[list], None],
              stop_hard: Callable[[], bool]) -> None:
@@ -417,7 +460,10 @@ class Jobs:
         if result.holdout is not None or self.backend.holdout_in_job:
             return result
         spec = self.spec(cand)
-        spec.job_id = f"{spec.job_id}-holdout"
+        # after a hold-out job the sandbox could not start, the next one has an id of its
+        # own (placing the same id again would only read the old result)
+        shut_out = sum(e["kind"] == HOLDOUT_SHUT_OUT for e in self.ledger.events(cand.id))
+        spec.job_id = f"{spec.job_id}-holdout" + (f".{shut_out + 1}" if shut_out else "")
         spec.holdout_only = True
         spec.reuse_workdir = self.backend.holdout_workdir(_placed(cand))
         self.ledger.event("holdout-submitted", cand.id, job_id=spec.job_id)
@@ -429,6 +475,9 @@ class Jobs:
             time.sleep(POLL_S)
         held = self.call("result", lambda: self.backend.result(spec.job_id), cand.id) or \
             JobResult(job_id=spec.job_id, outcome="error", reason="hold-out job lost")
+        if unreachable(held):  # the machine's fault, never `overfit`: stop, judge it later
+            self.ledger.event(HOLDOUT_SHUT_OUT, cand.id, job_id=spec.job_id, reason=held.reason)
+            raise InfraFault(f"{held.reason}; {RESUME}")
         # the follow-up job held a slot too: its time and price join the row's
         spent = slot_seconds_of(held)
         cand = self.ledger.row(cand.id)
@@ -464,6 +513,11 @@ def _placed(cand: Candidate) -> str:
     if cand.job_id is None:
         raise LookupError(f"{cand.id}: no job was placed")
     return cand.job_id
+
+
+def unreachable(result: JobResult) -> bool:
+    """Did the job fail because the sandbox could not start one of its parties?"""
+    return result.outcome == "error" and result.failed_stage == UNREACHABLE_STAGE
 
 
 def slot_seconds_of(result: JobResult) -> float:

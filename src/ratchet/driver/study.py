@@ -18,6 +18,7 @@ import contextlib
 import difflib
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -219,6 +220,22 @@ class Study:
             if estimate.usd > 0 or self.config.budget.limits:
                 self.log(estimate.line(self.config.budget))
 
+    def _check_reach(self, *, proposer: bool) -> None:
+        """Can the sandbox start the parties that will run (the candidate's phases and
+        its evaluator's child here, an agent), as their own uid? If not, one line names
+        the path out of reach, the uid and the fixes, before the first job (and, at the
+        first start, before anything is recorded): never a crash on every candidate."""
+        commit = self.ledger.get("pinned") or gitrepo.try_rev_parse(self.repo, "HEAD")
+        if commit is None:
+            return  # no commits: ensure_started says so
+        # the agent's probe beside the jobs' (the ledger is read on this thread only)
+        agent = self.proposer if proposer else None
+        with _as_study_errors(), ThreadPoolExecutor(1) as pool:
+            asked = agent and pool.submit(agent.unreachable, self.repo, self.state_dir)
+            line = self.jobs.unreachable(commit) or (asked.result() if asked else None)
+        if line:
+            raise StudyError(line)
+
     def _check_ideas_file(self) -> None:
         from ratchet.driver.ideas import IDEAS_FILE, read_ideas_file
 
@@ -239,6 +256,7 @@ class Study:
         # workers start next: their interpreters load while this process pins the start
         # and makes the first proposals (nothing is recorded by it)
         self.jobs.warm_up()
+        self._check_reach(proposer=True)  # a party the sandbox cannot start: not a verdict
         head = None if self.started else gitrepo.try_rev_parse(self.repo, "HEAD")
         if head is not None:  # the knobs must be in the start commit before it is pinned
             try:  # (checked here, not at every start: `submit` never uses them)
@@ -264,6 +282,7 @@ class Study:
         try:
             if self.config.prep:
                 self.prepare()
+                self._check_reach(proposer=False)  # the data is there now, no job yet
             with _as_study_errors():
                 try:
                     policy.run()
@@ -328,9 +347,11 @@ class Study:
             # the agent committed on the current branch: start from its parent, or from
             # the commit itself when it has none (a repository's first commit)
             base = gitrepo.try_rev_parse(self.repo, f"{commit}^") or commit
+        self._check_reach(proposer=False)
         self.ensure_started(base or "HEAD")
         if self.config.prep:
             self.prepare()
+            self._check_reach(proposer=False)
         incumbent, round_no = self.ledger.get("incumbent"), self.ledger.get("round")
         rows = self._loop().fixed_rows(incumbent)[:1]
         rows = [r for r in rows if r["kind"] == Kind.BASELINE]

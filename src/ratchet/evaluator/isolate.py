@@ -64,8 +64,8 @@ from typing import Any, cast
 from ratchet.evaluator import (
     channel,  # noqa: F401 - takes the metric channel (and goes non-dumpable) before any child starts
 )
-from ratchet.job import sandbox, warden
-from ratchet.job.jobspec import COMPILE_CACHE_VARS, is_secret
+from ratchet.job import reach, sandbox, warden
+from ratchet.job.jobspec import COMPILE_CACHE_VARS, UNREACHABLE_KEY, is_secret
 
 CHILD_SCRIPT = Path(__file__).with_name("isolate_child.py")
 CLEAN_MODULE = Path(__file__).with_name("isolate_clean.py")  # what a clean twin holds
@@ -203,6 +203,12 @@ def tree_cpu_s(root: int) -> float:
 
 class CandidateError(RuntimeError):
     """The candidate failed: raised in a call, failed to import, crashed or timed out."""
+
+
+class SandboxUnreachable(RuntimeError):
+    """The sandbox could not start the candidate child: its uid cannot reach the
+    interpreter or the candidate's tree. The machine's fault, not the candidate's (so not
+    a CandidateError: an evaluator that reports those as `correct: false` lets it pass)."""
 
 
 class CandidateTimeout(CandidateError):
@@ -626,9 +632,31 @@ class CandidateProcess:
             raise CandidateTimeout(f"candidate {what} exceeded {timeout:g} s; its process group was killed") from None
         except (EOFError, ConnectionError, OSError, ValueError) as exc:
             self.kill()
+            if not self._ready:
+                self._blame_the_machine()
             raise CandidateCrashed(
                 f"candidate process died ({type(exc).__name__}, exit {self.proc.returncode}); log tail:\n{self.log_tail()}"
             ) from None
+
+    def _blame_the_machine(self) -> None:
+        """The child died before its first answer: when the warden could not start it and
+        a fresh probe as its uid confirms why (its interpreter or tree out of the uid's
+        reach), that is the machine's fault. Raise SandboxUnreachable with the one line,
+        and send it on the trusted channel, so the worker never puts it on the candidate
+        whatever the evaluator does with the exception."""
+        if self._jail is None or self.level is None:
+            return
+        if not reach.start_failed(self.log_tail()):
+            return
+        env = _scratch_env(child_env(self._env), self._scratch or self.cwd, self._uid)
+        line = reach.probe(self.level, self._jail.policy, reach.needed(self._python),
+                           "the evaluator's candidate child", env=env, cwd=self.cwd,
+                           trees=[self.cwd])
+        if line is None:
+            return
+        if channel.available():
+            channel.report({UNREACHABLE_KEY: line}, echo=False)
+        raise SandboxUnreachable(line)
 
     def _ensure_ready(self) -> None:
         if self._ready:

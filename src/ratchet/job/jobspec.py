@@ -241,6 +241,23 @@ class PhaseResult:
     started_at: float | None = None  # wall clock, for duty over time
 
 
+# A job that failed because the sandbox could not start one of its parties (its uid
+# cannot reach the interpreter, the venv or the job's tree): `failed_stage` of an
+# outcome "error" result. The machine's fault, never the candidate's: the driver reruns
+# the job, or stops with the result's reason and leaves the candidate pending.
+UNREACHABLE_STAGE = "sandbox-start"
+# The evaluator's side says so on its trusted channel (`isolate`: the candidate child
+# could not be started): a value under this name is that one line.
+UNREACHABLE_KEY = "ratchet_sandbox_fault"
+
+
+def unreachable_on_channel(data: bytes) -> str | None:
+    """The line an evaluator sent when the sandbox could not start its candidate child."""
+    found, _ = read_channel(data)
+    return next((str(v) for k, v in found if k == UNREACHABLE_KEY and isinstance(v, str)),
+                None)
+
+
 @dataclass
 class JobResult:
     """What the worker reports. `outcome` is the worker's view; the judge decides status."""

@@ -274,9 +274,15 @@ def private_ancestors(paths: Iterable[Path], uid: int) -> dict[Path, set[Path]]:
     and only those paths are put back, so the party sees them and nothing beside them. /root
     is the usual one: a 0700 home holding the interpreter (pyenv) and the repository."""
     cover: dict[Path, set[Path]] = {}
+    paths = [Path(os.path.abspath(p)) for p in paths]
+    trees = set(paths)
     for path in paths:
-        path = Path(os.path.abspath(path))
         for ancestor in path.parents[::-1][1:]:  # "/" excluded, outermost first
+            if ancestor in trees and not _traversable(ancestor, uid):
+                # a needed tree (a venv, the checkout) keeps its own modes: only what is
+                # above it is opened, never the tree itself (a venv closed to others is
+                # closed to the party: reach.probe says so, with the fix)
+                break
             if not _traversable(ancestor, uid):
                 cover.setdefault(ancestor, set()).add(path)
                 break
@@ -346,8 +352,21 @@ def _warden_argv(policy: Policy, *, pidns: bool, control_fd: int | None,
 
 
 def _needed(policy: Policy) -> list[Path]:
-    """What the party must be able to reach (the writable paths are bound on their own)."""
+    """What the party must be able to read (the writable paths are bound on their own)."""
     return [*map(Path, policy.readonly), *map(Path, policy.extra_visible), *_runtime_paths()]
+
+
+def private_cover(policy: Policy, uid: int | None) -> dict[Path, set[Path]]:
+    """The private directories to open for the party, each with the paths put back in it.
+
+    The writable paths count too: a job tree or an agent's copy under a 0700 parent (a
+    `mktemp -d`, a home other than /root) is reached through the cover, then bound
+    writable on its own (so it is not put back read-only first)."""
+    if uid is None:
+        return {}
+    writable = [Path(os.path.abspath(w)) for w in policy.writable]
+    cover = private_ancestors([*_needed(policy), *writable], uid)
+    return {a: {p for p in keep if p not in writable} for a, keep in cover.items()}
 
 
 def _readonly(policy: Policy) -> list[Path]:
@@ -361,9 +380,10 @@ def _under_tmp(policy: Policy, cover: Mapping[Path, set[Path]]) -> list[Path]:
     put back read-only over its private /tmp, or it could not even start the warden."""
     if not policy.private_tmp:
         return []
-    kept = {p for keep in cover.values() for p in keep}
     tmp = Path("/tmp")
-    found = sorted({p for p in _needed(policy) if tmp in p.parents and p not in kept
+    # what lies under a covered directory comes back with its cover
+    found = sorted({p for p in _needed(policy) if tmp in p.parents
+                    and not any(a == p or a in p.parents for a in cover)
                     and not any(Path(w) == p or Path(w) in p.parents for w in policy.writable)})
     return [p for p in found if not any(o in p.parents for o in found)]
 
@@ -383,8 +403,7 @@ def command(level: Level | str, argv: Sequence[str], policy: Policy, *,
             control_fd: int | None = None) -> list[str]:
     """The full command line that runs `argv` as an untrusted party under `policy`."""
     level = Level(level)
-    uid = policy.party_uid()
-    cover = private_ancestors(_needed(policy), uid) if uid is not None else {}
+    cover = private_cover(policy, policy.party_uid())
     if level == Level.BWRAP:
         return _bwrap_args(policy, cover) + _warden_argv(
             policy, pidns=_bwrap_modes()[1], control_fd=control_fd, mount_plan=None) + list(argv)
@@ -440,18 +459,25 @@ def _bwrap_args(policy: Policy, cover: Mapping[Path, set[Path]]) -> list[str]:
     empties = [Path(p) for p in ("/tmp", *map(str, cover), *hide_first)]
     made: set[Path] = set()
 
+    def parents(path: Path) -> list[str]:
+        """Make `path`'s parents that an empty directory above it hid, searchable."""
+        hid = [d for d in path.parents[::-1]
+               if d not in made and any(e in d.parents for e in empties)]
+        made.update(hid)
+        return [arg for d in hid for arg in ("--perms", "0755", "--dir", str(d))]
+
     def bind(flag: str, path: Path | str) -> list[str]:
-        path = Path(path)
-        parents = [d for d in path.parents[::-1]
-                   if d not in made and any(e in d.parents for e in empties)]
-        made.update(parents)
-        return [arg for d in parents for arg in ("--perms", "0755", "--dir", str(d))] + [
-            flag, str(path), str(path)]
+        return [*parents(Path(path)), flag, str(path), str(path)]
 
     for needed in _under_tmp(policy, cover):
         args += bind("--ro-bind", needed)
     for ancestor, keep in sorted(cover.items()):
-        args += ["--tmpfs", str(ancestor)]
+        # its own parents first, if a tmpfs above (a private /tmp) hid them
+        args += [*parents(ancestor), "--perms", "0755", "--tmpfs", str(ancestor)]
+        # the directories made below it before are gone with the tmpfs: make them again
+        # (else bubblewrap makes a bound path's parents 0700, closed to the party's uid)
+        made.difference_update({d for d in made if ancestor in d.parents})
+        made.add(ancestor)
         for path in sorted(keep):
             if path.exists():
                 args += bind("--ro-bind", path)

@@ -21,11 +21,12 @@ import time
 from pathlib import Path
 from typing import IO
 
-from ratchet.job import leftovers, limits, sandbox, seal
+from ratchet.job import leftovers, limits, reach, sandbox, seal
 from ratchet.job.jobspec import (
     COMPILE_CACHE_VARS,
     RESULT_MARKER,
     STDOUT,
+    UNREACHABLE_STAGE,
     JobResult,
     JobSpec,
     PhaseResult,
@@ -33,6 +34,7 @@ from ratchet.job.jobspec import (
     collect_metrics,
     scrub_env,
     sha256,
+    unreachable_on_channel,
 )
 from ratchet.job.prep import (  # data_digest: re-exported
     DataError,
@@ -107,6 +109,8 @@ def protected_violations(spec: JobSpec, work: Path) -> list[str]:
 
 METRICS_FD_ENV = "RATCHET_METRICS_FD"
 CHANNEL_LIMIT = 1 << 20  # bytes; an evaluator reports a few lines
+# phases that run trusted (the worker's uid): evaluate, evaluate.N, holdout
+TRUSTED_PHASES = ("evaluate", "holdout")
 
 
 class MetricPipe:
@@ -465,6 +469,8 @@ class Job:
                 phase.name,
                 f"{phase.name} timed out (job timeout {self.spec.timeout_s:g}s); process tree killed",
             )
+        if phase.exit_code != 0 and (line := self.unreachable(phase)):
+            return self.fail("error", UNREACHABLE_STAGE, line)
         if phase.exit_code != 0:
             why = f"exit code {phase.exit_code}"
             if phase.signal == signal.SIGKILL:
@@ -476,6 +482,29 @@ class Job:
                         f"{self.spec.file_size_limit_bytes / (1 << 30):g})")
             return self.fail("failed", phase.name, f"{phase.name} failed: {why}{tail}")
         return None
+
+    def unreachable(self, phase: PhaseResult) -> str | None:
+        """The line saying why the sandbox could not start this phase's party, when it died
+        at its start and a fresh probe as its uid confirms it (the candidate could print
+        the warden's words itself: only the probe, which runs none of its code and checks
+        nothing it can write, makes it the machine's fault)."""
+        try:
+            with open(phase.log, "rb") as fh:
+                head = fh.read(4096).decode(errors="replace")
+        except OSError:
+            return None
+        if phase.name.startswith(TRUSTED_PHASES):
+            return None  # a trusted phase keeps the worker's uid: nothing to be shut out of
+        # the warden could not start it, or its shell could not run `python` (126: not
+        # executable, 127: not found; a closed venv looks like either)
+        if not (reach.start_failed(head) or phase.exit_code in (126, 127)):
+            return None
+        env = dict(self.env)
+        policy = self.policy(phase.name, env, None, trusted=False)
+        data = [self.data_dir] if self.data_dir is not None else []
+        return reach.probe(self.sandbox_kind, policy, reach.needed(extra=data),
+                           f"the candidate's {phase.name} phase", env=env, cwd=self.work,
+                           trees=[self.work])
 
     def prepare_data(self) -> JobResult | None:
         """Intact prepared data for this job, before any phase runs.
@@ -533,6 +562,9 @@ class Job:
             return {}, refused
         restore_protected(self.spec, self.work)
         phase = self.phase(name, command, trusted=True)
+        line = unreachable_on_channel(self.channel_data.get(name, b""))
+        if line:  # its candidate child could not be started: the machine's fault
+            return {}, self.fail("error", UNREACHABLE_STAGE, line)
         failure = self.check_phase(phase) or self.check_integrity(after=name)
         if failure:
             return {}, failure

@@ -53,6 +53,12 @@ class Proposer:
         load what the first `propose` would otherwise wait for (SDK clients, the machine's
         description). Default: nothing."""
 
+    def unreachable(self, repo: Path, state_dir: Path) -> str | None:
+        """Before the first proposal: why the sandbox could not start this proposer's
+        untrusted party (an agent CLI) as its uid, in one line, or None. Default: None,
+        nothing of it runs sandboxed."""
+        return None
+
     def propose(self, k: int, ctx: ProposalContext) -> list[Proposal]:
         """Up to k new proposals from `ctx.incumbent`; [] when there is nothing new."""
         raise NotImplementedError

@@ -36,6 +36,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -53,7 +54,7 @@ from ratchet.driver.config import CONFIG_FILE, Config, Duration
 from ratchet.driver.ledger import Candidate
 from ratchet.driver.spend import Call, Flight, Meter, Outcome, gather
 from ratchet.errors import HardStop
-from ratchet.job import gitrepo, sandbox
+from ratchet.job import gitrepo, reach, sandbox
 from ratchet.job.procs import CappedLog
 from ratchet.proposers import ProposalContext, Proposer, ProposerError, scratch
 from ratchet.proposers.agent_clis import PRESETS, failure_reason
@@ -384,18 +385,22 @@ class AgentProposer(Proposer):
 
     def _policy(self, argv: list[str], env: dict[str, str], copy: scratch.Scratch,
                 ctx: ProposalContext) -> sandbox.Policy:
-        """Only its copy writable; the user's checkout (with .git and .ratchet), the
-        hold-out data and the other agents' copies out of sight; a private /tmp; the
+        return self._jail_policy(argv, env, copy.root, ctx.repo, ctx.state_dir)
+
+    def _jail_policy(self, argv: list[str], env: dict[str, str], root: Path, repo: Path,
+                     state_dir: Path) -> sandbox.Policy:
+        """Only its copy (`root`) writable; the user's checkout (with .git and .ratchet),
+        the hold-out data and the other agents' copies out of sight; a private /tmp; the
         network open for its model. Its own command and the files the user names in
         `[agent] env` (a CA bundle) stay readable wherever they live."""
-        hidden: list[Path] = [ctx.repo, copy.root.parent]  # the parent: every agent's copy
-        common = _git_common_dir(ctx.repo)
-        if common is not None and not common.is_relative_to(ctx.repo):
+        hidden: list[Path] = [repo, root.parent]  # the parent: every agent's copy
+        common = _git_common_dir(repo)
+        if common is not None and not common.is_relative_to(repo):
             hidden.append(common)
-        holdout = ctx.config.task.holdout_data
+        holdout = self.config.task.holdout_data
         if holdout:
             path = Path(holdout)
-            hidden.append(path if path.is_absolute() else ctx.repo / path)
+            hidden.append(path if path.is_absolute() else repo / path)
         named = [env.get(name, "") for name in self.settings.env]
         # by their real paths: a link is bound where it points (bubblewrap cannot mount
         # onto a link whose target is hidden)
@@ -404,10 +409,30 @@ class AgentProposer(Proposer):
                           and not any(p.is_relative_to(h) for h in hidden))
         # the network stays open for its model's API (no allow-listing proxy yet:
         # docs/security-network.md says what an agent can still reach)
-        policy = sandbox.Policy(writable=[copy.root], hidden=hidden, readonly=readonly,
-                                seed=f"agents:{ctx.state_dir}", network=True)
-        sandbox.grant([copy.root], policy)  # its copy and home are its own uid's
+        policy = sandbox.Policy(writable=[root], hidden=hidden, readonly=readonly,
+                                seed=f"agents:{state_dir}", network=True)
+        sandbox.grant([root], policy)  # its copy and home are its own uid's
         return policy
+
+    def unreachable(self, repo: Path, state_dir: Path) -> str | None:
+        """Probe as an agent would start: in a stand-in copy where the copies live, with
+        its policy and uid, reading the interpreter (its sandbox's warden), the venv and
+        its own command."""
+        try:
+            root = Path(tempfile.mkdtemp(prefix="reach-", dir=scratch.agents_dir()))
+        except OSError as exc:
+            return f"agent: cannot make a directory for the agent's copies: {exc}"
+        try:
+            env = {**self.env, **scratch.private_home(root, self.env)}
+            argv = self.settings.argv
+            exe = shutil.which(argv[0], path=env.get("PATH"))
+            command = [Path(exe).resolve()] if exe else []
+            policy = self._jail_policy([*map(str, command), *argv[1:]], env, root, repo,
+                                       state_dir)
+            return reach.probe(self.level, policy, reach.needed(extra=[root, *command]),
+                               f"the agent ({argv[0]})", env=env, cwd=root)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
 
     def _argv(self, prompt: str, prompt_file: Path, worktree: Path,
               files: list[str]) -> list[str] | str:
