@@ -5,37 +5,14 @@ unchanged, no process left, the study goes on)."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-import pytest
 from helpers import git, ratchet
 
 from ratchet.driver.ledger import Candidate, Ledger
-from ratchet.job import sandbox
-from security.test_isolation import without_bwrap
 
 LEVELS = ["bwrap", "pidns"]
-
-
-def level_env(level: str, tmp_path: Path) -> dict[str, str]:
-    """The environment that makes a study run at `level` (skips where it cannot)."""
-    if level == "bwrap" and not sandbox.bwrap_works():
-        pytest.skip("bubblewrap does not work here")
-    if level == "pidns" and sandbox.unshare_prefix() is None:
-        pytest.skip("unshare cannot make a PID namespace here")
-    return without_bwrap(tmp_path) if level == "pidns" else {}
-
-
-def submit_and_wait(repo: Path, rev: str, env: dict[str, str]) -> dict:
-    """`ratchet submit REV` then `ratchet wait ID --json`: the verdict's object."""
-    proc = ratchet(repo, "submit", rev, env=env)
-    assert proc.returncode == 0, proc.stderr
-    cand_id = proc.stdout.strip().splitlines()[-1]
-    proc = ratchet(repo, "wait", cand_id, "--json", env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def rows(repo: Path) -> list[Candidate]:

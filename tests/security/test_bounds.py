@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import sandbox_env, submit_and_wait
 from redteam.test_redteam import cheat
 
 from security.studies import (
@@ -23,9 +24,7 @@ from security.studies import (
     assert_contained,
     checkout,
     incumbent,
-    level_env,
     rows,
-    submit_and_wait,
 )
 from security.test_deputy import TRAIN, study
 
@@ -95,14 +94,14 @@ def attack(repo: Path, level: str, env: dict[str, str], code: str, bound: str) -
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_a_fork_bomb_meets_the_jobs_pids_bound(tmp_path, level):
-    env = level_env(level, tmp_path)
+    env = sandbox_env(level, tmp_path)
     repo = study(tmp_path, level, "job_pids = 64\n")
     attack(repo, level, env, FORK, "pids")
 
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_filling_the_disk_meets_the_jobs_disk_bound(tmp_path, level, small_fs):
-    env = level_env(level, tmp_path)
+    env = sandbox_env(level, tmp_path)
     repo = study(small_fs, level, "job_disk_gb = 0.02\n")
     attack(repo, level, env, FILL, "disk")
     assert not list((repo / ".ratchet" / "jobs").glob("*/work/fill/*"))  # removed
@@ -111,7 +110,7 @@ def test_filling_the_disk_meets_the_jobs_disk_bound(tmp_path, level, small_fs):
 @pytest.mark.parametrize("level", LEVELS)
 def test_filling_the_disk_never_fills_the_ledgers_filesystem(tmp_path, level, small_fs):
     """No job_disk_gb: the reserve of the state's filesystem is the bound."""
-    env = level_env(level, tmp_path)
+    env = sandbox_env(level, tmp_path)
     repo = study(small_fs, level)
     attack(repo, level, env, FILL, "disk reserve")
     st = os.statvfs(small_fs)

@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import config_text, make_repo
+from helpers import config_text, make_repo, sandbox_env, submit_and_wait
 from redteam.test_redteam import cheat
 
 from ratchet.job import leftovers
@@ -27,9 +27,7 @@ from security.studies import (
     assert_contained,
     checkout,
     incumbent,
-    level_env,
     rows,
-    submit_and_wait,
 )
 
 # an honest evaluator of the kind users write: reads the run's output, says what was wrong
@@ -83,7 +81,7 @@ ATTACKS = {
 @pytest.mark.parametrize("attack", list(ATTACKS))
 @pytest.mark.parametrize("level", LEVELS)
 def test_the_evaluator_never_follows_what_the_run_left(tmp_path, level, attack, secret):
-    env = level_env(level, tmp_path)
+    env = sandbox_env(level, tmp_path)
     path, text = secret
     repo = study(tmp_path, level)
     branch = cheat(repo, attack, {"train.py": ATTACKS[attack].format(target=str(path))})

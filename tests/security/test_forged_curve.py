@@ -15,16 +15,14 @@ discarded, and nothing better could ever be kept. Two ways out, one per study:
 from __future__ import annotations
 
 import pytest
-from helpers import config_text, git, make_repo
+from helpers import config_text, git, make_repo, sandbox_env, submit_and_wait
 
 from security.studies import (
     LEVELS,
     assert_contained,
     checkout,
     incumbent,
-    level_env,
     rows,
-    submit_and_wait,
 )
 
 TRAIN = """
@@ -69,7 +67,7 @@ def candidate(repo, name: str, final: float, forge: bool = False) -> str:
 @pytest.mark.parametrize("quantity", ["metric", "other"])
 @pytest.mark.parametrize("level", LEVELS)
 def test_a_forged_curve_never_stops_a_better_candidate_for_good(tmp_path, level, quantity):
-    env = level_env(level, tmp_path)
+    env = sandbox_env(level, tmp_path)
     repo = study(tmp_path, level, 1.0 if quantity == "metric" else 10.0)
     before = checkout(repo)
     # the forger's gain is real (2.25 against 4): kept, as it should be

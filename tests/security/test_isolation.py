@@ -7,11 +7,10 @@ the attacker: it reads its environment, or every `/proc/<pid>/environ` it can se
 from __future__ import annotations
 
 import json
-import os
 import uuid
 
 import pytest
-from helpers import config_text, make_repo, ratchet
+from helpers import config_text, make_repo, ratchet, without_bwrap
 
 from ratchet.driver.ledger import Ledger
 from ratchet.job import sandbox
@@ -66,16 +65,6 @@ def extras(repo) -> list[dict]:
         return [c.extra or {} for c in ledger.candidates()]
     finally:
         ledger.close()
-
-
-def without_bwrap(tmp_path) -> dict[str, str]:
-    """An environment whose PATH finds a bubblewrap that does not work (as on a machine
-    without it), so ratchet falls back to the next level."""
-    stub = tmp_path / "stub-bin"
-    stub.mkdir()
-    (stub / "bwrap").write_text("#!/bin/sh\nexit 1\n")
-    (stub / "bwrap").chmod(0o755)
-    return {"PATH": f"{stub}{os.pathsep}{os.environ['PATH']}"}
 
 
 @pytest.mark.parametrize("level", ["bwrap", "pidns"])

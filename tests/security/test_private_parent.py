@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, git, ratchet, results_tsv, score_repo
+from helpers import ROOT, git, ratchet, results_tsv, sandbox_env, score_repo
 
 from ratchet.job import sandbox
 
@@ -74,18 +74,11 @@ def private_venv(parent: Path, umask: int = 0o022) -> Path:
 
 
 def level_env(level: str, tmp_path: Path) -> dict[str, str]:
-    """The driver's environment for a sandbox level (`pidns`: bubblewrap stubbed out)."""
-    if level == "bwrap" and not sandbox.bwrap_works():
-        pytest.skip("bubblewrap does not work here")
+    """The driver's environment for a sandbox level; both need `unshare` (the pidns
+    fallback, and opening a private parent)."""
     if sandbox.unshare_prefix() is None:
         pytest.skip("unshare cannot make a PID namespace here")
-    if level == "bwrap":
-        return {}
-    stub = tmp_path / "stub-bin"
-    stub.mkdir(exist_ok=True)
-    (stub / "bwrap").write_text("#!/bin/sh\nexit 1\n")
-    (stub / "bwrap").chmod(0o755)
-    return {"PATH": f"{stub}{os.pathsep}{os.environ['PATH']}"}
+    return sandbox_env(level, tmp_path)
 
 
 def private_study(tmp_path: Path, umask: int = 0o022) -> tuple[Path, Path]:
