@@ -6,6 +6,9 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
+
+from helpers import ROOT
 
 from ratchet.job import sandbox
 from ratchet.job.jobspec import (
@@ -146,22 +149,31 @@ def test_each_isolation_level_hides_other_processes(tmp_path):
 
 def test_gpu_memory_is_read_for_the_phase_processes(tmp_path):
     """A stand-in nvidia-smi (the real one needs a GPU) reports 2 GiB for the phase's pid
-    and 5 GiB for an unrelated one: only the phase's count."""
-    from ratchet.job.procs import PeakMemory
-
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+    and 5 GiB for an unrelated one: only the phase's count. Measured from a process of its
+    own, as the worker measures its phases: this test's process has other descendants."""
     fake = tmp_path / "nvidia-smi"
-    fake.write_text(f"#!/bin/sh\necho '{child.pid}, 2048'\necho '1, 5120'\n")
-    fake.chmod(0o755)
-    try:
+    probe = textwrap.dedent("""
+        import json, subprocess, sys, time
+        from ratchet.job.procs import PeakMemory
+        fake = sys.argv[1]
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+        with open(fake, "w") as smi:
+            smi.write("#!/bin/sh\\necho '%d, 2048'\\necho '1, 5120'\\n" % child.pid)
         monitor = PeakMemory(interval_s=0.2, gpu_interval_s=0.0)
-        monitor.smi = str(fake)
-        with monitor:
-            import time
-
-            time.sleep(1.0)
-    finally:
-        child.kill()
-        child.wait()
-    assert monitor.gpu_seen and monitor.tree_gpu == 2 << 30
-    assert 0 < monitor.tree_rss < 1 << 30
+        monitor.smi = fake
+        try:
+            with monitor:
+                time.sleep(1.0)
+        finally:
+            child.kill()
+            child.wait()
+        print(json.dumps([monitor.gpu_seen, monitor.tree_gpu, monitor.tree_rss]))
+    """)
+    fake.write_text("")
+    fake.chmod(0o755)
+    out = subprocess.run([sys.executable, "-c", probe, str(fake)], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert out.returncode == 0, out.stderr
+    gpu_seen, tree_gpu, tree_rss = json.loads(out.stdout)
+    assert gpu_seen and tree_gpu == 2 << 30
+    assert 0 < tree_rss < 1 << 30

@@ -113,6 +113,7 @@ class Study:
         self._last_progress: Progress | None = None
         self._session: int | None = None  # this driver's row in the ledger's sessions
         self._seen = 0.0  # when the session was last marked alive
+        self._start_checked: set[str] = set()  # start commits whose input was checked
         self._best: tuple[tuple, float | None] = ((), None)  # (status counts, best so far)
         self.lock = StudyLock(self.state_dir / "lock")
         self.jobs = Jobs(self.repo, self.state_dir, self.config, self.ledger, self.backend_kind,
@@ -171,8 +172,7 @@ class Study:
                 raise StudyError(f"{self.repo}: the repository has no commits; commit your "
                                  "files first")
             committed = committed_config(self.repo, head)
-            check_commands(self.repo, self.config, head)
-            check_editable(self.repo, self.config, head, self.log)
+            self._check_start_commit(head)
             if gitrepo.is_dirty(self.repo):
                 self.log("warning: uncommitted changes are ignored; the study starts from "
                          f"HEAD {head[:7]}")
@@ -219,6 +219,16 @@ class Study:
                                self.parallel, self.proposer_kind)
             if estimate.usd > 0 or self.config.budget.limits:
                 self.log(estimate.line(self.config.budget))
+
+    def _check_start_commit(self, head: str) -> None:
+        """The task's commands and editable globs against the commit a study starts from:
+        bad input, told before the machine is probed and before anything is recorded
+        (once per commit: a warning is said once)."""
+        if head in self._start_checked:
+            return
+        check_commands(self.repo, self.config, head)
+        check_editable(self.repo, self.config, head, self.log)
+        self._start_checked.add(head)
 
     def _check_reach(self, *, proposer: bool) -> None:
         """Can the sandbox start the parties that will run (the candidate's phases and
@@ -347,6 +357,9 @@ class Study:
             # the agent committed on the current branch: start from its parent, or from
             # the commit itself when it has none (a repository's first commit)
             base = gitrepo.try_rev_parse(self.repo, f"{commit}^") or commit
+        if not self.started and (head := gitrepo.try_rev_parse(self.repo, base or "HEAD")):
+            with _as_study_errors():
+                self._check_start_commit(head)
         self._check_reach(proposer=False)
         self.ensure_started(base or "HEAD")
         if self.config.prep:
