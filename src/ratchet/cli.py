@@ -20,9 +20,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ratchet import __version__, backends, proposers
-from ratchet.driver import budget, infra, spend, views
+from ratchet.driver import audit, budget, infra, spend, views
 from ratchet.driver.config import CONFIG_FILE, Config, load_config
-from ratchet.driver.ledger import Candidate
 from ratchet.driver.study import Progress, Study
 from ratchet.errors import UserError
 from ratchet.job import gitrepo
@@ -424,37 +423,6 @@ def submit(
             err.print(f"{cand.id}: {cand.description} submitted too", highlight=False)
 
 
-def _as_json(cand: Candidate, metric: str) -> dict:
-    return {
-        "id": cand.id,
-        "commit": cand.commit_sha,
-        "status": cand.status,
-        "metric": cand.metric,
-        "metric_name": metric,
-        "description": cand.description,
-        "reasons": cand.reasons,
-        "reason": cand.reasons,  # the guard's or judge's reason, under its singular name too
-        "code": cand.code,  # why, as a code to match on (judge.Reason), not as text
-        "metrics_source": (cand.result or {}).get("metrics_source"),
-        "gain": cand.gain,
-        "margin": cand.margin,
-    }
-
-
-def _measurement_lines(result: dict) -> list[str]:
-    """Where the worker took the metrics and the memory figure from (its own record)."""
-    lines = []
-    source = result.get("metrics_source")
-    if source:
-        lines.append("metrics from: " + ("trusted channel" if source == "channel" else
-                                         "unprotected (stdout): code running in the "
-                                         "evaluator's process could have printed them"))
-    if result.get("memory_gb") is not None:
-        lines.append(f"memory_gb {result['memory_gb']:g}: {result.get('memory_source', '')}")
-    lines.extend(f"note: {note}" for note in result.get("notes") or [])
-    return lines
-
-
 @app.command()
 def wait(
     ids: Annotated[list[str], typer.Argument(metavar="ID", help="candidate ids from `ratchet submit`")],
@@ -467,7 +435,7 @@ def wait(
         metric = study.config.metric.name
         for cand in results:
             if as_json:
-                print(json.dumps(_as_json(cand, metric)))
+                print(json.dumps(audit.verdict(cand, metric)))
             else:
                 value = "—" if cand.metric is None else f"{cand.metric:.6g}"
                 console.print(f"{cand.id} {cand.short} {cand.status:8} {metric}={value} "
@@ -609,41 +577,11 @@ def show(
 ) -> None:
     """The audit trail of one candidate: diff, phases, verdict and its reasons."""
     with open_study(repo) as study:
-        cand = _the_row_of(study, candidate)
-        if Kind(cand.kind).is_reference and cand.commit_sha:
-            parent = gitrepo.try_rev_parse(study.repo, f"{cand.commit_sha}^")
-        else:
-            parent = cand.parent
-        for line in views.show_lines(cand, study.config.metric.name, parent):
-            console.print(line)
-        for line in _measurement_lines(cand.result or {}):
+        lines, diff = audit.trail(study, audit.row_of(study, candidate))
+        for line in lines:
             console.print(line, highlight=False, markup=False)
-        for line in spend.candidate_lines(study.ledger, cand.id):  # its calls and compute
-            console.print(line, highlight=False, markup=False)
-        if cand.context_path:
-            console.print(f"context the proposer saw: {cand.context_path}")
-        if cand.commit_sha and cand.parent and cand.commit_sha != cand.parent:
-            diff = gitrepo.diff_text(study.repo, cand.parent, cand.commit_sha)
+        if diff:
             console.print(diff, highlight=False, markup=False)
-
-
-def _the_row_of(study: Study, ref: str) -> Candidate:
-    """The candidate a user means by REF. A commit is measured again after it is kept
-    (co-runs, confirmations: rows of their own with the same commit), so a commit names
-    the change that made it, not its latest re-measure: a candidate first, else the
-    baseline, else the row the ledger finds."""
-    found = study.ledger.find(ref)
-    if found is None:
-        fail(f"no candidate {ref!r} in this study (ids, job ids and commits are in "
-             "`ratchet log`)")
-    if found.id == ref or not found.commit_sha:
-        return found
-    same = [c for c in study.ledger.candidates() if c.commit_sha == found.commit_sha]
-    for kind in (Kind.CANDIDATE, Kind.BASELINE):
-        first = next((c for c in same if c.kind == kind), None)
-        if first is not None:
-            return first
-    return found
 
 
 @app.command()
@@ -657,6 +595,48 @@ def idea(
     with open_study(repo) as study:
         added = study.ledger.add_idea(text)
         console.print("queued" if added else "already queued")
+
+
+@app.command()
+def mcp(
+    print_config: Annotated[str | None, typer.Option(
+        "--print-config", metavar="CLIENT",
+        help="print how to register this server with CLIENT (claude, codex, cursor) and exit")] = None,
+    http: Annotated[bool, typer.Option(
+        "--http", help="streamable HTTP on 127.0.0.1 behind a bearer token, not stdio")] = False,
+    port: Annotated[int, typer.Option("--port", help="the --http port (0: a free one)")] = 0,
+    repo: RepoOption = Path("."),
+) -> None:
+    """Serve the study to a coding agent as MCP tools (stdio): study, files, submit, wait, history, show, idea."""
+    from ratchet.mcp.config import Client, config_text, where
+
+    if print_config is not None:
+        try:
+            client = Client(print_config)
+        except ValueError:
+            fail(f"--print-config: {print_config!r} is not a client; give one of "
+                 f"{', '.join(c.value for c in Client)}")
+        err.print(f"{client.value}: {where(client)}")
+        print(config_text(client, repo))
+        return
+    with open_study(repo):  # a broken study is one line now, not an error in every tool
+        pass
+    if not http:
+        from ratchet.mcp.server import serve_stdio
+
+        serve_stdio(repo.resolve())
+        return
+    import secrets
+    import socket
+
+    from ratchet.mcp.server import serve_http
+
+    token = os.environ.get("RATCHET_MCP_TOKEN") or secrets.token_urlsafe(24)
+    if port == 0:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+    serve_http(repo.resolve(), port, token, lambda line: err.print(line))
 
 
 @app.command()
