@@ -5,8 +5,11 @@ same study over a real stdio subprocess, and the config line for each agent CLI.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shlex
 import sys
+import time
 import tomllib
 
 from helpers import git, ratchet, score_repo
@@ -174,3 +177,50 @@ def test_a_broken_study_is_one_line_before_serving(tmp_path):
     proc = ratchet(repo, "mcp")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: ") and "task" in proc.stderr
+
+
+def test_streamable_http_on_loopback_needs_the_token(tmp_path):
+    import subprocess
+    import urllib.error
+    import urllib.request
+
+    import anyio
+    from helpers import RATCHET, ROOT
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    repo = agent_repo(tmp_path / "r")
+    token = "s3cret-token-for-this-test"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "RATCHET_MCP_TOKEN": token}
+    server = subprocess.Popen([*RATCHET, "mcp", "--http", "-C", str(repo)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stderr.readline()
+        url = re.search(r"(http://127\.0\.0\.1:\d+/mcp)", line).group(1)
+        assert f"Bearer {token}" in line
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            request = urllib.request.Request(url, data=b"{}", headers=headers)
+            for _ in range(50):  # until uvicorn listens
+                try:
+                    urllib.request.urlopen(request, timeout=5)
+                    raise AssertionError("answered without the token")
+                except urllib.error.HTTPError as exc:
+                    assert exc.code == 401
+                    break
+                except urllib.error.URLError:
+                    time.sleep(0.2)
+            else:
+                raise AssertionError("the server never listened")
+
+        async def main():
+            http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+            async with http, Client(streamable_http_client(url, http_client=http)) as client:
+                names = {tool.name for tool in (await client.list_tools()).tools}
+                return names, await call(client, "study")
+
+        names, study = anyio.run(main)
+        assert names == TOOLS and study["study"] == "demo"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
