@@ -16,6 +16,8 @@ from pathlib import Path
 SERVER_NAME = "ratchet"
 # Codex gives a tool 60 s by default; `wait` may take up to tools.MAX_WAIT_S
 CODEX_TOOL_TIMEOUT_S = 660
+# and a server 10 s to start: a loaded machine takes longer to import Python and git
+CODEX_STARTUP_TIMEOUT_S = 60
 
 
 class Client(StrEnum):
@@ -39,6 +41,7 @@ def config_text(client: Client, repo: Path) -> str:
             f"command = {json.dumps(command)}",
             f"args = {json.dumps(args)}",
             f"tool_timeout_sec = {CODEX_TOOL_TIMEOUT_S}",
+            f"startup_timeout_sec = {CODEX_STARTUP_TIMEOUT_S}",
         ])
     # Cursor: .cursor/mcp.json (the project's) or ~/.cursor/mcp.json
     return json.dumps({"mcpServers": {SERVER_NAME: {"command": command, "args": args}}},
