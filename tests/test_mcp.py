@@ -224,3 +224,27 @@ def test_streamable_http_on_loopback_needs_the_token(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_beside_a_ratchet_run_a_submission_is_queued_and_judged_after(tmp_path):
+    """While another driver holds the study (a `ratchet run`), a submission is recorded and
+    runs, `wait` answers `done: false` saying why, and judges once the lock is free."""
+    from ratchet.driver.lock import StudyLock
+
+    repo = agent_repo(tmp_path / "r")
+    run = StudyLock(repo / ".ratchet" / "lock")
+
+    async def body(client):
+        run.acquire()  # as `ratchet run` holds it
+        try:
+            sub = await call(client, "submit", description="x to 1.5",
+                             files=edited(repo, "X = 3.0", "X = 1.5"))
+            held = await call(client, "wait", ids=[sub["id"]], timeout=2)
+        finally:
+            run.release()
+        return held, await call(client, "wait", ids=[sub["id"]], timeout=200)
+
+    held, after = in_process(repo, body)
+    assert held["done"] is False and "held by a ratchet run" in held["next"]
+    assert held["verdicts"][0]["status"] in ("submitted", "finished")
+    assert after["done"] is True and after["verdicts"][0]["status"] == "keep"
