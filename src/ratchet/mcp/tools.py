@@ -25,6 +25,7 @@ from ratchet.driver import budget as budgets
 from ratchet.driver.candidate import scope_violations
 from ratchet.driver.config import CONFIG_FILE
 from ratchet.driver.lock import StudyLocked
+from ratchet.driver.opening import open_study
 from ratchet.driver.paths import matches_any, protected_by, unsafe
 from ratchet.driver.study import Study
 from ratchet.errors import UserError
@@ -67,8 +68,7 @@ class StudyTools:
 
     @contextlib.contextmanager
     def _study(self) -> Iterator[Study]:
-        from ratchet.cli import open_study  # the CLI's own: the config as a command reads it
-
+        # as every CLI command opens it: the config pinned at the study's start, ...
         with open_study(self.repo, log=_log) as study:
             yield study
 
