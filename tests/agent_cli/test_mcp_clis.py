@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agent_cli_kit import LoopbackCA, cli
+from agent_cli_kit import LoopbackCA, cli, codex_home
 from agent_server import AgentServer, Call, Say, Turn
 from helpers import ROOT, git, score_repo
 
@@ -161,25 +161,11 @@ def test_codex_drives_the_study_through_mcp(tmp_path, test_ca: LoopbackCA):
     codex = cli("codex")
     repo, agent_dir, start, home = setup(tmp_path)
     with AgentServer(script, tls=(test_ca.cert, test_ca.key)) as server:
-        codex_home = home / ".codex"
-        codex_home.mkdir()
-        env_table = f'\n[mcp_servers.ratchet.env]\nPYTHONPATH = "{ROOT / "src"}"\n'
-        (codex_home / "config.toml").write_text(f"""
-model = "gpt-5.1-codex"
-model_provider = "loopback"
-
-[model_providers.loopback]
-name = "loopback"
-base_url = "{server.url}/v1"
-wire_api = "responses"
-env_key = "OPENAI_API_KEY"
-request_max_retries = 0
-stream_max_retries = 0
-
-{config_text(Client.CODEX, repo)}
-{env_table}""")
+        table = f'{config_text(Client.CODEX, repo)}\n\n[mcp_servers.ratchet.env]\n' \
+                f'PYTHONPATH = "{ROOT / "src"}"\n'
+        config = codex_home(tmp_path, server.url, more=f"\n{table}")
         run_cli([str(codex), "exec", "--skip-git-repo-check", "--sandbox", "read-only", PROMPT],
-                agent_dir, {"HOME": str(home), "CODEX_HOME": str(codex_home),
+                agent_dir, {"HOME": str(home), "CODEX_HOME": str(config),
                             "OPENAI_API_KEY": "sk-test", "SSL_CERT_FILE": str(test_ca.ca)})
     main = server.main_turns
     assert main and all(t.api == "responses" for t in main)
