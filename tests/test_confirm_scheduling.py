@@ -81,7 +81,7 @@ def made(cands: list) -> list:
 
 def test_the_next_round_runs_beside_a_confirmation_and_status_tells_the_shares(tmp_path):
     repo = study_repo(tmp_path / "r", start=3.0,
-                      choices="[2.5, 2.0, 1.75, 1.5, 1.25, 1.0, 0.75, 4.0, 5.0, 6.0]")
+                      choices=str([round(0.25 * i, 2) for i in range(1, 25)]))
     run = ratchet(repo, "run", timeout=600)
     assert run.returncode == 0, run.stderr
     cands, pairs = rows(repo)

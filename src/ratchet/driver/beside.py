@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from ratchet.driver import judge
 from ratchet.driver.candidate import Proposal
 from ratchet.driver.ledger import Candidate
+from ratchet.driver.settle import OPEN_STATES
 from ratchet.vocab import Kind, Status
 
 if TYPE_CHECKING:
@@ -124,16 +125,17 @@ class Beside:
         incumbent = led.get("incumbent")
         branch = {loop.guard.branch: incumbent} if winner else {}
         stopped = loop.stop.soft
+        # open, finished too: a measurement of code with the would-be keep's change in it
+        # says nothing of the change on the incumbent
         withdrawn = self.withdraw([c for c in beside if (stopped or c.parent != incumbent)
-                                   and c.status in (Status.COMMITTED, Status.SUBMITTED)],
-                                  cand, stopped)
+                                   and c.status in OPEN_STATES], cand, stopped)
         if loop.stop.hard:
             return None  # nothing is judged now; a resume checks afresh
         created: list[Candidate] = []
         if not stopped:
             created = self.top_up(beside, withdrawn, self.carry(withdrawn, incumbent),
                                   incumbent)
-        gone = {c.id: (Status.CANCELLED, None) for c in withdrawn}
+        gone = {c.id: (Status.CANCELLED, c.metric) for c in withdrawn}  # finished: measured
         writes = loop.writes_of(created)
         out = {c.id for c in withdrawn}
         running = [c.id for c in beside if c.id not in out]
@@ -150,7 +152,7 @@ class Beside:
                else f"withdrawn: proposed on {cand.id} {cand.short}, which was not kept; "
                     "its change runs again on the incumbent")
         for row in rows:
-            if row.job_id:
+            if row.job_id and row.status == Status.SUBMITTED:
                 self.loop.jobs.cancel(row)
             led.update(row.id, "withdrawn", status=Status.CANCELLED, reasons=why,
                        code=judge.Reason.WITHDRAWN, judged_at=time.time())
