@@ -22,13 +22,16 @@ writes and the round's new rows: what the next round trusts.
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ratchet.driver import judge
 from ratchet.driver.candidate import Proposal
 from ratchet.driver.ledger import Candidate
 from ratchet.driver.settle import OPEN_STATES
+from ratchet.job.jobspec import JobResult
 from ratchet.vocab import Kind, Status
 
 if TYPE_CHECKING:
@@ -71,9 +74,31 @@ class Beside:
         k = self.rounds.slots_for_proposals()
         if k <= 0:
             return
-        ctx = loop.proposals.context(self.round_no, self.base, led.candidates(), cand.metric)
+        # the view round R+1 would have after the keep: round R with its verdicts as
+        # they will be then, so it is proposed as it would be after the verdict
+        history = [self.as_if_kept(c, cand) if c.round == cand.round and not c.is_judged
+                   else c for c in led.candidates()]
+        ctx = loop.proposals.context(self.round_no, self.base, history, cand.metric)
         self.key = ("round", self.round_no, k)
         loop.proposals.ask_ahead(self.key, self.base, k, ctx)
+
+    def as_if_kept(self, row: Candidate, keep: Candidate) -> Candidate:
+        """A finished row of the round being judged, with the verdict it gets when `keep`
+        is kept: keep for it; for a reference, reference; a result that forces one (a
+        crash, a rule broken, no metric) that one; else discard (screened out, or beaten)."""
+        if row.id == keep.id:
+            return replace(row, status=Status.KEEP)
+        if row.result is None:
+            return replace(row, status=Status.CRASH)
+        result = JobResult.from_json(json.dumps(row.result))
+        if Kind(row.kind).is_reference:  # as judge.judge_group judges them
+            status = Status.CRASH if judge.outcome_status(result) is not None else (
+                Status.KEEP if row.kind == Kind.BASELINE else Status.REFERENCE)
+        else:
+            forced = judge.outcome_status(result) or judge.not_measured(self.loop.config,
+                                                                        result)
+            status = Status(forced.status) if forced is not None else Status.DISCARD
+        return replace(row, status=status)
 
     def meanwhile(self) -> dict | None:
         """While the pairs run: once the reply is in, the free slots take its first

@@ -422,6 +422,7 @@ class Confirming:
         ids = [r.id for r in rows]
         waiting = [r for r in rows if r.status not in (Status.FINISHED, Status.REFERENCE)]
         if waiting:
+            loop.after_pairs = None  # set again once these pairs are checked
             trusted = loop.guard.snapshot()  # the candidate's code runs again
             loop.jobs.start(waiting, lambda: loop.stop.hard)
             def report(running: list) -> None:
