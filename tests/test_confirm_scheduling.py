@@ -79,6 +79,9 @@ def made(cands: list) -> list:
     return [c for c in cands if c.kind == Kind.CANDIDATE and c.code != "withdrawn"]
 
 
+@pytest.mark.slow
+@pytest.mark.timing  # the tuner's reply must come in while a pair runs (1.2 s)
+@pytest.mark.timeout(900)
 def test_the_next_round_runs_beside_a_confirmation_and_status_tells_the_shares(tmp_path):
     repo = study_repo(tmp_path / "r", start=3.0,
                       choices=str([round(0.25 * i, 2) for i in range(1, 25)]))
@@ -111,6 +114,9 @@ def test_the_next_round_runs_beside_a_confirmation_and_status_tells_the_shares(t
     assert "confirming keeps" in text and "idle" in text
 
 
+@pytest.mark.slow
+@pytest.mark.timing  # the tuner's reply must come in while a pair runs
+@pytest.mark.timeout(900)
 def test_a_candidate_beside_a_refused_keep_is_withdrawn_carried_never_blamed(tmp_path):
     repo = study_repo(tmp_path / "r", start=1.25, lucky=True,
                       choices="[3.0, 2.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 0.0, -1.0, 2.5, 3.5]")
@@ -135,6 +141,8 @@ def test_a_candidate_beside_a_refused_keep_is_withdrawn_carried_never_blamed(tmp
     assert all(c.job_id is None for c in made(cands) if c.status == "rejected")
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_a_noiseless_metric_confirms_on_one_pair_and_says_so(tmp_path):
     repo = study_repo(tmp_path / "r", start=3.0, choices="[1.25, 1.0, 2.0, 1.5, 0.5, 2.5]",
                       acceptance="[acceptance]\nnoise_floor = 3\n")
