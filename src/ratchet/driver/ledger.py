@@ -425,7 +425,14 @@ class Ledger:
         measured nothing to trust; the pairs of candidates being judged now
         (`exclude_confirming`) join through their confirmation."""
         out: dict[str, list[float]] = {}
-        for cand in self.candidates(confirmations=True):
+        # each commit's list in the order measured: its own runs first (by seq), then its
+        # confirmation pairs in the order made (their seq counts down from -1). The noise
+        # pool leaves a commit's first value out (picked for looking good: judge
+        # Confirmation._commit); by seq alone, a pair came first and the pick stayed in
+        rows = sorted(self.candidates(confirmations=True),
+                      key=lambda c: (c.kind == Kind.CONFIRM, -c.seq if c.kind == Kind.CONFIRM
+                                     else c.seq))
+        for cand in rows:
             if (cand.metric is None or not cand.commit_sha
                     or cand.confirms in exclude_confirming
                     or cand.status not in (Status.KEEP, Status.DISCARD, Status.REFERENCE)
