@@ -4,12 +4,12 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-agents agent-clis lint bench tinygpt clean
+.PHONY: install demo test test-agents agent-clis lint docs bench tinygpt clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,llm,ray,report]'
+	$(BIN)/pip install -q -e '.[dev,llm,ray,report,docs]'
 	# torch only for the tinygpt example and its test (pinned: the CPU build on disk)
 	$(BIN)/pip install -q torch==2.13.0 || echo "torch unavailable: the tinygpt test will skip"
 	touch $(STAMP)
@@ -20,8 +20,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	bash scripts/run_example.sh kernel-cpu
 
+# Side by side (pytest-xdist): 4 workers on 2 cores, since most of a study-driven test is
+# waiting on its jobs' processes; tests sharing a built study stay on one worker
+# (tests/conftest.py). The `timing` tests measure wall time and run after, one at a time.
+PYTEST_WORKERS ?= 4
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 -m "not timing"
+	$(BIN)/python -m pytest -q -m timing
 
 # The real coding-agent CLIs (Claude Code, Codex, aider), pinned, into .venv-agents/; the
 # tests in tests/agent_cli (marker agent_cli, part of `make test`) skip without them.
@@ -36,6 +41,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/mypy
 
+# The docs site into site/ (gitignored); --strict: a broken link or include fails it.
+# The reference pages are generated from the code: python scripts/gen_reference.py
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py
 
@@ -44,4 +54,4 @@ tinygpt: $(STAMP)
 	bash scripts/run_example.sh tinygpt
 
 clean:
-	rm -rf $(VENV) .venv-agents build *.egg-info src/*.egg-info
+	rm -rf $(VENV) .venv-agents build site *.egg-info src/*.egg-info

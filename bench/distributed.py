@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests" / "backends"))  # ray_cluster: the private test cluster
 
-from synthetic import make_repo  # noqa: E402  (bench/, next to this file)
+from record import record  # noqa: E402  (bench/, next to this file)
+from synthetic import make_repo  # noqa: E402
 
 from ratchet.driver.ledger import Ledger  # noqa: E402
 
@@ -114,7 +115,7 @@ def main() -> None:
                         help="GPU slots (local slots, Ray logical GPUs); default: k")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--only", default="local,ray,ray-job,slurm")
-    parser.add_argument("--record", action="store_true", help="append to bench/RESULTS.md")
+    parser.add_argument("--record", action="store_true", help="write to bench/RESULTS.md (the previous run moves to HISTORY.md)")
     args = parser.parse_args()
     slots = args.slots or args.k
     wanted = args.only.split(",")
@@ -159,12 +160,9 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.record:
-        stamp = time.strftime("%Y-%m-%d")
-        with (ROOT / "bench" / "RESULTS.md").open("a") as fh:
-            fh.write(f"\n### distributed, {stamp}\n\nCommand: `.venv/bin/python "
-                     f"bench/distributed.py --sleep {args.sleep} --k {args.k} --slots {slots} "
-                     f"--rounds "
-                     f"{args.rounds} --only {args.only} --record`\n\n{text}\n")
+        record(f"Distributed overhead: {args.only} (bench/distributed.py)",
+               f".venv/bin/python bench/distributed.py --sleep {args.sleep} --k {args.k} "
+               f"--slots {slots} --rounds {args.rounds} --only {args.only} --record", text)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from synthetic import make_repo  # noqa: E402  (bench/, next to this file)
+from record import record  # noqa: E402  (bench/, next to this file)
+from synthetic import make_repo  # noqa: E402
 
 from ratchet.driver.ledger import Ledger  # noqa: E402
 
@@ -52,7 +53,7 @@ def one_run(k: int, sleep: float, base: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sleep", type=float, default=1.0)
-    parser.add_argument("--record", action="store_true", help="append to bench/RESULTS.md")
+    parser.add_argument("--record", action="store_true", help="write to bench/RESULTS.md (the previous run moves to HISTORY.md)")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="ratchet-fanout-"))
     try:
@@ -75,13 +76,8 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.record:
-        results = ROOT / "bench" / "RESULTS.md"
-        stamp = time.strftime("%Y-%m-%d")
-        block = (f"\n### run, {stamp}\n\n"
-                 f"Command: `.venv/bin/python bench/fanout.py --sleep {args.sleep} --record`\n\n"
-                 f"{text}\n")
-        with results.open("a") as fh:
-            fh.write(block)
+        record(f"Fan-out (bench/fanout.py --sleep {args.sleep:g})",
+               f".venv/bin/python bench/fanout.py --sleep {args.sleep:g} --record", text)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ setting CHUNK_ROWS=1 ("before": one numpy call per row) and with the setting a r
 `ratchet run` study on a scratch copy of the example kept ("after"), checks
 both with ratchet.evaluator.kernels.check, times them interleaved with ratchet.evaluator.kernels.compare,
 and places each shape on the roofline. Prints a side-by-side table and records it
-(with the command) in bench/RESULTS.md under "## Kernel harness (bench/kernels.py)",
-replacing only that section.
+(with the command and the machine) in bench/RESULTS.md under "## Kernel harness
+(bench/kernels.py), <time>"; the run it replaces moves to bench/HISTORY.md (bench/record.py).
 
     python bench/kernels.py [--max-time 0.5] [--refresh-peaks] [--no-record]
 """
@@ -15,19 +15,18 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import platform
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from record import record  # bench/, next to this file
 
 import ratchet.evaluator.kernels as rk
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "kernel-cpu"
-RESULTS = ROOT / "bench" / "RESULTS.md"
-SECTION = "## Kernel harness (bench/kernels.py)"
+BENCHMARK = "Kernel harness (bench/kernels.py)"  # its section's heading in RESULTS.md
 SHAPES = [{"rows": 256, "cols": 64}, {"rows": 1024, "cols": 257}, {"rows": 2048, "cols": 512}, {"rows": 512, "cols": 4096}]
 BYTES = "2 * rows * cols * itemsize"  # read x, write y: the fused floor
 FLOPS = "5 * rows * cols"
@@ -154,10 +153,7 @@ def main() -> int:
     if not args.no_record:
         command = "python bench/kernels.py" + (f" --max-time {args.max_time}" if args.max_time != 0.5 else "")
         body = [
-            SECTION,
-            "",
-            f"Command: `{command}` — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-            f"{peaks.device}, Python {platform.python_version()}, numpy {np.__version__}.",
+            f"Device: {peaks.device}, numpy {np.__version__}.",
             "",
             f"Measured peaks (cached, {peaks.measured_at}): copy bandwidth {peaks.bandwidth_Bps / 1e9:.2f} GB/s; "
             + ", ".join(f"{d} matmul {f / 1e9:.1f} GFLOP/s" for d, f in sorted(peaks.flops.items()))
@@ -172,21 +168,9 @@ def main() -> int:
             f"Geometric-mean speedup: {speedup:.2f}x.",
             "",
         ]
-        record(RESULTS, "\n".join(body))
-        print(f"recorded in {RESULTS.relative_to(ROOT)}")
+        record(BENCHMARK, command, "\n".join(body))
+        print("recorded in bench/RESULTS.md (the previous run moved to bench/HISTORY.md)")
     return 0
-
-
-def record(path: Path, section: str) -> None:
-    """Replace (or append) only our section; other sections of the file are left alone."""
-    text = path.read_text() if path.exists() else "# Bench results\n\n"
-    start = text.find(SECTION)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + ("\n" + text[end + 1 :] if end >= 0 else "")
-    path.write_text(text.rstrip("\n") + "\n")
 
 
 if __name__ == "__main__":

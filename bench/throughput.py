@@ -65,6 +65,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import synthetic  # noqa: E402  (bench/, next to this file)
 from llm_server import Answer, LLMServer  # noqa: E402
+from record import record  # noqa: E402
 
 from ratchet.driver.config import load_config  # noqa: E402
 from ratchet.driver.ledger import Ledger, throughput  # noqa: E402
@@ -531,7 +532,7 @@ def main() -> None:
                         help="studies per row of the research-speed case (medians)")
     parser.add_argument("--research-mode", choices=["rounds", "rolling"], default=None,
                         help="only this mode's rows of the research-speed case")
-    parser.add_argument("--record", action="store_true", help="append to bench/RESULTS.md")
+    parser.add_argument("--record", action="store_true", help="write to bench/RESULTS.md (the previous run moves to HISTORY.md)")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="ratchet-throughput-"))
     import ratchet
@@ -560,16 +561,15 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.record:
-        stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        with (ROOT / "bench" / "RESULTS.md").open("a") as fh:
-            only = f" --only {args.only}" if args.only else ""
-            if args.research_reps != 1:
-                only += f" --research-reps {args.research_reps}"
-            if args.research_mode:
-                only += f" --research-mode {args.research_mode}"
-            fh.write(f"\n### throughput, {stamp}\n\nCommand: `.venv/bin/python "
-                     f"bench/throughput.py --task-s {args.task_s:g} --delay {args.delay:g}"
-                     f" --llm-candidates {args.llm_candidates}{only} --record`\n\n{text}\n")
+        only = f" --only {args.only}" if args.only else ""
+        if args.research_reps != 1:
+            only += f" --research-reps {args.research_reps}"
+        if args.research_mode:
+            only += f" --research-mode {args.research_mode}"
+        record(f"Throughput (bench/throughput.py{only})",
+               f".venv/bin/python bench/throughput.py --task-s {args.task_s:g} "
+               f"--delay {args.delay:g} --llm-candidates {args.llm_candidates}{only} --record",
+               text)
 
 
 if __name__ == "__main__":

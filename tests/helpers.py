@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import os
+import re
+import signal
 import subprocess
 import sys
 import textwrap
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,20 +99,85 @@ def score_repo(path: Path, **config_overrides: str) -> Path:
 
 
 def ratchet(repo: Path, *args: str, timeout: float = 240, env: dict | None = None,
-            check: bool = False) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, **(env or {})}
-    full_env["PYTHONPATH"] = str(ROOT / "src")
-    proc = subprocess.run(
-        [*RATCHET, *args, "--repo", str(repo)] if args and args[0] not in ("--help",) else
-        [*RATCHET, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=full_env,
-    )
+            check: bool = False, process: bool | None = None) -> subprocess.CompletedProcess:
+    """`ratchet ARGS --repo REPO`, as a user types it; what it printed and its exit code.
+
+    It runs in this test's process (the command's own `main`, its streams and environment
+    swapped for the call), which saves a Python start and the CLI's import on each of the
+    suite's few hundred calls. Where the process itself is the point it is a real
+    `python -m ratchet.cli`: `process=True`, and always for an injected fault
+    (`RATCHET_FAULT` SIGKILLs the process it lands in) and a study on Ray (`ray.init` is
+    once per process). The study's jobs are real worker processes either way.
+    """
+    argv = [*args, "--repo", str(repo)] if args and args[0] not in ("--help",) else [*args]
+    if process is None:
+        process = _needs_process(repo, args, env or {})
+    proc = _run_process(argv, timeout, env) if process else _run_in_process(argv, env)
     if check and proc.returncode != 0:
         raise AssertionError(f"ratchet {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def _needs_process(repo: Path, args: tuple[str, ...], env: dict) -> bool:
+    if "RATCHET_FAULT" in env or "ray" in args:
+        return True
+    config = repo / "ratchet.toml"
+    try:
+        text = config.read_text()
+    except OSError:
+        return False
+    return re.search(r'^\s*kind\s*=\s*"ray"', text, re.MULTILINE) is not None
+
+
+def _run_process(argv: list[str], timeout: float,
+                 env: dict | None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([*RATCHET, *argv], capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+
+
+def _run_in_process(argv: list[str], env: dict | None) -> subprocess.CompletedProcess:
+    from ratchet import cli
+
+    saved_env = dict(os.environ)
+    saved_argv = sys.argv
+    saved_streams = sys.stdin, sys.stdout, sys.stderr
+    saved_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    out, err = _captured(), _captured()
+    code: int = 0
+    try:
+        os.environ.update({**(env or {}), "PYTHONPATH": str(ROOT / "src")})
+        sys.argv = ["ratchet", *argv]
+        sys.stdin = io.TextIOWrapper(io.BytesIO(b""), encoding="utf-8")
+        sys.stdout, sys.stderr = out, err
+        cli.main()
+    except SystemExit as exc:
+        if isinstance(exc.code, str):  # sys.exit("message"): printed, exit status 1
+            print(exc.code, file=err)
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except Exception:  # a bug: its traceback on stderr and exit 1, as the interpreter does
+        traceback.print_exc(file=err)
+        code = 1
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = saved_streams
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for sig, handler in saved_handlers.items():
+            signal.signal(sig, handler)
+    return subprocess.CompletedProcess(["ratchet", *argv], code, _text(out), _text(err))
+
+
+def _captured() -> io.TextIOWrapper:
+    return io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="replace",
+                            write_through=True)
+
+
+def _text(stream: io.TextIOWrapper) -> str:
+    stream.flush()
+    buffer = stream.buffer
+    assert isinstance(buffer, io.BytesIO)
+    return buffer.getvalue().decode("utf-8", "replace")
 
 
 def results_tsv(repo: Path) -> list[dict[str, str]]:
@@ -129,3 +198,37 @@ def job_result(repo: Path, job_id: str) -> dict:
     assert key is not None, f"no result key for {job_id}"
     text = (state / "jobs" / job_id / "result.json").read_text()
     return json.loads(JobResult.from_sealed(text, key, job_id).to_json())
+
+
+def sandbox_env(level: str, tmp_path: Path) -> dict[str, str]:
+    """The environment that makes a study run its candidates at `level` ("bwrap" or
+    "pidns"), or skips the test where this machine cannot: for pidns, a PATH whose
+    bubblewrap does not work (as on a machine without it), so ratchet falls back."""
+    import pytest
+
+    from ratchet.job import sandbox
+
+    if level == "bwrap" and not sandbox.bwrap_works():
+        pytest.skip("bubblewrap does not work here")
+    if level == "pidns" and sandbox.unshare_prefix() is None:
+        pytest.skip("unshare cannot make a PID namespace here")
+    if level == "bwrap":
+        return {}
+    stub = tmp_path / "stub-bin"
+    stub.mkdir(exist_ok=True)
+    (stub / "bwrap").write_text("#!/bin/sh\nexit 1\n")
+    (stub / "bwrap").chmod(0o755)
+    return {"PATH": f"{stub}{os.pathsep}{os.environ['PATH']}"}
+
+
+def submit_and_wait(repo: Path, rev: str, env: dict[str, str] | None = None) -> dict:
+    """`ratchet submit REV` then `ratchet wait` on it, as a person (or an agent) would:
+    the candidate's row as `wait --json` prints it."""
+    import json
+
+    proc = ratchet(repo, "submit", rev, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cand_id = proc.stdout.strip().splitlines()[-1]
+    proc = ratchet(repo, "wait", cand_id, "--json", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -207,14 +207,14 @@ def test_a_bad_notify_section_is_one_line_naming_the_key(tmp_path):
     assert not (repo / ".ratchet" / "ledger.db").exists() or "Traceback" not in proc.stderr
 
 
-def test_the_readme_notify_example_is_a_valid_section():
+def test_the_docs_notify_example_is_a_valid_section():
     import re
 
     from helpers import ROOT
 
     from ratchet.driver.config import Notify
 
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "watching.md").read_text()
     (block,) = [b for b in re.findall(r"^```toml\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
                 if b.startswith("[notify]")]
     import tomllib

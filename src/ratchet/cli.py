@@ -536,6 +536,7 @@ def status(
             "confirming_share": busy.confirming_share,  # of slot time, confirmation pairs
             "idle_share": busy.idle_share,  # of slot time, no job (1 - duty)
             "sandbox": study.sandbox_status(),
+            "network": study.network_status(),
             "agent_sandbox": study.agent_sandbox_status(),
             "backend": study.backend_kind,
         }
@@ -577,6 +578,7 @@ def status(
         for line in budget.lines(summary["budget"]):
             emit(console, line)
         emit(console, f"sandbox: {summary['sandbox']}")
+        emit(console, f"network: {summary['network']}")
         if summary["agent_sandbox"]:
             emit(console, f"agents: {summary['agent_sandbox']}")
         if busy.duty is not None:
@@ -688,8 +690,9 @@ def serve(
         help="address to listen on; other than loopback it needs --token")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="port (0: any free one)")] = 8765,
     token: Annotated[str | None, typer.Option(
-        help="required to view the pages (default: $RATCHET_SERVE_TOKEN); needed "
-             "for any --host but loopback")] = None,
+        help="required to view the pages (default: $RATCHET_SERVE_TOKEN, else a random "
+             "one on loopback; the printed address carries it); needed for any --host but "
+             "loopback")] = None,
 ) -> None:
     """A live, read-only dashboard of the study in your browser (the report's views)."""
 

@@ -7,10 +7,11 @@ Chromium (tests/web/browser.py) and checked as a user would read them.
 - candidate text (a commit subject, a log) holding `<script>` stays text, in the live
   page and in the static report's files alike;
 - serving never changes the ledger's bytes; only GET is answered;
-- a bind other than loopback needs a token; on loopback a foreign Host is refused.
+- every page needs the token, on loopback too (the printed address carries it); a bind
+  other than loopback needs one given; on loopback a foreign Host is refused.
 
 Screenshots of each page go to $RATCHET_DASHBOARD_SCREENSHOTS (docs/dashboard/ holds
-the ones the README shows), else to the test's temporary folder.
+the ones docs/watching.md shows), else to the test's temporary folder.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sqlite3
 import subprocess
 import textwrap
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -140,6 +142,19 @@ def base_of(url: str) -> str:
     return url.split("?", 1)[0]
 
 
+def at(url: str, page: str = "") -> str:
+    """Another page at the printed address, with its token (the server moves the token
+    into a cookie and sends the browser on to the page)."""
+    base, _, query = url.partition("?")
+    return f"{base}{page}?{query}"
+
+
+def bearer(url: str) -> dict[str, str]:
+    """The printed address's token as a script would send it."""
+    token = urllib.parse.parse_qs(url.partition("?")[2])["token"][0]
+    return {"Authorization": f"Bearer {token}"}
+
+
 # ---------------------------------------------------------------------------------------
 
 
@@ -152,7 +167,7 @@ def test_candidate_page_shows_verdict_reasons_diffs_and_keeps_hostile_text_inert
     assert xss.status == "keep", xss.reasons
     assert "<script>" in xss.description  # recorded as written (escaping is the view's job)
     with serving(study) as url, Browser(tmp_path / "profile") as browser:
-        browser.goto(f"{url}c/{xss.id}")
+        browser.goto(at(url, f"c/{xss.id}"))
         assert browser.eval("document.title") == f"{xss.id}: live"  # no script retitled it
         assert browser.eval("document.getElementById('description').textContent") == xss.description
         reasons = browser.eval("Array.from(document.querySelectorAll('#verdict li'))"
@@ -176,7 +191,7 @@ def test_candidate_page_shows_verdict_reasons_diffs_and_keeps_hostile_text_inert
         assert browser.eval("document.querySelectorAll('img').length") == 0
         browser.screenshot(shots_dir(tmp_path) / "candidate.png")
         for page in ("", "candidates"):
-            browser.goto(url + page)
+            browser.goto(at(url, page))
             assert browser.eval("typeof window.pwned") == "undefined"
             assert browser.eval("document.scripts.length") == 1
             assert xss.description in browser.eval("document.body.textContent")
@@ -206,12 +221,12 @@ def test_serving_never_writes_the_ledger(study, tmp_path):
     ids = [c.id for c in ledger_of(study).candidates(confirmations=True)]
     with serving(study) as url, Browser(tmp_path / "profile") as browser:
         for page in ["", "candidates", *(f"c/{i}" for i in ids)]:
-            browser.goto(url + page)
+            browser.goto(at(url, page))
             assert browser.eval("document.querySelector('main#live').children.length") > 0
         browser.wait_for("document.getElementById('live-state').textContent.startsWith('live')")
-        status, _, _ = fetch(url, method="POST")
+        status, _, _ = fetch(base_of(url), method="POST")
         assert status == 405  # read-only: nothing but GET and HEAD
-        status, _, body = fetch(url + "api/summary")
+        status, _, body = fetch(base_of(url) + "api/summary", bearer(url))
         assert status == 200 and '"headline"' in body
     after = (digest(db), digest(wal), wal.stat().st_size if wal.exists() else 0)
     # the ledger's bytes are unchanged; a WAL that was not there may exist now, empty
@@ -261,7 +276,12 @@ def test_a_bind_beyond_loopback_needs_a_token(study):
     with serving(study) as url:  # loopback: a page from another site cannot read it
         status, _, body = fetch(url, {"Host": "evil.example:80"})
         assert status == 403 and "127.0.0.1 or localhost" in body
-        status, headers, body = fetch(url)
+        # nor a process of this machine without the printed address's token
+        assert "?token=" in url
+        for page in ("", "api/summary", "candidates"):
+            status, _, body = fetch(base_of(url) + page)
+            assert status == 401 and "token is required" in body and "score" not in body
+        status, headers, body = fetch(base_of(url), bearer(url))
         assert status == 200 and "nonce-" in headers["Content-Security-Policy"]
         assert headers["X-Content-Type-Options"] == "nosniff"
 
@@ -316,7 +336,7 @@ def test_the_open_page_follows_a_running_study(study, tmp_path):
         assert sorted(marks) == sorted(measured)  # one point per measured candidate
         browser.screenshot(shots / "overview.png")
 
-        browser.goto(url + "candidates")
+        browser.goto(at(url, "candidates"))
         rows = browser.eval("document.querySelectorAll('#candidates tbody tr').length")
         assert rows == n_after
         # sort by the metric (a click on its header), then filter to the keeps

@@ -110,8 +110,8 @@ class Strict(BaseModel):
 
 
 class Metric(Strict):
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
-    goal: Literal["minimize", "maximize"] = "minimize"
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]*$")  # the evaluator reports it
+    goal: Literal["minimize", "maximize"] = "minimize"  # which way is better
 
     def gain(self, candidate: float, incumbent: float) -> float:
         """How much better candidate is than incumbent (positive = better)."""
@@ -119,24 +119,33 @@ class Metric(Strict):
 
 
 class Task(Strict):
+    # the study's name: its branch `ratchet/<name>`, its refs `refs/ratchet/<name>/<id>`
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-    editable: list[str] = Field(min_length=1)
-    protected: list[str] = []
-    build: str | None = None
+    editable: list[str] = Field(min_length=1)  # globs a proposer may change
+    protected: list[str] = []  # globs pinned at the start, restored before evaluating
+    build: str | None = None  # optional candidate phases, in this order: build, smoke, run
     # where the build runs: "slot" (the job's own slot, before its other phases) or "cpu"
     # (a CPU build slot, ahead of the job's slot: local backend, see backend.build_slots)
     build_on: Literal["slot", "cpu"] = "slot"
-    smoke: str | None = None
-    run: str | None = None
+    smoke: str | None = None  # a cheap early filter: a candidate failing it never runs
+    run: str | None = None  # e.g. the training run; a metric it prints is ignored
+    # the trusted evaluator: reports through ratchet.channel.report, or prints
+    # `name: value` lines (accepted, shown as unprotected)
     evaluate: str
-    holdout: str | None = None
-    timeout: Duration = 600.0
+    holdout: str | None = None  # the hold-out evaluator, run only for a would-be keep
+    timeout: Duration = 600.0  # one deadline for a whole job
     metric: Metric
     env: list[str] = []  # extra environment variables candidates may see
     forbid: list[str] = []  # regexes over the lines a candidate's diff adds
     constraints: list[str] = []  # e.g. "memory_gb <= 60", over the evaluator's extra metrics
     holdout_tolerance: ImprovementField = Improvement()  # allowed hold-out regression
     holdout_data: str | None = None  # a directory only the hold-out evaluator may read
+    network: bool = Field(default=False, description=(
+        "Let candidates' code reach the network. Off by default: every phase (build, smoke, "
+        "run, evaluate, hold-out) and the evaluator's candidate child run in a network "
+        "namespace of their own with only loopback. On, they reach this machine's loopback "
+        "services (a Ray head's job server, `ratchet serve`) and the internet: set it only "
+        "for a task that must download (docs/security-network.md)."))
 
     @field_validator("editable", "protected")
     @classmethod
@@ -197,12 +206,12 @@ class Acceptance(Strict):
     """When a change is kept (docs/statistics.md): beyond min_improvement and beyond the
     measured noise, confirmed on fresh paired measurements at a false-keep rate."""
 
-    min_improvement: ImprovementField = Improvement()
-    repeats: int = Field(default=1, ge=1, le=100)
-    co_run_incumbent: bool = False
+    min_improvement: ImprovementField = Improvement()  # the margin a keep must clear
+    repeats: int = Field(default=1, ge=1, le=100)  # evaluations per candidate
+    co_run_incumbent: bool = False  # re-measure the incumbent beside each round
     # the chance that a change with no real effect is kept (or give `confidence`)
     false_keep_rate: Rate = 0.01
-    confidence: float | None = Field(default=None, gt=0.5, lt=1.0)
+    confidence: float | None = Field(default=None, gt=0.5, lt=1.0)  # 1 - false_keep_rate
     # "measure": no keep without a noise estimate; "ignore": keep on one measurement
     # beyond min_improvement (warned in `status` and the report)
     noise: Literal["measure", "ignore"] = "measure"
@@ -225,7 +234,7 @@ class Acceptance(Strict):
 
 
 class Prep(Strict):
-    run: str
+    run: str  # a shell command writing into $RATCHET_DATA
 
 
 NotifyEvent = Literal["keep", "crash", "end", "budget"]
@@ -238,7 +247,7 @@ class Notify(Strict):
     command: str | None = None  # run by /bin/sh; the summary in $RATCHET_SUMMARY, JSON on stdin
     url: str | None = None  # POST JSON {"text": summary, ...} (Slack-style webhooks take it)
     url_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")  # URL kept out of git
-    on: list[NotifyEvent] = ["keep", "crash", "end", "budget"]
+    on: list[NotifyEvent] = ["keep", "crash", "end", "budget"]  # which events to send
     crash_streak: int = Field(default=3, ge=1)  # crashes in a row that make one "crash" notice
     timeout: Duration = 10.0  # each delivery's limit
 
@@ -272,12 +281,14 @@ class Search(Strict):
     # a registered proposer kind (ratchet.proposers.proposer_kinds(): tune, llm, agent,
     # patches, plug-ins)
     proposer: str = "tune"
-    parallel: int = Field(default=2, ge=1, le=1024)
+    parallel: int = Field(default=2, ge=1, le=1024)  # K: candidates at once
     rounds: int = Field(default=4, ge=1)
+    # rounds: best of K, then the next round from the winner; rolling: a freed slot gets a
+    # new candidate from the current incumbent at once, each result judged at once
     mode: Literal["rounds", "rolling"] = "rounds"
     # rolling: the budget in candidates that run (default rounds x parallel)
     candidates: int | None = Field(default=None, ge=1)
-    seed: int = 0
+    seed: int = 0  # the proposer's random seed
     # rounds: propose round R+1 while round R runs (speculation), before its verdicts.
     # Hides the proposer's latency, but R+1 does not see R's results, and when R moves
     # the incumbent its proposals are re-based or dropped (each dropped one is billed);
@@ -348,12 +359,12 @@ KnobValue = int | float | str | bool | None
 class Knob(Strict):
     """One tunable: a module-level `NAME = literal` in an editable file."""
 
-    choices: list[KnobValue] | None = None
+    choices: list[KnobValue] | None = None  # the values to try, or low/high
     low: int | float | None = None  # ints stay ints: `low = 1, high = 8` is an int knob
     high: int | float | None = None
-    log: bool = False
-    step: int | float | None = None
-    int_: bool = Field(default=False, alias="int")
+    log: bool = False  # sample low..high on a log scale
+    step: int | float | None = None  # a grid step between low and high
+    int_: bool = Field(default=False, alias="int")  # an int knob whatever low/high say
 
     @model_validator(mode="after")
     def _one_kind(self) -> Knob:
@@ -384,7 +395,7 @@ class Knob(Strict):
 
 class Tune(Strict):
     knobs: dict[str, Knob] = {}
-    sampler: Literal["tpe", "random"] = "tpe"
+    sampler: Literal["tpe", "random"] = "tpe"  # Optuna's sampler
 
     @field_validator("knobs")
     @classmethod
@@ -399,18 +410,24 @@ class Tune(Strict):
 class Backend(Strict):
     # a registered backend (ratchet.backends.backends(): local, ray, shell, plug-ins)
     kind: str = "local"
-    slots: int | None = Field(default=None, ge=1)
+    slots: int | None = Field(default=None, ge=1)  # default: one per GPU, else one per core
     gpus: list[str] | None = None  # GPU ids to lease, default: all visible
-    memory_limit_gb: float | None = Field(default=None, gt=0)
+    memory_limit_gb: float | None = Field(default=None, gt=0)  # per job (address space)
     disk_limit_gb: float | None = Field(default=None, gt=0)  # largest file a job may write
-    log_limit_mb: float = Field(default=16.0, gt=0)
+    # the job's work and tmp directories together (a watched bound: past it, a crash)
+    job_disk_gb: float | None = Field(default=None, gt=0)
+    # kept free on the filesystem of the study's state; default: 5% of it, at most 1 GiB
+    disk_reserve_gb: float | None = Field(default=None, ge=0)
+    job_pids: int | None = Field(default=4096, ge=8)  # processes and threads of one job
+    log_limit_mb: float = Field(default=16.0, gt=0)  # per phase log: head and tail kept
+    # auto: bubblewrap, else a PID namespace (util-linux unshare); none: no isolation
     sandbox: Literal["auto", "bwrap", "none"] = "auto"
     keep_workdirs: Literal["none", "kept", "all"] = "kept"  # job work dirs kept after judging
     # CPU slots for builds declared `task.build_on = "cpu"`: candidates build there while
     # others hold the GPU slots (local backend)
     build_slots: int = Field(default=2, ge=1)
     standby_workers: bool = True  # local: start the next jobs' workers ahead of time
-    gpu_hourly_usd: float = Field(default=0.0, ge=0)
+    gpu_hourly_usd: float = Field(default=0.0, ge=0)  # prices for the cost columns
     cpu_hourly_usd: float = Field(default=0.0, ge=0)
     # `[backend.<name>]` tables, each validated by the settings model its backend
     # registered (`[backend.ray]` -> RayConfig); filled from those tables, not written
@@ -601,7 +618,7 @@ def _describe(error: dict[str, Any]) -> str:
     message = message.removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
         meant = misspelling(error)
-        message = "unknown key (check the spelling; see the README for the keys)"
+        message = "unknown key (check the spelling; every key: docs/reference/config.md)"
         if meant is not None:
             message = f"unknown key; did you mean {meant!r}? (check the spelling)"
     elif error["type"] == "missing":

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ratchet.backends import Backend, JobState, make_backend
+from ratchet.driver import reference
 from ratchet.driver.config import Config
 from ratchet.driver.ledger import Candidate, Ledger
 from ratchet.driver.spend import compute_usd
@@ -64,8 +65,8 @@ class Jobs:
         self._backend: Backend | None = None
         self._cleaner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratchet-clean")
         self._took: deque[float] = deque(maxlen=8)  # recent jobs' own run times (s)
-        # (incumbent id, its extra metrics as JSON, its run's progress curve as JSON)
-        self._incumbent_extra: tuple[str | None, str, str] = ("", "", "")
+        # (incumbent id, its extra metrics as JSON)
+        self._incumbent_extra: tuple[str | None, str] = ("", "")
 
     @property
     def backend(self) -> Backend:
@@ -125,17 +126,23 @@ class Jobs:
                                 if backend.memory_limit_gb else None),
             file_size_limit_bytes=(int(backend.disk_limit_gb * (1 << 30))
                                    if backend.disk_limit_gb else None),
+            pids_limit=backend.job_pids,
+            disk_bytes=int(backend.job_disk_gb * (1 << 30)) if backend.job_disk_gb else None,
+            disk_reserve_bytes=(int(backend.disk_reserve_gb * (1 << 30))
+                                if backend.disk_reserve_gb is not None else None),
             # the ledger needs no entry: the worker hides the whole state directory but
             # the job's own parts
             readonly_paths=[str(self.repo / ".git")],
             sandbox=sandbox,
+            network=task.network,
         )
 
     def incumbent_env(self, cand: Candidate) -> dict[str, str]:
         """$RATCHET_INCUMBENT_EXTRA for a proposed candidate: the incumbent's extra metrics
         as JSON (e.g. its per-shape times), so an evaluator may stop a clearly worse
         candidate early (docs/statistics.md). Only ever a candidate's own run: a
-        confirmation re-measure is always measured in full."""
+        confirmation re-measure is always measured in full. And the incumbent's progress
+        curve, when driver.reference trusts it as a reference for stopping a run."""
         if cand.kind != Kind.CANDIDATE:
             return {}
         inc_id = self.ledger.get("incumbent_id")
@@ -143,14 +150,27 @@ class Jobs:
             row = self.ledger.candidate(inc_id) if inc_id else None
             extra = {k: v for k, v in ((row.extra if row else None) or {}).items()
                      if isinstance(v, int | float) and not isinstance(v, bool)}
-            # its run phase's progress curve: the worker stops a run clearly worse at the
-            # same step (ratchet.job.worker.Progress)
-            curve = ((row.result if row else None) or {}).get("progress") or []
-            self._incumbent_extra = (inc_id, json.dumps(extra, sort_keys=True) if extra else "",
-                                     json.dumps(curve) if curve else "")
-        _, text, curve = self._incumbent_extra
+            self._incumbent_extra = (inc_id, json.dumps(extra, sort_keys=True) if extra else "")
+        _, text = self._incumbent_extra
         return {**({"RATCHET_INCUMBENT_EXTRA": text} if text else {}),
-                **({"RATCHET_INCUMBENT_PROGRESS": curve} if curve else {})}
+                **self.progress_env(cand, inc_id)}
+
+    def progress_env(self, cand: Candidate, inc_id: str | None) -> dict[str, str]:
+        """$RATCHET_INCUMBENT_PROGRESS: the curve the worker stops a clearly worse run
+        against (ratchet.job.worker.Progress), when one may be trusted; none for a
+        candidate chosen to run in full and check it (reference.audited)."""
+        inc_commit = self.ledger.get("incumbent")
+        if not inc_id or not inc_commit:
+            return {}
+        ref = reference.reference(self.ledger, inc_id,
+                                  minimize=self.config.metric.goal == "minimize")
+        if ref.curve is None:
+            return {}
+        if reference.audited(self.ledger, inc_id, inc_commit, cand.id):
+            self.log(f"{cand.id} runs in full: {reference.AUDIT_AFTER} runs in a row were "
+                     "stopped against the incumbent's curve, and one checks it")
+            return {}
+        return {"RATCHET_INCUMBENT_PROGRESS": json.dumps(ref.curve)}
 
     def cache_env(self) -> dict[str, str]:
         """Compile caches shared by the study's jobs, on by default. The worker binds them

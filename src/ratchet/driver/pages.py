@@ -32,7 +32,7 @@ from ratchet.driver import views
 from ratchet.driver.history import Share, kept_steps, success_shares
 from ratchet.driver.ledger import Candidate, Ledger, throughput
 from ratchet.driver.svg import Chart
-from ratchet.job import gitrepo
+from ratchet.job import gitrepo, sandbox
 from ratchet.job.fingerprint import fingerprint_key, software_key
 from ratchet.vocab import OPEN, Kind, Status
 
@@ -317,6 +317,13 @@ def header(study: StudyLike, snap: Snapshot, title: str) -> str:
     )
 
 
+def candidate_network(study: StudyLike) -> str:
+    """What network candidates' code has: said as a warning when it is open."""
+    text = sandbox.describe_network(study.config.task.network, study.config.backend.sandbox)
+    kind = "warn" if text.startswith("OPEN") else "note"
+    return f'<p class="{kind}" id="network">network: {_e(text)}</p>'
+
+
 def agent_sandbox(study: StudyLike) -> str:
     """What confined the coding agents (said loudly when nothing did)."""
     describe = getattr(study, "agent_sandbox_status", None)
@@ -540,6 +547,7 @@ def spend_facts(study: StudyLike, snap: Snapshot) -> list[tuple[str, str]]:
 def overview_sections(study: StudyLike, snap: Snapshot, site: Site) -> list[str]:
     """The overview page, for the report's index.html and the live "/" alike."""
     return [
+        candidate_network(study),
         agent_sandbox(study),
         machine_warning(snap.hosts),
         "<h2>Metric over candidates</h2>",

@@ -13,10 +13,15 @@ Read-only by construction: the ledger is opened with SQLite's `mode=ro` and
 `Study` is built (nothing takes the lock, writes views or touches git refs), and the
 server answers GET and HEAD only.
 
-Who may look: bound to 127.0.0.1 by default, where a request must name a loopback host
-(a web page elsewhere cannot reach it by DNS rebinding). Another address needs `--host`
-and a token (`--token` or RATCHET_SERVE_TOKEN): the pages show code and logs. The token
-comes in the URL once and then lives in an HttpOnly, SameSite=Strict cookie.
+Who may look: whoever holds the token, on loopback too. Bound to 127.0.0.1 by default,
+where a request must also name a loopback host (a web page elsewhere cannot reach it by
+DNS rebinding); another address needs `--host` and a token given (`--token` or
+RATCHET_SERVE_TOKEN). On loopback without one, a fresh random token is made: any process
+of this machine can connect to 127.0.0.1 (a candidate of a task with `network = true`, an
+agent, another user), and the pages show code, logs and every candidate's output. The
+printed address carries the token (`?token=...`), so the page still opens with one click;
+the token then lives in an HttpOnly, SameSite=Strict cookie named per port (two servers
+on one host keep their own).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from ratchet.errors import UserError
 from ratchet.vocab import Status
 
 TOKEN_ENV = "RATCHET_SERVE_TOKEN"
-TOKEN_COOKIE = "ratchet_token"
+TOKEN_COOKIE = "ratchet_token"  # + "_<port>": a browser sends a host's cookies to every port
 MIN_TOKEN_CHARS = 16
 POLL_S = 0.5  # how often an open event stream looks at the ledger
 LOG_REFRESH_S = 2.0  # growing logs alone redraw an open page at most this often
@@ -273,7 +278,7 @@ class Dashboard:
     """The study, the token, and one lock: SQLite connections are used by one thread at a
     time, and the views read one consistent look at the ledger."""
 
-    def __init__(self, study: ReadOnlyStudy, token: str | None, host: str, loopback: bool,
+    def __init__(self, study: ReadOnlyStudy, token: str, host: str, loopback: bool,
                  log: Callable[[str], None] = lambda _m: None) -> None:
         self.study = study
         self.token = token
@@ -283,6 +288,10 @@ class Dashboard:
         self.stopping = threading.Event()
         self.log = log
         self.port = 0
+
+    @property
+    def cookie(self) -> str:
+        return f"{TOKEN_COOKIE}_{self.port}"
 
     def version(self) -> str:
         with self.lock:
@@ -352,8 +361,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def _token_ok(self, query: dict[str, list[str]]) -> bool | str:
         """True, False, or the token given in the URL (to be moved into a cookie)."""
         token = self.app.token
-        if token is None:
-            return True
         given = query.get("token", [None])[0]
         if given is not None and hmac.compare_digest(given.encode(), token.encode()):
             return given
@@ -362,7 +369,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return True
         for part in (self.headers.get("Cookie") or "").split(";"):
             name, _, value = part.strip().partition("=")
-            if name == TOKEN_COOKIE and hmac.compare_digest(value.encode(), token.encode()):
+            if name == self.app.cookie and hmac.compare_digest(value.encode(), token.encode()):
                 return True
         return False
 
@@ -425,7 +432,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             target = url.path + (f"?{urllib.parse.urlencode(rest, doseq=True)}" if rest else "")
             self._send(HTTPStatus.SEE_OTHER.value, "", extra={
                 "Location": target,
-                "Set-Cookie": f"{TOKEN_COOKIE}={ok}; HttpOnly; SameSite=Strict; Path=/"})
+                "Set-Cookie": f"{self.app.cookie}={ok}; HttpOnly; SameSite=Strict; Path=/"})
             return
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the browser left
             self._route(url.path, query)
@@ -505,7 +512,8 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind(host: str, token: str | None) -> None:
-    """Loopback needs nothing; any other address needs a token of some length."""
+    """Any address but loopback needs a token given (loopback makes its own); a token given
+    must have some length."""
     if token is not None and len(token) < MIN_TOKEN_CHARS:
         raise ServeError(f"the token is too short ({len(token)} characters): use at least "
                          f"{MIN_TOKEN_CHARS}, e.g. `python -c 'import secrets; "
@@ -520,7 +528,8 @@ def make_server(repo: Path, host: str = "127.0.0.1", port: int = 0,
                 token: str | None = None) -> tuple[Server, Dashboard]:
     check_bind(host, token)
     study = ReadOnlyStudy(repo)
-    app = Dashboard(study, token, host, is_loopback(host))
+    # loopback is no boundary on a shared machine: a token always, made here if not given
+    app = Dashboard(study, token or secrets.token_urlsafe(24), host, is_loopback(host))
     handler = type("BoundHandler", (Handler,), {"app": app})
     try:
         server = Server((host.strip("[]"), port), handler)
@@ -534,8 +543,7 @@ def make_server(repo: Path, host: str = "127.0.0.1", port: int = 0,
 
 def url_of(app: Dashboard) -> str:
     host = app.host if ":" not in app.host else f"[{app.host.strip('[]')}]"
-    base = f"http://{host}:{app.port}/"
-    return base + (f"?token={urllib.parse.quote(app.token)}" if app.token else "")
+    return f"http://{host}:{app.port}/?token={urllib.parse.quote(app.token)}"
 
 
 def serve_forever(server: Server, app: Dashboard) -> None:

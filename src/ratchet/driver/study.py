@@ -448,6 +448,10 @@ class Study:
     def sandbox_status(self) -> str:
         return sandbox.describe(self.config.backend.sandbox)
 
+    def network_status(self) -> str:
+        """What network candidates' code has (`[task] network`, and what this machine gives)."""
+        return sandbox.describe_network(self.config.task.network, self.config.backend.sandbox)
+
     def agent_sandbox_status(self) -> str | None:
         """What confines the coding agents, when the proposer is one (else None)."""
         if self.proposer_kind != "agent":

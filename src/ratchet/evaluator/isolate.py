@@ -99,6 +99,8 @@ def child_policy(cwd: Path, env: Mapping[str, str], scratch: Path, keep_fds: Seq
     - hidden: the hold-out data (`RATCHET_HOLDOUT`, set for the hold-out evaluator only)
       and the jobs directory around the work tree (this job's results and logs, the other
       jobs' result files);
+    - no network (a network namespace with only loopback) unless the worker says the
+      task has it (`RATCHET_NETWORK=1`, `[task] network = true`);
     - its own PID namespace where the machine gives one (it cannot see, signal or open
       the evaluator, its descriptors or its environment), an unprivileged uid when we are
       root, and the caller's /dev/shm (the buffers the harness shares live there).
@@ -114,6 +116,7 @@ def child_policy(cwd: Path, env: Mapping[str, str], scratch: Path, keep_fds: Seq
     return sandbox.Policy(
         writable=[scratch], readonly=[cwd], hidden=hidden, drop_privileges=True,
         seed=f"{env.get('RATCHET_JOB_ID', 'ratchet')}:candidate-child", keep_fds=tuple(keep_fds), shared_shm=True,
+        network=env.get(sandbox.NETWORK_ENV) == "1",
     )
 
 

@@ -188,10 +188,14 @@ class JobSpec:
     log_limit_bytes: int = 16 << 20
     memory_limit_bytes: int | None = None
     file_size_limit_bytes: int | None = None  # RLIMIT_FSIZE of every phase
+    pids_limit: int | None = None  # processes (threads too) of the whole job (job.limits)
+    disk_bytes: int | None = None  # the job's work and tmp directories, together
+    disk_reserve_bytes: int | None = None  # kept free where the job directory is; None: default
     slot_lock_dir: str | None = None
     slots: list[Slot] = field(default_factory=list)
     build_slots: list[Slot] = field(default_factory=list)  # CPU slots for build_on_cpu
     sandbox: str = "auto"  # auto | bwrap | pidns | none
+    network: bool = False  # [task] network: every phase keeps the machine's network
     readonly_paths: list[str] = field(default_factory=list)
     env_deny: list[str] = field(default_factory=list)  # never passed on, whatever allows it
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -182,8 +183,11 @@ class CappedLog:
         self.path.write_bytes(self.content())
 
 
-def _limits(memory_limit_bytes: int | None, file_size_limit_bytes: int | None = None):
+def _limits(memory_limit_bytes: int | None, file_size_limit_bytes: int | None = None,
+            before_exec: Callable[[], None] | None = None):
     def apply() -> None:
+        if before_exec is not None:  # e.g. join the job's pids cgroup
+            before_exec()
         if memory_limit_bytes:
             resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
         if file_size_limit_bytes:  # a runaway writer gets EFBIG / SIGXFSZ, not a full disk
@@ -208,13 +212,15 @@ def run_capped(
     reap_all_descendants: bool = True,
     file_size_limit_bytes: int | None = None,
     pass_fds: tuple[int, ...] = (),
-    stop_grace_s: float = KILL_GRACE_S,
+    stop_grace_s: float | Callable[[], float] = KILL_GRACE_S,
+    before_exec: Callable[[], None] | None = None,
 ) -> tuple[int | None, bool, CappedLog, float]:
     """Run argv in a fresh session; return (exit code, timed_out, log, seconds).
 
     exit code is None when the process was killed by us (timeout / stop); a negative
     code is a signal that killed it (e.g. -9 from the OOM killer). `stop_grace_s`: how
-    long a tree stopped by `should_stop` gets between SIGTERM and SIGKILL.
+    long a tree stopped by `should_stop` gets between SIGTERM and SIGKILL (or a function
+    asked once it stops); `before_exec`: called in the child before it starts `argv`.
     """
     log = CappedLog(log_path, log_limit)
     start = time.monotonic()
@@ -226,7 +232,7 @@ def run_capped(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        preexec_fn=_limits(memory_limit_bytes, file_size_limit_bytes),
+        preexec_fn=_limits(memory_limit_bytes, file_size_limit_bytes, before_exec),
         pass_fds=pass_fds,  # every other descriptor is closed in the child
     )
     drainer = threading.Thread(target=log.drain, args=(proc.stdout,), daemon=True)
@@ -243,7 +249,8 @@ def run_capped(
         elif should_stop():
             stopped = True
         if timed_out or stopped:
-            kill_group(proc.pid, **({"grace_s": stop_grace_s} if stopped else {}))
+            grace = stop_grace_s() if callable(stop_grace_s) else stop_grace_s
+            kill_group(proc.pid, **({"grace_s": grace} if stopped else {}))
             proc.wait()
             break
     # The group may have left children behind (daemonised, setsid): kill them all so the

@@ -13,6 +13,14 @@ once per machine:
   uid drop below (as root) and by detect-and-reject (hashes after each phase).
 - `none`: no namespace; the warden is a subreaper. `ratchet status` says so.
 
+Network: a party whose policy says `network=False` (every candidate phase and the candidate
+child unless the task sets `[task] network = true`) gets a network namespace of its own
+with only a loopback interface: bubblewrap's `--unshare-net`, or, at the other levels, the
+warden's own `unshare(CLONE_NEWNET)` (it has the power as root, or as root of unshare's
+user namespace). Nothing on the machine's loopback (Ray's job server, `ratchet serve`, a
+database) nor beyond is reachable; abstract Unix sockets are per namespace too. Where no
+namespace can be made (`none`, not root) the party keeps the network and `status` says so.
+
 At every level the party's first process is the **warden** (`warden.py`), which, when the
 job runs as root, drops the party to an unprivileged uid of its own (so it cannot read the
 trusted processes' /proc, environment or descriptors, signal them, or write what root
@@ -40,6 +48,9 @@ WARDEN = Path(__file__).with_name("warden.py")
 # uids handed to untrusted parties: one per sandbox seed, far above any real account
 UNTRUSTED_UID_BASE = 3_000_000
 UNTRUSTED_UID_SPAN = 1_000_000
+# Set by the worker for every phase ("1": the task has `network = true`), so the evaluator
+# gives its candidate child the same network as the phases
+NETWORK_ENV = "RATCHET_NETWORK"
 
 
 class Level(StrEnum):
@@ -72,6 +83,8 @@ class Policy:
     `drop_privileges`: when the caller is root, run the party as `uid` (default: a uid of
     its own from `seed`), never as root.
     `keep_fds`: descriptors it keeps (everything else is closed).
+    `network`: keep the machine's network; False (the default): a network namespace of its
+    own with only loopback (see the module docstring).
     `shared_shm`: keep the caller's /dev/shm (the candidate child maps shared buffers there).
     `control`: give the Jail a freeze/thaw channel to the warden.
     """
@@ -83,7 +96,7 @@ class Policy:
     uid: int | None = None
     seed: str = "ratchet"
     keep_fds: Sequence[int] = ()
-    network: bool = True
+    network: bool = False
     shared_shm: bool = False
     private_tmp: bool = True
     extra_visible: Sequence[Path | str] = field(default=())
@@ -106,10 +119,13 @@ def _probe(argv: list[str], expect: str = "1") -> bool:
     return probe.returncode == 0 and probe.stdout.strip() == expect
 
 
-@functools.cache
 def _bwrap_modes() -> tuple[bool, bool]:
-    """(bubblewrap works, it can also give a PID namespace)."""
-    exe = shutil.which("bwrap")
+    """(bubblewrap works, it can also give a PID namespace), for the `bwrap` on PATH now."""
+    return _bwrap_modes_of(shutil.which("bwrap"))
+
+
+@functools.cache  # per executable: a caller may put another `bwrap` first on PATH
+def _bwrap_modes_of(exe: str | None) -> tuple[bool, bool]:
     if not exe:
         return False, False
     base = [exe, "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc"]
@@ -142,6 +158,46 @@ def unshare_prefix() -> tuple[str, ...] | None:
         if _probe([*prefix, "/bin/sh", "-c", "echo $$"]):
             return tuple(prefix)
     return None
+
+
+@functools.cache
+def _root_netns() -> bool:
+    """Can the warden, as root but outside any namespace `unshare` made, give a party its
+    own network namespace (not in a container that forbids it)? Probed once (~0.4 s)."""
+    return os.geteuid() == 0 and _probe([sys.executable, "-I", "-S", str(WARDEN),
+                                         "--no-network", "--", "/bin/sh", "-c", "echo 1"])
+
+
+def network_isolated(level: Level | str) -> bool:
+    """Does a party with `network=False` really lose the network at `level`?
+
+    bwrap and pidns need no probe: where they make a PID namespace they have the power to
+    make a network namespace too, and both fail closed (the party never starts with the
+    machine's network). The evaluator's candidate child asks this in every evaluation."""
+    level = Level(level)
+    if level == Level.BWRAP:
+        return True  # --unshare-net: bubblewrap fails rather than start without it
+    if level == Level.PIDNS:
+        return unshare_prefix() is not None
+    return _root_netns()
+
+
+def describe_network(allowed: bool, preference: str = "auto") -> str:
+    """One line for `status` and the report: what network candidates' code has."""
+    if allowed:
+        return ("OPEN: [task] network = true, so every phase and the candidate child reach "
+                "this machine's network, its loopback services (a Ray head's job server, "
+                "`ratchet serve`, databases) and the internet")
+    try:
+        level = choose(preference)
+    except SandboxUnavailable:
+        return "unknown: the sandbox asked for is unavailable"
+    if network_isolated(level):
+        return ("none: every phase and the candidate child run in a network namespace of "
+                "their own with only loopback ([task] network = true opens it)")
+    return ("OPEN: this machine cannot give candidates a network namespace (neither "
+            "bubblewrap nor unshare works, and ratchet is not root): they reach its network "
+            "and loopback services")
 
 
 def choose(preference: str) -> Level:
@@ -270,10 +326,12 @@ def grant(paths: Iterable[Path | str], policy: Policy) -> None:
 # -- the command line -------------------------------------------------------------------------
 
 def _warden_argv(policy: Policy, *, pidns: bool, control_fd: int | None,
-                 mount_plan: dict[str, list[str]] | None) -> list[str]:
+                 mount_plan: dict[str, list[str]] | None, no_network: bool = False) -> list[str]:
     argv = [sys.executable, "-I", "-S", str(WARDEN)]
     if pidns:
         argv.append("--pidns")
+    if no_network:
+        argv.append("--no-network")
     uid = policy.party_uid()
     if uid is not None:
         argv += ["--uid", str(uid), "--gid", str(uid)]
@@ -345,12 +403,19 @@ def command(level: Level | str, argv: Sequence[str], policy: Policy, *,
         for path in policy.writable:
             Path(path).mkdir(parents=True, exist_ok=True)
         return [*prefix, *_warden_argv(policy, pidns=True, control_fd=control_fd,
-                                       mount_plan=plan), *argv]
+                                       mount_plan=plan, no_network=_cut_off(policy, level)),
+                *argv]
     if cover:
         # no mount namespace to open a private home with: better the caller's uid than a
         # party that cannot even start its interpreter
         policy = Policy(**{**policy.__dict__, "drop_privileges": False})
-    return [*_warden_argv(policy, pidns=False, control_fd=control_fd, mount_plan=None), *argv]
+    return [*_warden_argv(policy, pidns=False, control_fd=control_fd, mount_plan=None,
+                          no_network=_cut_off(policy, Level.NONE)), *argv]
+
+
+def _cut_off(policy: Policy, level: Level) -> bool:
+    """Should the warden make the party's network namespace itself (not bubblewrap)?"""
+    return not policy.network and network_isolated(level)
 
 
 def _bwrap_args(policy: Policy, cover: Mapping[Path, set[Path]]) -> list[str]:

@@ -1,6 +1,6 @@
 """The warden: the trusted first process of every sandbox (stdlib only, run by file path).
 
-    python -I -S warden.py [--uid U --gid G] [--pidns] [--control-fd N] [--keep-fd N]...
+    python -I -S warden.py [--uid U --gid G] [--pidns] [--no-network] [--control-fd N] [--keep-fd N]...
                            [--cover D]... [--bind-ro P]... [--bind-rw P]... [--hide D]... -- argv...
 
 Every untrusted party (a proposer's agent CLI, a candidate's build/run/smoke phase, the
@@ -13,6 +13,10 @@ evaluator's candidate child) starts as a child of a warden. The warden
   groups, no_new_privs): it cannot read the trusted processes' /proc entries, environments
   or descriptors, signal them, or write a file root owns;
 - closes every descriptor but stdio and `--keep-fd`;
+- with `--no-network` (outside bubblewrap, which has `--unshare-net`) moves itself, and so
+  the party, into a new network namespace with only loopback, brought up: the machine's
+  loopback services (a Ray head's job server, `ratchet serve`) and every other network are
+  out of reach, while the party's own loopback servers still work;
 - with `--cover/--bind-*/--hide` (a PID namespace made by `unshare`, which gives a private
   mount namespace but no bubblewrap) builds the party's view of the filesystem itself;
 - on `--control-fd` answers `F` (freeze every process of the sandbox with SIGSTOP; the
@@ -41,6 +45,9 @@ PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND = 1, 2, 4, 32, 4096
 MS_REC, MS_PRIVATE = 16384, 1 << 18
+CLONE_NEWNET = 0x40000000
+SIOCSIFFLAGS = 0x8914
+IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x1, 0x8, 0x40
 STOPPED = frozenset("TtZX")
 _LIBC: list = []  # the loaded libc, once asked for
 
@@ -73,6 +80,7 @@ class Options:
         self.uid: int | None = None
         self.gid: int | None = None
         self.pidns = False
+        self.no_network = False
         self.control_fd: int | None = None
         self.keep_fds: list[int] = []
         self.mount_plan: dict[str, list[str]] = {}
@@ -80,6 +88,8 @@ class Options:
             flag = args.pop(0)
             if flag == "--pidns":
                 self.pidns = True
+            elif flag == "--no-network":
+                self.no_network = True
             elif flag == "--uid":
                 self.uid = int(args.pop(0))
             elif flag == "--gid":
@@ -147,6 +157,27 @@ def apply_mount_plan(plan: dict[str, list[str]]) -> None:
     for path in plan.get("hide", []):
         if os.path.isdir(path):
             _mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755")
+
+
+def isolate_network() -> None:
+    """A network namespace of our own (the party's after the fork), its loopback up: the
+    new namespace's `lo` starts down, and tests that serve on 127.0.0.1 need it. Fails
+    closed: a party that was to have no network never starts with the machine's."""
+    libc = _libc()
+    if libc.unshare(CLONE_NEWNET) != 0:
+        _die(f"cannot make a network namespace: {_errno()}")
+    fd = libc.socket(2, 2, 0)  # AF_INET, SOCK_DGRAM: any socket takes interface ioctls
+    if fd < 0:
+        _die(f"cannot bring loopback up: {_errno()}")
+    flags = IFF_UP | IFF_LOOPBACK | IFF_RUNNING
+    # struct ifreq: the name (16 bytes), then ifr_flags (a short) in a 24-byte union
+    import ctypes
+
+    ifreq = ctypes.create_string_buffer(b"lo".ljust(16, b"\0") + flags.to_bytes(2, sys.byteorder), 40)
+    status = libc.ioctl(fd, SIOCSIFFLAGS, ifreq)
+    os.close(fd)
+    if status != 0:
+        _die(f"cannot bring loopback up: {_errno()}")
 
 
 def _child(opts: Options) -> None:
@@ -287,6 +318,8 @@ def main() -> int:
     if not opts.pidns:
         _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     apply_mount_plan(opts.mount_plan)
+    if opts.no_network:
+        isolate_network()
     sandbox = Sandbox(opts)
     # SIGCHLD and stop requests wake the loop through one pipe, so nothing is polled
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from ratchet.job import sandbox, seal
+from ratchet.job import leftovers, limits, sandbox, seal
 from ratchet.job.jobspec import (
     COMPILE_CACHE_VARS,
     RESULT_MARKER,
@@ -246,6 +246,8 @@ class Job:
         self.memory_extra: dict[str, float] = {}  # the worker's measurement wins
         self.off_slot = False  # phases now run on a CPU build slot, not the job's own
         self.stopped: tuple[float, float, float] | None = None  # the run, stopped early
+        self.bounds: limits.Watch | None = None  # made by start(), once the tree is laid out
+        self.committed_links: dict[str, str] = {}  # the tree's own symlinks, before any phase
 
     def on_slot(self, slot: Slot | None, own: bool = True) -> None:
         """Run the next phases on `slot`: its devices, its cores; `own`: the job's own slot,
@@ -258,6 +260,12 @@ class Job:
                 os.sched_setaffinity(0, slot.cpus)  # phases inherit it
         if own:
             self.result.slot = slot.name if slot else None
+
+    @property
+    def trusted_tmp(self) -> Path:
+        """TMPDIR of the trusted phases: beside the candidate's tmp, never inside it, so
+        nothing a candidate phase planted there (a symlink named like a cache) is met."""
+        return self.job_dir / "trusted-tmp"
 
     def _fresh_eval_dir(self) -> Path:
         """$RATCHET_RESULT's directory, recreated: nothing an earlier phase left counts."""
@@ -280,7 +288,7 @@ class Job:
             if var not in env:
                 continue
             if trusted:
-                path = self.job_dir / "tmp" / f"{name}-cache" / var.lower()
+                path = self.trusted_tmp / f"{name}-cache" / var.lower()
                 env[var] = str(path)
             else:
                 path = Path(env[var])
@@ -294,6 +302,8 @@ class Job:
         its whole tree dies with it; candidate phases also run as the job's own unprivileged
         uid (when the worker is root). Trusted phases (the evaluator) keep the worker's uid."""
         writable = [self.work, self.job_dir / "tmp"] + ([result_dir] if result_dir else [])
+        if trusted:
+            writable.append(self.trusted_tmp)
         self._shared_caches = self._compile_caches(env, name, trusted)
         writable += self._shared_caches
         # the study's state (ledger, keys, other jobs) is hidden around the job's own dirs
@@ -308,9 +318,11 @@ class Job:
             hidden.append(Path(self.spec.holdout_dir))
         elif self.spec.holdout_dir:
             readonly.append(self.spec.holdout_dir)
+        # no network unless the task asks: trusted phases too, since an evaluator may
+        # import candidate code in its own process
         policy = sandbox.Policy(writable=writable, hidden=hidden, readonly=readonly,
                                 drop_privileges=not trusted, seed=str(state_dir),
-                                keep_fds=keep_fds)
+                                keep_fds=keep_fds, network=self.spec.network)
         if trusted:
             # a dropped uid's ~/.local could otherwise plant .pth files for the evaluator
             # (the work tree itself stays off its sys.path when evaluate runs `python -P`)
@@ -337,6 +349,11 @@ class Job:
             env["RATCHET_REPEAT"] = name.rpartition(".")[2] if "." in name else "1"
             if self.spec.holdout_dir and name.startswith("holdout"):
                 env["RATCHET_HOLDOUT"] = self.spec.holdout_dir
+            shutil.rmtree(self.trusted_tmp, ignore_errors=True)
+            self.trusted_tmp.mkdir()
+            for var in ("TMPDIR", "HOME"):
+                if env.get(var) == str(self.job_dir / "tmp"):
+                    env[var] = str(self.trusted_tmp)
         progress = Progress(incumbent_curve(self.spec)) if name == "run" else None
         if progress is not None:
             env[PROGRESS_FD_ENV] = str(progress.pipe.write_fd)
@@ -350,6 +367,15 @@ class Job:
         # the kernel's per-process high-water marks keep the peaks between samples
         monitor = PeakMemory(interval_s=0.5 if name == "run" else 1.0) if measure else None
         started_at = time.time()
+
+        def stop_asked() -> bool:
+            return _stop_requested or bool(progress and progress.poll())
+
+        bounds = self.bounds
+        should_stop = stop_asked
+        if bounds is not None:
+            bounds.start_phase()
+            should_stop = bounds.stop_when(stop_asked)
         try:
             with monitor or contextlib.nullcontext():
                 code, timed_out, log, seconds = run_capped(
@@ -360,11 +386,14 @@ class Job:
                     deadline=self.deadline,
                     log_limit=self.spec.log_limit_bytes,
                     memory_limit_bytes=self.spec.memory_limit_bytes,
-                    should_stop=lambda: _stop_requested or bool(progress and progress.poll()),
+                    should_stop=should_stop,
                     file_size_limit_bytes=self.spec.file_size_limit_bytes,
                     pass_fds=fds,
-                    # a run stopped as clearly worse is discarded: no grace needed
-                    stop_grace_s=0.2 if progress is not None else KILL_GRACE_S,
+                    # a run stopped as clearly worse is discarded, and a bound passed is a
+                    # crash: no grace needed (a disk filler would go on writing)
+                    stop_grace_s=lambda: (0.2 if progress is not None or (
+                        bounds is not None and bounds.breached) else KILL_GRACE_S),
+                    before_exec=bounds.pids.join if bounds is not None else None,
                 )
         finally:
             if pipe is not None:  # run_capped killed the phase's whole tree: EOF is due
@@ -420,6 +449,16 @@ class Job:
     def check_phase(self, phase: PhaseResult) -> JobResult | None:
         if _stop_requested:
             return self.fail("cancelled", phase.name, "cancelled")
+        breach = self.bounds.breached if self.bounds is not None else None
+        if breach is not None:
+            # the candidate's doing (its code runs in every phase): a crash, never retried
+            removed = ""
+            if breach.bound != limits.Bound.PIDS:  # so the ledger's disk can record it
+                limits.empty([self.work, self.job_dir / "tmp"])
+                removed = "; what the job wrote was removed"
+            return self.fail("failed", phase.name,
+                             f"{phase.name} passed the job's {breach.bound} bound: "
+                             f"{breach.detail}; its processes were killed{removed}")
         if phase.timed_out:
             return self.fail(
                 "timeout",
@@ -477,7 +516,21 @@ class Job:
             return self.fail("violation", after, f"after {after}: " + "; ".join(problems))
         return None
 
+    def refuse_leftovers(self, before: str) -> JobResult | None:
+        """Reject the candidate when its phases left in the tree what a trusted phase must
+        not follow (leftovers.refused): checked before anything trusted touches the tree,
+        the pinned files' restore included (it writes as root)."""
+        found = leftovers.refused([self.work], self.committed_links)
+        if not found:
+            return None
+        reason = leftovers.reason(found, before)
+        self.result.violations.append(reason)
+        return self.fail("violation", before, reason)
+
     def evaluate(self, name: str, command: str) -> tuple[dict, JobResult | None]:
+        refused = self.refuse_leftovers(before=name)
+        if refused:
+            return {}, refused
         restore_protected(self.spec, self.work)
         phase = self.phase(name, command, trusted=True)
         failure = self.check_phase(phase) or self.check_integrity(after=name)
@@ -522,7 +575,28 @@ class Job:
         self.deadline = time.monotonic() + self.spec.timeout_s
         restore_protected(self.spec, self.work)
         (self.job_dir / "tmp").mkdir(exist_ok=True)
+        if self.bounds is None:
+            spec = self.spec
+            self.committed_links = self.commit_symlinks()
+            disk = limits.DiskWatch([self.work, self.job_dir / "tmp"], self.job_dir,
+                                    spec.disk_bytes, spec.disk_reserve_bytes)
+            self.bounds = limits.Watch(limits.PidsBound(spec.job_id, spec.pids_limit), disk)
         return self.prepare_data()
+
+    def commit_symlinks(self) -> dict[str, str]:
+        """The symlinks of the tree as checked out, before any phase ran (kept in the job's
+        directory, which no phase can write). A reused tree (the hold-out on the
+        candidate's built tree) has had phases run in it: its first job's record counts."""
+        if self.spec.reuse_workdir:
+            record = Path(self.spec.reuse_workdir).parent / "symlinks.json"
+            with contextlib.suppress(OSError, ValueError):
+                found = json.loads(record.read_text())
+                return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+            return {}
+        found = leftovers.symlinks(self.work)
+        with contextlib.suppress(OSError):
+            (self.job_dir / "symlinks.json").write_text(json.dumps(found))
+        return found
 
     def build_ahead(self) -> JobResult | None:
         """The build phase alone, on a CPU build slot, before the job's own slot is leased.
@@ -637,6 +711,9 @@ def build_env(spec: JobSpec, job_dir: Path, work: Path, slot) -> dict[str, str]:
     env["RATCHET_CANDIDATE"] = spec.candidate
     env["RATCHET_COMMIT"] = spec.commit
     env["RATCHET_WORKDIR"] = str(work)
+    # the evaluator's candidate child (ratchet.evaluator.isolate) gets the network only
+    # when the task gives it to every phase
+    env[sandbox.NETWORK_ENV] = "1" if spec.network else "0"
     if spec.data_dir:
         env["RATCHET_DATA"] = spec.data_dir
     # names only the worker sets, for trusted phases alone: never inherited from whoever
@@ -672,7 +749,8 @@ def _preload() -> None:
 
     with contextlib.suppress(Exception):
         machine_fingerprint()  # cached: read while idle, not while a job waits
-        sandbox.choose("auto")  # the isolation probes too
+        # the isolation probes too, the network namespace's among them
+        sandbox.network_isolated(sandbox.choose("auto"))
 
 
 def _read_key(text: str) -> bytes | None:
@@ -856,6 +934,8 @@ def main(argv: list[str] | None = None) -> int:
         result = job.fail("error", "worker", f"worker error: {type(exc).__name__}: {exc}")
     finally:
         kill_descendants()
+        if job.bounds is not None:
+            job.bounds.pids.close()
         held.close()  # the phases' trees are gone: the slot is free for the next job
     result.finished_at = time.time()
     try:  # after the phases, so reading the machine never delays or disturbs them

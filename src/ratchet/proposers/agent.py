@@ -402,8 +402,10 @@ class AgentProposer(Proposer):
         real = {Path(p).resolve() for p in [*argv, *named] if p.startswith("/")}
         readonly = sorted(p for p in real if p.exists()
                           and not any(p.is_relative_to(h) for h in hidden))
+        # the network stays open for its model's API (no allow-listing proxy yet:
+        # docs/security-network.md says what an agent can still reach)
         policy = sandbox.Policy(writable=[copy.root], hidden=hidden, readonly=readonly,
-                                seed=f"agents:{ctx.state_dir}")
+                                seed=f"agents:{ctx.state_dir}", network=True)
         sandbox.grant([copy.root], policy)  # its copy and home are its own uid's
         return policy
 
@@ -576,7 +578,9 @@ def describe_agent_sandbox(config: Config) -> str:
     except RuntimeError as exc:
         return f"refused: {exc}"
     hidden = ("only each agent's private copy is writable; the repository, its .git, "
-              ".ratchet, the hold-out data and the other agents' copies are out of sight")
+              ".ratchet, the hold-out data and the other agents' copies are out of sight; "
+              "the network stays open for the model's API, and so for this machine's "
+              "loopback services too (docs/security-network.md)")
     if level == sandbox.BWRAP:
         return f"bubblewrap: {hidden}"
     if agent_contained(level):

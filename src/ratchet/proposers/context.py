@@ -93,11 +93,11 @@ def repair_text(ctx: ProposalContext, description: str, diff: str,
 
 class ContextSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    files: list[str] = []
-    hardware: bool = True
-    program: str = "program.md"
-    history: int = Field(default=10, ge=0)
-    token_budget: int = Field(default=24000, ge=500)
+    files: list[str] = []  # extra files shown, e.g. hardware.md, model.md
+    hardware: bool = True  # CPU caches, GPU name/memory/SMs, measured peaks
+    program: str = "program.md"  # the research program, shown first
+    history: int = Field(default=10, ge=0)  # the last N experiments with their outcomes
+    token_budget: int = Field(default=24000, ge=500)  # the whole context's size
 
 
 M = TypeVar("M", bound=BaseModel)

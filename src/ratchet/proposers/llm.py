@@ -92,15 +92,15 @@ Only edit the editable files listed in the task. Write nothing after the last bl
 
 class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    provider: Literal["openai", "anthropic"]
+    provider: Literal["openai", "anthropic"]  # "openai": any OpenAI-compatible server
     model: str = Field(min_length=1)
-    base_url: str | None = None
-    api_key_env: str | None = None
-    weight: float = Field(default=1.0, gt=0)
+    base_url: str | None = None  # vLLM, Ollama, llama.cpp server, OpenRouter...
+    api_key_env: str | None = None  # the environment variable holding the key
+    weight: float = Field(default=1.0, gt=0)  # its share of the ensemble's proposals
     temperature: float | None = Field(default=None, ge=0, le=2)  # None: the model's default
     max_tokens: int = Field(default=4096, ge=1)
     token_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"  # openai only
-    price_per_mtok_in: float = Field(default=0.0, ge=0)
+    price_per_mtok_in: float = Field(default=0.0, ge=0)  # USD per million tokens
     price_per_mtok_out: float = Field(default=0.0, ge=0)
 
     @property
@@ -119,11 +119,11 @@ class LLMSettings(BaseModel):
     backoff: Duration = 2.0
     backoff_max: Duration = 60.0
     concurrency: int | None = Field(default=None, ge=1)  # requests at once (default: K)
-    history: int | None = Field(default=None, ge=0)
-    token_budget: int | None = Field(default=None, ge=500)
-    whole_file_max_lines: int = Field(default=400, ge=0)
-    max_cost_usd: float | None = Field(default=None, gt=0)
-    repair: bool = True
+    history: int | None = Field(default=None, ge=0)  # default: [context] history
+    token_budget: int | None = Field(default=None, ge=500)  # default: [context]'s
+    whole_file_max_lines: int = Field(default=400, ge=0)  # shorter files may be rewritten whole
+    max_cost_usd: float | None = Field(default=None, gt=0)  # the proposer stops at this spend
+    repair: bool = True  # one round trip showing the model its failed edit
 
 
 @dataclass

@@ -36,8 +36,8 @@ PATCH_SUFFIXES = (".patch", ".diff")
 
 class PatchesSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    dir: str | None = None
-    refs: list[str] = []
+    dir: str | None = None  # a directory of *.patch / *.diff files
+    refs: list[str] = []  # git refs, each tried once as a candidate
 
     @model_validator(mode="after")
     def _something_queued(self) -> PatchesSettings:
