@@ -347,6 +347,12 @@ def _print_summary(study: Study) -> None:
     if head.noise_ignored:
         emit(console, "warning: acceptance.noise = \"ignore\": keeps rest on one measurement")
     emit(console, spend.summary(ledger).line())  # every call and job, as recorded
+    from ratchet.driver.ledger import throughput
+
+    shares = throughput(ledger.candidates(confirmations=True), study.busy_slots,
+                        ledger.sessions()).shares_line()
+    if shares:  # where the slots' time went: candidates, confirming keeps, idle
+        emit(console, shares)
     stop = ledger.get("budget_stop")
     if isinstance(stop, dict):  # a limit of [budget] stopped it: which one, how to go on
         emit(console, stop["line"])
@@ -419,7 +425,9 @@ def status(
         hypotheses = sum(1 for c in cands if c.kind == Kind.CANDIDATE and c.is_judged)
         from ratchet.driver.ledger import throughput  # duty cycle and the limit, from the ledger
 
-        busy = throughput(cands, study.busy_slots, ledger.sessions())
+        # the confirmation pairs' jobs held slots too: their share is said apart
+        busy = throughput(ledger.candidates(confirmations=True), study.busy_slots,
+                          ledger.sessions())
         summary = {
             "study": study.name,
             "started": study.started,
@@ -445,6 +453,8 @@ def status(
             "hypotheses_per_hour": round(hypotheses / (wall / 3600), 2) if wall > 0 else None,
             "duty_cycle": busy.duty,  # job time / (slots x wall time of the jobs)
             "limit_per_hour": busy.limit_per_hour,  # slots x 3600 / mean run time
+            "confirming_share": busy.confirming_share,  # of slot time, confirmation pairs
+            "idle_share": busy.idle_share,  # of slot time, no job (1 - duty)
             "sandbox": study.sandbox_status(),
             "network": study.network_status(),
             "agent_sandbox": study.agent_sandbox_status(),
@@ -495,6 +505,7 @@ def status(
             emit(console, f"slots {busy.slots}: duty {busy.duty:.0%}, mean run "
                  f"{busy.mean_run_s:.1f} s, limit {busy.limit_per_hour:.0f}/h, "
                  f"achieved {busy.per_hour:.0f}/h")
+            emit(console, busy.shares_line())
 
 
 @app.command()
