@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,llm,ray,report,docs]'
+	$(BIN)/pip install -q -e '.[dev,llm,ray,report,docs,mcp]'
 	# torch only for the tinygpt example and its test (pinned: the CPU build on disk)
 	$(BIN)/pip install -q torch==2.13.0 || echo "torch unavailable: the tinygpt test will skip"
 	touch $(STAMP)

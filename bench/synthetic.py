@@ -51,7 +51,8 @@ sleep = {sleep}
 if {lognormal}:
     sleep = {sleep} * random.Random(seq).lognormvariate(0.0, 0.9)
 time.sleep(sleep)
-print(f"score: {{knob.X}}")
+# a relative noise of `noise` (0: deterministic), drawn afresh at every evaluation
+print(f"score: {{knob.X * (1.0 + {noise} * random.gauss(0.0, 1.0))}}")
 """
 
 
@@ -65,7 +66,7 @@ def make_repo(path: Path, *, k: int, rounds: int, sleep: float = 1.0, name: str 
               proposer: str = "tune", mode: str = "rounds", sampler: str = "tpe",
               kind: str = "local", backend_keys: str | None = None, extra: str = "",
               start: int = 10, choices: Iterable[int] = range(100, 300),
-              lognormal: bool = False, timeout: str = "5m",
+              lognormal: bool = False, timeout: str = "5m", noise: float = 0.0,
               protected: tuple[str, ...] = ("evaluate.py",), phases: str = "",
               files: dict[str, str] | None = None) -> Path:
     """A committed study repository at `path` (`files` adds or replaces files)."""
@@ -76,7 +77,8 @@ def make_repo(path: Path, *, k: int, rounds: int, sleep: float = 1.0, name: str 
         choices=list(choices), kind=kind, extra=extra,
         backend_keys=f"slots = {k}" if backend_keys is None else backend_keys))
     (path / "knob.py").write_text(f"X = {start}\n")
-    (path / "evaluate.py").write_text(EVALUATE.format(sleep=sleep, lognormal=lognormal))
+    (path / "evaluate.py").write_text(EVALUATE.format(sleep=sleep, lognormal=lognormal,
+                                                      noise=noise))
     (path / "program.md").write_text("# program\nLower X.\n")
     for rel, text in (files or {}).items():
         (path / rel).write_text(text)

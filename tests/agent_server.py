@@ -41,6 +41,7 @@ class Say:
 class Call:
     name: str
     arguments: dict[str, Any]
+    namespace: str | None = None  # a tool offered inside a Responses `namespace` (Codex's MCP)
 
 
 Step = Say | Call
@@ -290,9 +291,10 @@ class AgentServer:
             return {"type": "message", "id": self._next_id("msg_"), "role": "assistant",
                     "status": "completed",
                     "content": [{"type": "output_text", "text": step.text, "annotations": []}]}
-        return {"type": "function_call", "id": self._next_id("fc_"), "status": "completed",
+        item = {"type": "function_call", "id": self._next_id("fc_"), "status": "completed",
                 "call_id": self._next_id("call_"), "name": step.name,
                 "arguments": json.dumps(step.arguments)}
+        return {**item, "namespace": step.namespace} if step.namespace else item
 
     def _response_object(self, turn: Turn, output: list[dict], status: str) -> dict[str, Any]:
         return {"id": self._next_id("resp_"), "object": "response", "created_at": int(time.time()),

@@ -90,7 +90,10 @@ MAY_IMPORT = {
     "backends": {"shared", "job", "evaluator", "driver", "proposers", "backends"},
     "proposers": {"shared", "job", "evaluator", "driver", "proposers", "backends"},
     "driver": {"shared", "job", "evaluator", "driver", "proposers", "backends"},
-    "front": {"shared", "job", "evaluator", "driver", "proposers", "backends", "templates"},
+    "front": {"shared", "job", "evaluator", "driver", "proposers", "backends", "templates",
+              "mcp"},
+    # `ratchet mcp`'s server: another front over the driver, never over the CLI
+    "mcp": {"shared", "job", "evaluator", "driver", "proposers", "backends", "mcp"},
 }
 
 
@@ -99,7 +102,7 @@ def _wing(module: str) -> str:
     if len(parts) == 1:
         return "shared"  # the package itself: its public SDK names
     head = parts[1]
-    if head in {"job", "evaluator", "driver", "proposers", "backends", "templates"}:
+    if head in {"job", "evaluator", "driver", "proposers", "backends", "templates", "mcp"}:
         return head
     return "front" if head == "cli" else "shared" if head in {"errors", "vocab", "stats"} \
         else f"stray:{head}"

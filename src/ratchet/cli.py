@@ -20,9 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ratchet import __version__, backends, proposers
-from ratchet.driver import budget, infra, spend, views
-from ratchet.driver.config import CONFIG_FILE, Config, load_config
-from ratchet.driver.ledger import Candidate
+from ratchet.driver import audit, budget, infra, opening, spend, views
 from ratchet.driver.study import Progress, Study
 from ratchet.errors import UserError
 from ratchet.job import gitrepo
@@ -82,57 +80,10 @@ def _main(
 
 
 def open_study(repo: Path, **kwargs) -> Study:
-    """The study of REPO; use it as `with open_study(repo) as study:` (closed on the way
-    out, however the command ends). A user error propagates to `main`: one line."""
-    repo = repo.resolve()
-    if not repo.is_dir():
-        raise UserError(f"{repo}: no such directory (check --repo / -C)")
-    top = gitrepo.work_tree(repo)
-    if top is None:
-        raise UserError(f"{repo}: not a git repository (run `git init` and commit your "
-                        "files first)")
-    if top != repo and (repo / CONFIG_FILE).is_file():
-        # a study is the git repository whose root holds ratchet.toml; from inside another
-        # repository, -C would quietly study that one instead
-        raise UserError(f"{repo} has its own {CONFIG_FILE} but is inside the git repository "
-                        f"{top}; a study needs ratchet.toml at a repository's root: copy the "
-                        "directory out and `git init` it there (the bundled examples: "
-                        "scripts/run_example.sh NAME)")
-    on_disk = load_config(top)  # the file as it is: a broken one stops us, even uncommitted
-    config, source = _study_config(top, on_disk)
-    log = kwargs.setdefault("log", lambda m: err.print(m))
-    if source and config.budget != on_disk.budget:
-        # the budget limits the study, it is not part of what is measured: the file as it
-        # is now is taken, so a higher limit resumes a study a limit stopped
-        config = config.model_copy(update={"budget": on_disk.budget})
-        limits = ", ".join(f"{k} = {v:g}" for k, v in on_disk.budget.limits.items())
-        log(f"budget from ratchet.toml as it is now: {limits or 'no limits'}")
-    if source and config != on_disk:
-        log(f"warning: ratchet.toml has changes that are not in the study's config; "
-            f"they are ignored: the study reads ratchet.toml as {source}")
-    return Study(top, config, **kwargs)
-
-
-def _study_config(top: Path, on_disk: Config) -> tuple[Config, str | None]:
-    """The config a study runs with, and where it comes from: the one pinned when the study
-    started, else the one committed in HEAD (where a new study starts). An uncommitted
-    edit never takes effect: candidates are evaluated against committed files only."""
-    from ratchet.driver.config import loads_config
-    from ratchet.driver.ledger import Ledger
-
-    db = top / ".ratchet" / "ledger.db"
-    if db.exists():
-        ledger = Ledger(db)
-        pinned, start = ledger.get("config"), ledger.get("pinned")
-        ledger.close()
-        if pinned:
-            return (loads_config(pinned.encode(), f"{CONFIG_FILE} pinned at the study's start"),
-                    f"committed in {str(start)[:7]}, where the study started")
-    head = gitrepo.try_rev_parse(top, "HEAD")
-    if head is None or not gitrepo.path_exists(top, head, CONFIG_FILE):
-        return on_disk, None  # no commit or not committed: starting says what to do
-    raw = gitrepo.show(top, head, CONFIG_FILE)
-    return loads_config(raw, f"{CONFIG_FILE} in HEAD {head[:7]}"), f"committed in HEAD {head[:7]}"
+    """The study of REPO (driver/opening.py), what it says on stderr; use it as
+    `with open_study(repo) as study:`."""
+    kwargs.setdefault("log", lambda m: err.print(m))
+    return opening.open_study(repo, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------
@@ -396,6 +347,12 @@ def _print_summary(study: Study) -> None:
     if head.noise_ignored:
         emit(console, "warning: acceptance.noise = \"ignore\": keeps rest on one measurement")
     emit(console, spend.summary(ledger).line())  # every call and job, as recorded
+    from ratchet.driver.ledger import throughput
+
+    shares = throughput(ledger.candidates(confirmations=True), study.busy_slots,
+                        ledger.sessions()).shares_line()
+    if shares:  # where the slots' time went: candidates, confirming keeps, idle
+        emit(console, shares)
     stop = ledger.get("budget_stop")
     if isinstance(stop, dict):  # a limit of [budget] stopped it: which one, how to go on
         emit(console, stop["line"])
@@ -424,37 +381,6 @@ def submit(
             err.print(f"{cand.id}: {cand.description} submitted too", highlight=False)
 
 
-def _as_json(cand: Candidate, metric: str) -> dict:
-    return {
-        "id": cand.id,
-        "commit": cand.commit_sha,
-        "status": cand.status,
-        "metric": cand.metric,
-        "metric_name": metric,
-        "description": cand.description,
-        "reasons": cand.reasons,
-        "reason": cand.reasons,  # the guard's or judge's reason, under its singular name too
-        "code": cand.code,  # why, as a code to match on (judge.Reason), not as text
-        "metrics_source": (cand.result or {}).get("metrics_source"),
-        "gain": cand.gain,
-        "margin": cand.margin,
-    }
-
-
-def _measurement_lines(result: dict) -> list[str]:
-    """Where the worker took the metrics and the memory figure from (its own record)."""
-    lines = []
-    source = result.get("metrics_source")
-    if source:
-        lines.append("metrics from: " + ("trusted channel" if source == "channel" else
-                                         "unprotected (stdout): code running in the "
-                                         "evaluator's process could have printed them"))
-    if result.get("memory_gb") is not None:
-        lines.append(f"memory_gb {result['memory_gb']:g}: {result.get('memory_source', '')}")
-    lines.extend(f"note: {note}" for note in result.get("notes") or [])
-    return lines
-
-
 @app.command()
 def wait(
     ids: Annotated[list[str], typer.Argument(metavar="ID", help="candidate ids from `ratchet submit`")],
@@ -467,7 +393,7 @@ def wait(
         metric = study.config.metric.name
         for cand in results:
             if as_json:
-                print(json.dumps(_as_json(cand, metric)))
+                print(json.dumps(audit.verdict(cand, metric)))
             else:
                 value = "—" if cand.metric is None else f"{cand.metric:.6g}"
                 console.print(f"{cand.id} {cand.short} {cand.status:8} {metric}={value} "
@@ -499,7 +425,9 @@ def status(
         hypotheses = sum(1 for c in cands if c.kind == Kind.CANDIDATE and c.is_judged)
         from ratchet.driver.ledger import throughput  # duty cycle and the limit, from the ledger
 
-        busy = throughput(cands, study.busy_slots, ledger.sessions())
+        # the confirmation pairs' jobs held slots too: their share is said apart
+        busy = throughput(ledger.candidates(confirmations=True), study.busy_slots,
+                          ledger.sessions())
         summary = {
             "study": study.name,
             "started": study.started,
@@ -525,6 +453,8 @@ def status(
             "hypotheses_per_hour": round(hypotheses / (wall / 3600), 2) if wall > 0 else None,
             "duty_cycle": busy.duty,  # job time / (slots x wall time of the jobs)
             "limit_per_hour": busy.limit_per_hour,  # slots x 3600 / mean run time
+            "confirming_share": busy.confirming_share,  # of slot time, confirmation pairs
+            "idle_share": busy.idle_share,  # of slot time, no job (1 - duty)
             "sandbox": study.sandbox_status(),
             "network": study.network_status(),
             "agent_sandbox": study.agent_sandbox_status(),
@@ -575,6 +505,7 @@ def status(
             emit(console, f"slots {busy.slots}: duty {busy.duty:.0%}, mean run "
                  f"{busy.mean_run_s:.1f} s, limit {busy.limit_per_hour:.0f}/h, "
                  f"achieved {busy.per_hour:.0f}/h")
+            emit(console, busy.shares_line())
 
 
 @app.command()
@@ -611,41 +542,11 @@ def show(
 ) -> None:
     """The audit trail of one candidate: diff, phases, verdict and its reasons."""
     with open_study(repo) as study:
-        cand = _the_row_of(study, candidate)
-        if Kind(cand.kind).is_reference and cand.commit_sha:
-            parent = gitrepo.try_rev_parse(study.repo, f"{cand.commit_sha}^")
-        else:
-            parent = cand.parent
-        for line in views.show_lines(cand, study.config.metric.name, parent):
-            console.print(line)
-        for line in _measurement_lines(cand.result or {}):
+        lines, diff = audit.trail(study, audit.row_of(study, candidate))
+        for line in lines:
             console.print(line, highlight=False, markup=False)
-        for line in spend.candidate_lines(study.ledger, cand.id):  # its calls and compute
-            console.print(line, highlight=False, markup=False)
-        if cand.context_path:
-            console.print(f"context the proposer saw: {cand.context_path}")
-        if cand.commit_sha and cand.parent and cand.commit_sha != cand.parent:
-            diff = gitrepo.diff_text(study.repo, cand.parent, cand.commit_sha)
+        if diff:
             console.print(diff, highlight=False, markup=False)
-
-
-def _the_row_of(study: Study, ref: str) -> Candidate:
-    """The candidate a user means by REF. A commit is measured again after it is kept
-    (co-runs, confirmations: rows of their own with the same commit), so a commit names
-    the change that made it, not its latest re-measure: a candidate first, else the
-    baseline, else the row the ledger finds."""
-    found = study.ledger.find(ref)
-    if found is None:
-        fail(f"no candidate {ref!r} in this study (ids, job ids and commits are in "
-             "`ratchet log`)")
-    if found.id == ref or not found.commit_sha:
-        return found
-    same = [c for c in study.ledger.candidates() if c.commit_sha == found.commit_sha]
-    for kind in (Kind.CANDIDATE, Kind.BASELINE):
-        first = next((c for c in same if c.kind == kind), None)
-        if first is not None:
-            return first
-    return found
 
 
 @app.command()
@@ -659,6 +560,48 @@ def idea(
     with open_study(repo) as study:
         added = study.ledger.add_idea(text)
         console.print("queued" if added else "already queued")
+
+
+@app.command()
+def mcp(
+    print_config: Annotated[str | None, typer.Option(
+        "--print-config", metavar="CLIENT",
+        help="print how to register this server with CLIENT (claude, codex, cursor) and exit")] = None,
+    http: Annotated[bool, typer.Option(
+        "--http", help="streamable HTTP on 127.0.0.1 behind a bearer token, not stdio")] = False,
+    port: Annotated[int, typer.Option("--port", help="the --http port (0: a free one)")] = 0,
+    repo: RepoOption = Path("."),
+) -> None:
+    """Serve the study to a coding agent as MCP tools (stdio): study, files, submit, wait, history, show, idea."""
+    from ratchet.mcp.config import Client, config_text, where
+
+    if print_config is not None:
+        try:
+            client = Client(print_config)
+        except ValueError:
+            fail(f"--print-config: {print_config!r} is not a client; give one of "
+                 f"{', '.join(c.value for c in Client)}")
+        err.print(f"{client.value}: {where(client)}")
+        print(config_text(client, repo))
+        return
+    with open_study(repo):  # a broken study is one line now, not an error in every tool
+        pass
+    if not http:
+        from ratchet.mcp.server import serve_stdio
+
+        serve_stdio(repo.resolve())
+        return
+    import secrets
+    import socket
+
+    from ratchet.mcp.server import serve_http
+
+    token = os.environ.get("RATCHET_MCP_TOKEN") or secrets.token_urlsafe(24)
+    if port == 0:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+    serve_http(repo.resolve(), port, token, lambda line: err.print(line))
 
 
 @app.command()

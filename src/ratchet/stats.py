@@ -472,6 +472,27 @@ class Design:
         return (tuple(float(n) for n in pairs), tuple(self.floor(n) for n in pairs),
                 tuple(True for _ in pairs))
 
+    def bound_at(self, taken: Sequence[int]) -> float:
+        """The efficacy boundary on Z_n at the last of the looks `taken` (the pairs
+        measured at each look so far, rising: 1, 3, 5 for a first pair and then groups of
+        two). Lan & DeMets' linear spending over the information the looks actually had,
+        with the final information fixed at max_pairs, so a look of several pairs spends
+        what the single looks it replaces would have spent together, and the rate holds
+        whatever the group sizes, as long as they do not depend on the pairs' values
+        (docs/statistics.md, "Grouped looks"). With one pair a look it is `upper()`."""
+        pairs = sorted({min(n, self.max_pairs) for n in taken if n > 0})
+        tail = () if pairs[-1] >= self.max_pairs else (self.max_pairs,)
+        levels = (*pairs, *tail)
+        if self.prior > 0:
+            info = (self.prior, *(self.prior + n for n in levels))
+            lower = (self.screen_z, *(self.floor(n) for n in levels))
+            spends = (False, *(True for _ in levels))
+            return spending_bounds(info, lower, self.rate, spends)[len(pairs)]
+        bounds = spending_bounds(tuple(float(n) for n in levels),
+                                 tuple(self.floor(n) for n in levels), self.rate,
+                                 tuple(True for _ in levels))
+        return bounds[len(pairs) - 1]
+
     def floor(self, n: int) -> float:
         """The futility boundary on Z_n after n pairs (the same at every look: a gain
         that is not even `futility` standard errors above zero is given up on)."""
@@ -509,7 +530,8 @@ def _matched(z: float, df: float) -> float:
 
 
 def sequential(diffs: Sequence[float], noise: Noise, design: Design,
-               per_pair: bool = False, screen: float | None = None) -> Test:
+               per_pair: bool = False, screen: float | None = None,
+               looks: Sequence[int] = ()) -> Test:
     """Keep, discard or measure another pair, from the paired gains measured so far.
 
     `diffs[j]` is the candidate's gain over the incumbent in confirmation pair j (both
@@ -519,6 +541,8 @@ def sequential(diffs: Sequence[float], noise: Noise, design: Design,
     gain over the incumbent's pooled estimate, in standard errors of that comparison
     (None: the design has no screen look). The test is `design` (see Design); with an
     estimated noise each boundary is the t of the same tail on the noise's df.
+    `looks`: the pairs measured at each look so far, the last one `len(diffs)` (grouped
+    looks, Design.bound_at); empty: one pair a look.
     """
     n = len(diffs)
     mean = statistics.fmean(diffs) if diffs else None
@@ -547,7 +571,10 @@ def sequential(diffs: Sequence[float], noise: Noise, design: Design,
         z = score / math.sqrt(prior + n)
     plan = design if screen is not None or design.prior == 0 else Design(
         design.rate, design.max_pairs, 0.0, design.screen_z, design.futility)
-    critical = _matched(plan.upper()[look - 1], noise.df)
+    taken = [m for m in looks if m < n] + [n] if looks else []
+    grouped = bool(taken) and taken != list(range(1, len(taken) + 1))
+    bound = plan.bound_at(taken) if grouped else plan.upper()[look - 1]
+    critical = _matched(bound, noise.df)
     floor = _matched(plan.floor(look), noise.df)
     pairs = f"{n} fresh pair{'s' * (n > 1)}"
     # a keep also needs the fresh pairs themselves to show a gain (an extra condition

@@ -85,3 +85,23 @@ def sandbox_level(name: str, tmp_path: Path) -> SandboxLevel:
     (stub / "bwrap").write_text("#!/bin/sh\nexit 1\n")
     (stub / "bwrap").chmod(0o755)
     return SandboxLevel(name, (str(stub),))
+
+
+def codex_home(tmp_path: Path, url: str, more: str = "") -> Path:
+    """A user's Codex configuration: a provider at the loopback server's address, and
+    MORE (further tables, e.g. an MCP server's)."""
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text(f"""
+model = "gpt-5.1-codex"
+model_provider = "loopback"
+
+[model_providers.loopback]
+name = "loopback"
+base_url = "{url}/v1"
+wire_api = "responses"
+env_key = "OPENAI_API_KEY"
+request_max_retries = 0
+stream_max_retries = 0
+""" + more)
+    return home

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from agent_cli_kit import AGENTS_BIN, LoopbackCA, SandboxLevel, cli
+from agent_cli_kit import AGENTS_BIN, LoopbackCA, SandboxLevel, cli, codex_home
 from agent_server import AgentServer, Call, ConnectProxy, Say, Turn
 from helpers import git, ratchet, results_tsv, score_repo
 
@@ -129,25 +129,6 @@ def codex_script(turn: Turn) -> Say | Call:
     if len(done) < len(steps):
         return steps[len(done)]
     return Say(f"Checked: {done[-1].strip()[-200:]}\n\nDESCRIPTION: {DESCRIPTION}")
-
-
-def codex_home(tmp_path: Path, url: str) -> Path:
-    """A user's Codex configuration: a provider at the loopback server's address."""
-    home = tmp_path / "codex-home"
-    home.mkdir()
-    (home / "config.toml").write_text(f"""
-model = "gpt-5.1-codex"
-model_provider = "loopback"
-
-[model_providers.loopback]
-name = "loopback"
-base_url = "{url}/v1"
-wire_api = "responses"
-env_key = "OPENAI_API_KEY"
-request_max_retries = 0
-stream_max_retries = 0
-""")
-    return home
 
 
 def test_codex_edit_is_kept(tmp_path, test_ca: LoopbackCA, level: SandboxLevel):

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ratchet.driver.config import Budget, Config, matches_any
+from ratchet.driver.judge import Reason
 from ratchet.driver.ledger import Candidate, Ledger
 from ratchet.driver.spend import Spend
 from ratchet.job import gitrepo
@@ -65,22 +66,29 @@ class Reached:
                 "step": self.step}
 
 
+def made(cands: list[Candidate]) -> int:
+    """The study's candidates: a change withdrawn from beside a confirmation (made on a
+    would-be keep that was not kept, driver/beside.py) runs again as another row and is
+    not counted twice."""
+    return sum(1 for c in cands if c.kind == Kind.CANDIDATE and c.code != Reason.WITHDRAWN)
+
+
 def used(spent: Spend, cands: list[Candidate]) -> dict[str, float]:
     """What each limit counts, so far."""
     return {"usd": spent.usd, "tokens": float(spent.tokens), "hours": spent.slot_hours,
             "wall": spent.wall_hours,
-            "candidates": float(sum(1 for c in cands if c.kind == Kind.CANDIDATE))}
+            "candidates": float(made(cands))}
 
 
 def per_candidate(spent: Spend, cands: list[Candidate]) -> dict[str, float]:
     """What one more candidate is expected to take: the study's spend so far over its
     candidates (the baseline's share included, so it errs high)."""
-    made = sum(1 for c in cands if c.kind == Kind.CANDIDATE)
-    if made == 0:
+    made_now = made(cands)
+    if made_now == 0:
         return {}
     now = used(spent, cands)
-    return {"usd": now["usd"] / made, "tokens": now["tokens"] / made,
-            "hours": now["hours"] / made, "candidates": 1.0}
+    return {"usd": now["usd"] / made_now, "tokens": now["tokens"] / made_now,
+            "hours": now["hours"] / made_now, "candidates": 1.0}
 
 
 def check(budget: Budget, spent: Spend, cands: list[Candidate], next_candidates: int = 0,
@@ -107,8 +115,7 @@ def room(budget: Budget, cands: list[Candidate], want: int) -> int:
     """How many of `want` new candidates budget.candidates leaves room for."""
     if budget.candidates is None:
         return want
-    made = sum(1 for c in cands if c.kind == Kind.CANDIDATE)
-    return max(0, min(want, budget.candidates - made))
+    return max(0, min(want, budget.candidates - made(cands)))
 
 
 def status(budget: Budget, spent: Spend, cands: list[Candidate], ledger: Ledger

@@ -294,6 +294,11 @@ class Search(Strict):
     # the incumbent its proposals are re-based or dropped (each dropped one is billed);
     # default off: each round sees the last one's verdicts, as the practice defines it
     ahead: bool = False
+    # rounds: while a would-be keep is confirmed, the next round is proposed on it and
+    # starts in the slots its pairs leave free; refused, those candidates are withdrawn
+    # (never blamed) and carried onto the incumbent; kept, the round is topped up to K
+    # (driver/beside.py). Off: the free slots take grouped looks of pairs instead
+    beside: bool = True
 
     @field_validator("proposer")
     @classmethod

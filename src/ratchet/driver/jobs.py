@@ -350,20 +350,27 @@ class Jobs:
         raise InfraFault(f"{result.reason}; {RESUME}")
 
     def wait(self, ids: list[str], report: Callable[[list], None],
-             stop_hard: Callable[[], bool]) -> None:
-        """Until none of `ids` runs; a second Ctrl-C interrupts what still runs."""
+             stop_hard: Callable[[], bool], deadline: float | None = None) -> bool:
+        """Until none of `ids` runs (True); a second Ctrl-C interrupts what still runs.
+        False: some still ran at `deadline` (time.monotonic()), and were left running."""
         cancelled = False
         while True:
             running = self.poll(ids)
             report(running)
             if not running:
-                return
+                return True
             if stop_hard() and not cancelled:
                 cancelled = True
                 for cand_id, *_ in running:
                     self.interrupt(self.ledger.row(cand_id))
                 continue
-            time.sleep(self.pause(running))
+            pause = self.pause(running)
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                pause = min(pause, left)
+            time.sleep(pause)
 
     def pause(self, running: list[tuple[str, str, float, str]]) -> float:
         """How long to wait before the next look at `running` (id, desc, seconds since

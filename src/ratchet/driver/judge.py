@@ -50,6 +50,11 @@ FUTILITY = 0.4
 # hardly depends on it: a 1-sigma gain is lost to the screen and the futility rule,
 # not to the efficacy bar (docs/statistics.md).
 SPENT = 0.75
+# A metric is taken as noiseless (one reproducing pair confirms) only once the study has
+# repeated at least this many evaluations, the new pair's two included, every one of them
+# identical to the first of its commit: a coarse noisy metric (a rounded score) can
+# reproduce by chance once or twice, far less often four times running.
+NOISELESS_REPEATS = 4
 _CONSTRAINT = re.compile(r"^\s*([A-Za-z_][\w.\-]*)\s*(<=|>=|<|>|==|!=)\s*(-?[\d.eE+\-]+)\s*$")
 _OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt,
         "==": operator.eq, "!=": operator.ne}
@@ -72,6 +77,9 @@ class Reason(StrEnum):
     FAILED = "failed"
     VIOLATION = "violation"
     CANCELLED = "cancelled"
+    # made on a would-be keep that was not kept, stopped and carried onto the incumbent
+    # (driver/beside.py): never the candidate's fault, and not one of the study's made
+    WITHDRAWN = "withdrawn"
     NO_INCUMBENT = "no-incumbent"
     STOPPED_EARLY = "stopped-early"
 
@@ -275,6 +283,11 @@ class Confirmation:
     reported: list[tuple[float, float]] = field(default_factory=list)
     # the (candidate, incumbent) pairs of every earlier confirmation of the study
     pairs: list[list[tuple[float, float]]] = field(default_factory=list)
+    # how many pairs the next look of a candidate (its id) adds, given the pairs measured
+    # so far: 1, or a group when slots are free (settle.Confirming.next_look); never a
+    # function of the pairs' values
+    next_look: Callable[[str, int], int] = field(default=lambda _id, _n: 1, repr=False,
+                                             compare=False)
 
     # each pooled commit's (all positive, sums absolute, sums relative): asked at every
     # look of every confirmation, so computed once per commit
@@ -346,7 +359,7 @@ def confirm(config: Config, entry: Entry, incumbent: Incumbent,
     of a false keep above that (docs/statistics.md).
     """
     acceptance, metric = config.acceptance, config.metric
-    need = 1
+    need, looks = 1, [1]
     while True:
         pairs = confirmation.measure(entry, need)
         if isinstance(pairs, str):
@@ -355,7 +368,6 @@ def confirm(config: Config, entry: Entry, incumbent: Incumbent,
             return stats.Test(stats.Step.DISCARD, len(pairs),
                               reason=f"not confirmed: {len(pairs)} of {need} pairs measured"), \
                 list(pairs)
-        required = acceptance.min_improvement.margin(incumbent.metric or 0.0)
         # the noise of the candidate's evaluations (its own first one too: picked for
         # looking good, it can only widen the spread) and of every incumbent evaluation
         own = [entry.result.metric] if entry.result.metric is not None else []
@@ -363,6 +375,19 @@ def confirm(config: Config, entry: Entry, incumbent: Incumbent,
                  incumbent.commit or "incumbent": [*incumbent.samples,
                                                    *(i for _, i in pairs)]}
         noise = confirmation.noise(extra)
+        required = acceptance.min_improvement.margin(incumbent.metric or 0.0)
+        exact = noiseless(entry, incumbent, pairs, confirmation, extra)
+        if exact is not None:
+            gain_now = metric.gain(pairs[0][0], pairs[0][1])
+            if gain_now > required and gain_now > 0:
+                return stats.Test(stats.Step.KEEP, len(pairs), mean=gain_now - required,
+                                  t=math.inf, reason=(
+                                      f"confirmed on 1 fresh pair: the metric is noiseless "
+                                      f"({exact}), and the pair reproduced both values"
+                                  )), list(pairs)
+            return stats.Test(stats.Step.DISCARD, len(pairs), mean=gain_now - required,
+                              reason="not confirmed: the metric is noiseless and the fresh "
+                                     "pair shows no gain beyond min_improvement"), list(pairs)
 
         def gain(c: float, i: float, relative: bool = noise.relative) -> float:
             # the gain as a log ratio when the noise is relative
@@ -397,10 +422,41 @@ def confirm(config: Config, entry: Entry, incumbent: Incumbent,
             noise = stats.Noise(sigma, paired.df, "paired differences", noise.relative)
         test = stats.sequential(diffs, noise, design(config), per_pair=per_pair,
                                 screen=screen_z(entry, incumbent, one, gain, shift,
-                                                noise.relative))
+                                                noise.relative), looks=looks)
         if test.step != stats.Step.MORE:
             return test, list(pairs)
-        need = len(pairs) + 1
+        need = min(len(pairs) + max(1, confirmation.next_look(entry.id, len(pairs))),
+                   acceptance.confirm_pairs)
+        looks.append(need)
+
+
+def noiseless(entry: Entry, incumbent: Incumbent, pairs: list[tuple[float, float]],
+              confirmation: Confirmation, extra: dict[str, list[float]]) -> str | None:
+    """Why the metric is taken as noiseless (a deterministic evaluator, a count, a size),
+    or None: the fresh pair reproduced the candidate's first value and the incumbent's
+    value exactly, every commit measured more than once in the study gave the same value
+    every time, no evaluator reported an error above 0, and no earlier confirmation's
+    pair differed from its first. One differing value anywhere brings back the full test.
+    Only the first look asks: a second pair is only ever measured under the full test."""
+    if len(pairs) != 1 or entry.result.metric is None or not incumbent.samples:
+        return None
+    if any(sem > 0 for sem, _ in confirmation.reported):
+        return None
+    candidate, reference = pairs[0]
+    if candidate != entry.result.metric or any(v != reference for v in incumbent.samples):
+        return None
+    if len(set(entry.result.samples or [candidate])) > 1:
+        return None  # the job's own repeats differ
+    groups = {**confirmation.groups, **extra}
+    if any(len(set(values)) > 1 for values in groups.values()):
+        return None
+    if any(len({c for c, _ in got}) > 1 or len({i for _, i in got}) > 1
+           for got in confirmation.pairs):
+        return None
+    repeated = sum(len(values) - 1 for values in groups.values() if len(values) > 1)
+    if repeated < NOISELESS_REPEATS:
+        return None  # too few repeats to tell a deterministic metric from a coarse one
+    return f"{repeated} repeated evaluation{'s' * (repeated != 1)} in the study, all identical"
 
 
 def design(config: Config) -> stats.Design:

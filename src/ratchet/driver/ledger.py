@@ -425,7 +425,14 @@ class Ledger:
         measured nothing to trust; the pairs of candidates being judged now
         (`exclude_confirming`) join through their confirmation."""
         out: dict[str, list[float]] = {}
-        for cand in self.candidates(confirmations=True):
+        # each commit's list in the order measured: its own runs first (by seq), then its
+        # confirmation pairs in the order made (their seq counts down from -1). The noise
+        # pool leaves a commit's first value out (picked for looking good: judge
+        # Confirmation._commit); by seq alone, a pair came first and the pick stayed in
+        rows = sorted(self.candidates(confirmations=True),
+                      key=lambda c: (c.kind == Kind.CONFIRM, -c.seq if c.kind == Kind.CONFIRM
+                                     else c.seq))
+        for cand in rows:
             if (cand.metric is None or not cand.commit_sha
                     or cand.confirms in exclude_confirming
                     or cand.status not in (Status.KEEP, Status.DISCARD, Status.REFERENCE)
@@ -563,6 +570,29 @@ class Throughput:
     mean_run_s: float | None
     limit_per_hour: float | None  # slots x 3600 / mean run time: candidates/hour at duty 1
     per_hour: float | None  # what was achieved: jobs x 3600 / wall_s
+    # the part of busy_s spent on confirmation pairs (kind confirm rows, when given)
+    confirming_s: float = 0.0
+
+    @property
+    def confirming_share(self) -> float | None:
+        """The share of the slots' time that confirmed would-be keeps."""
+        if not self.wall_s or self.slots < 1:
+            return None
+        return round(self.confirming_s / (self.slots * self.wall_s), 4)
+
+    @property
+    def idle_share(self) -> float | None:
+        """The share of the slots' time no job held them (1 - duty, never below 0)."""
+        return None if self.duty is None else round(max(0.0, 1.0 - self.duty), 4)
+
+    def shares_line(self) -> str:
+        """Where the slots' time went, in one line (status, the end of a run)."""
+        if self.duty is None:
+            return ""
+        return (f"slot time ({self.slots} slot{'s' * (self.slots != 1)}): "
+                f"{self.duty - (self.confirming_share or 0.0):.0%} candidates, "
+                f"{self.confirming_share or 0.0:.0%} confirming keeps, "
+                f"{self.idle_share or 0.0:.0%} idle")
 
 
 def slot_seconds(cand: Candidate) -> float:
@@ -612,10 +642,15 @@ def throughput(cands: list[Candidate], slots: int,
     else:
         wall = last - first
     busy = sum(slot_seconds(c) for c in ran)
-    mean = busy / len(ran)
+    confirming = sum(slot_seconds(c) for c in ran if c.kind == Kind.CONFIRM)
+    # candidates per hour and their mean time count the rows that are experiments (and
+    # references), not the pairs that re-measure them
+    own = [c for c in ran if c.kind != Kind.CONFIRM] or ran
+    mean = sum(slot_seconds(c) for c in own) / len(own)
     return Throughput(
-        slots=slots, jobs=len(ran), wall_s=round(wall, 3), busy_s=round(busy, 3),
+        slots=slots, jobs=len(own), wall_s=round(wall, 3), busy_s=round(busy, 3),
         duty=round(busy / (slots * wall), 4) if wall > 0 else None,
         mean_run_s=round(mean, 3),
         limit_per_hour=round(slots * 3600 / mean, 1) if mean > 0 else None,
-        per_hour=round(len(ran) * 3600 / wall, 1) if wall > 0 else None)
+        per_hour=round(len(own) * 3600 / wall, 1) if wall > 0 else None,
+        confirming_s=round(confirming, 3))

@@ -497,10 +497,14 @@ def costs(study: StudyLike, snap: Snapshot) -> str:
         ("wall time", duration(wall) if wall > 0 else ""),
         ("candidates judged per hour", f"{judged / (wall / 3600):.1f}" if wall > 0 else ""),
     ]
-    busy = throughput(cands, slots, study.ledger.sessions())  # how busy the slots were
+    # how busy the slots were (confirmation pairs included, and their share said apart)
+    busy = throughput(study.ledger.candidates(confirmations=True), slots,
+                      study.ledger.sessions())
     if busy.duty is not None:
         facts += [
             (f"duty cycle ({slots} slot{'s' * (slots != 1)})", f"{busy.duty:.0%}"),
+            ("slot time confirming keeps", f"{busy.confirming_share or 0.0:.0%}"),
+            ("slot time idle", f"{busy.idle_share or 0.0:.0%}"),
             ("limit: candidates per hour at full duty", f"{busy.limit_per_hour:.0f}"),
         ]
     facts += spend_facts(study, snap)

@@ -28,6 +28,7 @@ from ratchet.driver.candidate import (
     study_ref,
 )
 from ratchet.driver.config import Config
+from ratchet.driver.judge import Reason
 from ratchet.driver.ledger import Candidate, Ledger
 from ratchet.job import gitrepo
 from ratchet.job.faults import fault_point
@@ -339,12 +340,17 @@ class Proposals:
                         input="".join(f"delete {ref}\n" for ref in planted).encode())
             self.ledger.event("tampering", None, planted_refs=planted)
 
+    def tried(self) -> list[Candidate]:
+        """The rows a new proposal must not repeat: every candidate but one withdrawn from
+        beside a refused keep (driver/beside.py), whose change runs again on the incumbent."""
+        return [c for c in self.ledger.candidates() if c.code != Reason.WITHDRAWN]
+
     def repeats(self, proposal: Proposal) -> bool:
         """Are its files (its commit, built ahead) those of an earlier candidate? It
         would be recorded rejected and never run."""
         if proposal.error or not proposal.commit:
             return False
-        earlier = [c.commit_sha for c in self.ledger.candidates() if c.commit_sha]
+        earlier = [c.commit_sha for c in self.tried() if c.commit_sha]
         trees = self.trees([*earlier, proposal.commit])
         return proposal.commit in trees and trees[proposal.commit] in {
             trees[sha] for sha in earlier if sha in trees}
@@ -365,7 +371,7 @@ class Proposals:
     def _reject_repeats(self, built: list[dict]) -> list[dict]:
         """No candidate repeats an earlier one (whoever proposed either): the same tree is
         the same experiment. A repeat is recorded as rejected and never run."""
-        earlier = [c for c in self.ledger.candidates() if c.commit_sha]
+        earlier = [c for c in self.tried() if c.commit_sha]
         fresh = [f for f in built if f.get("status") == "committed" and f.get("commit_sha")]
         if not fresh:
             return built

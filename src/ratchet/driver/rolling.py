@@ -32,7 +32,6 @@ from dataclasses import replace
 from ratchet.driver import judge
 from ratchet.driver.candidate import (
     Proposal,
-    study_ref,
 )
 from ratchet.driver.integrity import row_key
 from ratchet.driver.ledger import Candidate, Status
@@ -275,25 +274,8 @@ class Rolling:
             self.carry()  # what is ready moves onto the new incumbent, or is repaired
 
     def verify(self, before: dict, ids: list[str], **writes) -> None:
-        """Trusted state must be `before` plus our own `writes` (Guard.expect); anything
-        else was written by a running candidate: restored, and the candidates that ran
-        (`ids`) are rejected and stopped. The result is the new trusted state."""
-        loop = self.loop
-        expected = loop.guard.expect(before, **writes)
-        if not loop.guard.check(expected, ids):
-            loop.snapshot = expected
-            return
-        rejected = [c for c in (loop.ledger.row(i) for i in ids)
-                    if c.status == Status.REJECTED]
-        for cand in rejected:
-            if cand.job_id:
-                loop.jobs.cancel(cand)  # rejected while it ran: stop it, free its slot
-        # what they wrote until they were stopped is undone too (never taken as trusted)
-        expected = loop.guard.expect(expected, verdicts={c.id: (c.status, c.metric)
-                                                         for c in rejected})
-        loop.guard.check(expected, ids)
-        loop.write_views()
-        loop.snapshot = loop.guard.expect(expected)
+        """Loop.verify; the new trusted state is the loop's snapshot."""
+        self.loop.snapshot = self.loop.verify(before, ids, **writes)
 
     def add(self, rows: list[dict], proposals: list[Proposal]) -> list[str]:
         """Record and start new candidates; the trusted snapshot follows our own writes."""
@@ -303,17 +285,9 @@ class Rolling:
                                         rows)
         loop.write_views()
         # others run meanwhile: check against before + our own new refs and verdicts
-        self.verify(before, self.open_ids, **self.writes_of(created))
+        self.verify(before, self.open_ids, **self.loop.writes_of(created))
         loop.jobs.start(created, lambda: loop.stop.hard)  # after the trusted state is set
         return [c.id for c in created if c.status in OPEN_STATES]
-
-    def writes_of(self, created: list[Candidate]) -> dict[str, dict]:
-        """The trusted state recording `created` wrote (Guard.expect's keywords): their
-        rows, their refs, and the verdicts of those judged as they were recorded."""
-        return {"refs": {study_ref(self.loop.name, c.id): c.commit_sha for c in created
-                         if c.commit_sha and c.kind == Kind.CANDIDATE},
-                "verdicts": {c.id: (c.status, c.metric) for c in created if c.is_judged},
-                "rows": {c.id: row_key(c) for c in created}}
 
     def fill(self, busy: int) -> list[str]:
         """New candidates for the free slots, from the current incumbent."""
@@ -394,7 +368,7 @@ class Rolling:
             return None
         created = loop.proposals.record(led.get("round"), led.get("incumbent"), take, [])
         loop.write_views()
-        writes = self.writes_of(created)
+        writes = self.loop.writes_of(created)
         for key in ("refs", "verdicts"):  # the judge's check after the settle expects them
             self.beside[key].update(writes[key])
         started = [c for c in created if c.status in OPEN_STATES]

@@ -26,6 +26,7 @@ from concurrent.futures import Future, wait
 from dataclasses import replace
 from typing import TypeVar
 
+from ratchet.driver.beside import Beside
 from ratchet.driver.candidate import (
     Proposal,
     study_ref,
@@ -56,6 +57,10 @@ class Rounds:
         loop.target = target
         self.ahead = loop.config.search.ahead  # speculation: asked before the verdicts
         self.trusted: dict | None = None  # set while a round's baseline runs before it
+        # the next round beside a confirmation (driver/beside.py), when it can be
+        self.beside: Beside | None = Beside(self) if Beside.wanted(self) else None
+        if self.beside is not None:
+            self.beside.install()
 
     def run(self) -> None:
         try:
@@ -91,6 +96,9 @@ class Rounds:
             fault_point("judged")
             if all(led.row(c.id).status not in OPEN_STATES for c in cands):
                 led.set(round=round_no + 1)
+                if self.trusted is not None:  # the next round started beside: ours too
+                    self.trusted = loop.guard.expect(self.trusted,
+                                                     meta={"round": round_no + 1})
         loop.proposals.finish_ahead(wait=not loop.stop.hard)  # a speculation left is billed
 
     def over_budget(self, round_no: int, stop: bool = True) -> bool:
@@ -270,7 +278,9 @@ class Rounds:
         if loop.guard.check(trusted, ids):
             loop.write_views()
         if not loop.stop.hard:
-            loop.settle(ids)
+            winner = loop.settle(ids)
+            if self.beside is not None:  # round R+1 may have started beside its pairs
+                self.trusted = self.beside.after(winner)
 
 
 # -- rolling -------------------------------------------------------------------------------

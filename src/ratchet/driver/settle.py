@@ -25,7 +25,7 @@ from ratchet.driver.candidate import (
     study_ref,
 )
 from ratchet.driver.config import Config
-from ratchet.driver.integrity import Guard
+from ratchet.driver.integrity import Guard, row_key
 from ratchet.driver.jobs import Jobs
 from ratchet.driver.ledger import Candidate, Kind, Ledger, Status
 from ratchet.driver.proposals import Proposals
@@ -110,6 +110,10 @@ class Loop:
     # its own writes to the trusted state (Guard.expect's keywords), which the pairs'
     # check then expects, and adds the candidates it started to `in_flight`
     meanwhile: Callable[[], dict | None] | None = None
+    # the trusted state when a confirmation's last pairs were checked (their rows and the
+    # policy's writes meanwhile included): a policy whose jobs ran beside them checks
+    # the verdict's writes against it (rounds' `beside`)
+    after_pairs: dict | None = None
     # the study's spend as last summed (time.monotonic(), Spend): budget checks reuse it
     # briefly, the rolling loop asks many times a second
     _spent: tuple[float, Spend] | None = None
@@ -136,7 +140,7 @@ class Loop:
             return False
         cands = self.ledger.candidates()
         if self.config.budget.candidates is not None and not self.room(next_candidates or 1):
-            made = float(sum(1 for c in cands if c.kind == Kind.CANDIDATE))
+            made = float(budget.made(cands))
             reached: budget.Reached | None = budget.Reached(
                 "candidates", made, float(self.config.budget.candidates))
         else:
@@ -183,6 +187,35 @@ class Loop:
             with contextlib.suppress(Exception):  # already failing: the lines still count
                 self.report(self.ledger.get("round"), target, [])
             self.release()
+
+    # -- trusted state while candidates run -----------------------------------------------
+
+    def verify(self, before: dict, ids: list[str], **writes: dict) -> dict:
+        """Trusted state must be `before` plus our own `writes` (Guard.expect); anything
+        else was written by a running candidate: restored, and the candidates that ran
+        (`ids`) are rejected and stopped. Returns the new trusted state."""
+        expected = self.guard.expect(before, **writes)
+        if not self.guard.check(expected, ids):
+            return expected
+        rejected = [c for c in (self.ledger.row(i) for i in ids)
+                    if c.status == Status.REJECTED]
+        for cand in rejected:
+            if cand.job_id:
+                self.jobs.cancel(cand)  # rejected while it ran: stop it, free its slot
+        # what they wrote until they were stopped is undone too (never taken as trusted)
+        expected = self.guard.expect(expected, verdicts={c.id: (c.status, c.metric)
+                                                         for c in rejected})
+        self.guard.check(expected, ids)
+        self.write_views()
+        return self.guard.expect(expected)
+
+    def writes_of(self, created: list[Candidate]) -> dict[str, dict]:
+        """The trusted state recording `created` wrote (Guard.expect's keywords): their
+        rows, their refs, and the verdicts of those judged as they were recorded."""
+        return {"refs": {study_ref(self.name, c.id): c.commit_sha for c in created
+                         if c.commit_sha and c.kind == Kind.CANDIDATE},
+                "verdicts": {c.id: (c.status, c.metric) for c in created if c.is_judged},
+                "rows": {c.id: row_key(c) for c in created}}
 
     # -- judging (the ledger side of the pure judge) -------------------------------------
 
@@ -349,7 +382,21 @@ class Confirming:
             if got:
                 pairs.append(got)
         return judge.Confirmation(measure=self.measure, groups=groups,
-                                  reported=reported_errors(led, name), pairs=pairs)
+                                  reported=reported_errors(led, name), pairs=pairs,
+                                  next_look=self.next_look)
+
+    def next_look(self, cand_id: str, measured: int) -> int:
+        """How many pairs the next look adds: the pairs already recorded beyond the
+        `measured` ones (a resumed confirmation looks where it looked before), else as
+        many as the slots left free by other jobs hold, at most K/2 and at least one. The
+        free slots depend on other jobs, never on the pairs' values: the looks' spending
+        (stats.Design.bound_at) holds the rate for any such schedule."""
+        recorded = len(self.rows(cand_id)) // 2 - measured
+        if recorded > 0:
+            return recorded
+        loop = self.loop
+        busy = len(loop.jobs.poll(loop.in_flight)) if loop.in_flight else 0
+        return max(1, min(loop.parallel // 2, (loop.parallel - busy) // 2))
 
     def rows(self, cand_id: str) -> list[Candidate]:
         rows = [c for c in self.loop.ledger.candidates(confirmations=True)
@@ -375,6 +422,7 @@ class Confirming:
         ids = [r.id for r in rows]
         waiting = [r for r in rows if r.status not in (Status.FINISHED, Status.REFERENCE)]
         if waiting:
+            loop.after_pairs = None  # set again once these pairs are checked
             trusted = loop.guard.snapshot()  # the candidate's code runs again
             loop.jobs.start(waiting, lambda: loop.stop.hard)
             def report(running: list) -> None:
@@ -388,6 +436,7 @@ class Confirming:
             loop.jobs.wait(ids, report, lambda: loop.stop.hard)
             if loop.guard.check(trusted, [cand.id, *loop.in_flight]):
                 return "tampering while it was re-measured"
+            loop.after_pairs = trusted  # where the policy's check after the verdict starts
             if loop.stop.hard:
                 raise Interrupted("interrupted while confirming " + cand.id)
             fault_point("confirm-measured")

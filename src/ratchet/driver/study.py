@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ratchet.backends import Backend
+from ratchet.driver import budget as budgets
 from ratchet.driver import spend, views
 from ratchet.driver.candidate import Proposal, study_branch
 from ratchet.driver.config import Config, load_config
@@ -362,17 +363,39 @@ class Study:
                 self._check_start_commit(head)
         self._check_reach(proposer=False)
         self.ensure_started(base or "HEAD")
+        subject = gitrepo.git(self.repo, "log", "-1", "--format=%s", commit)
+        return self.submit_commit(commit, message or subject, proposer="submit")
+
+    def over_budget(self) -> budgets.Reached | None:
+        """The `[budget]` limit one more submitted candidate would reach or cross, if any:
+        agent-driven submissions count against the study's limits as a run's do."""
+        if not self.config.budget.limits:
+            return None
+        cands = self.ledger.candidates()
+        if not budgets.room(self.config.budget, cands, 1):
+            made = float(sum(1 for c in cands if c.kind == Kind.CANDIDATE))
+            return budgets.Reached("candidates", made, float(self.config.budget.candidates or 0))
+        return budgets.check(self.config.budget, spend.summary(self.ledger), cands, 1)
+
+    def submit_commit(self, commit: str, description: str,
+                      proposer: str = "submit") -> list[Candidate]:
+        """Record `commit` (on a started study) as a candidate by `proposer` and start its
+        job at once, with the study's baseline first when it has none yet."""
+        reached = self.over_budget()
+        if reached is not None:
+            raise StudyError(f"{reached.field} reached, nothing was submitted: "
+                             f"{reached.line().removeprefix(f'stopped at {reached.field}: ')}"
+                             .replace("run `ratchet run` to resume", "submit again"))
         if self.config.prep:
             self.prepare()
             self._check_reach(proposer=False)
         incumbent, round_no = self.ledger.get("incumbent"), self.ledger.get("round")
         rows = self._loop().fixed_rows(incumbent)[:1]
         rows = [r for r in rows if r["kind"] == Kind.BASELINE]
-        subject = gitrepo.git(self.repo, "log", "-1", "--format=%s", commit)
         # submitting the start commit itself before anything ran makes it the baseline
         proposals = [] if rows and commit == incumbent else [
-            Proposal(description=message or subject, commit=commit)]
-        made = self.proposals.record(round_no, incumbent, proposals, rows, proposer="submit")
+            Proposal(description=description, commit=commit)]
+        made = self.proposals.record(round_no, incumbent, proposals, rows, proposer=proposer)
         for cand in made:
             if cand.status == Status.COMMITTED:
                 with _as_study_errors():
@@ -380,12 +403,14 @@ class Study:
         self._write_views()
         return [self.ledger.row(c.id) for c in made]
 
-    def wait_ids(self, ids: list[str]) -> list[Candidate]:
+    def wait_ids(self, ids: list[str], timeout: float | None = None) -> list[Candidate]:
         """`ratchet wait ID...`: wait, judge as a group (baseline first), promote the best.
 
         Judging writes the study's verdicts and incumbent: it takes the study lock, so a
         `ratchet run` going on meanwhile is waited for, never raced (its guard would take
-        our writes for tampering)."""
+        our writes for tampering). With `timeout` (seconds of waiting for the jobs), a
+        group still running then is returned unjudged, as it is (`submitted`); a later
+        wait judges it."""
         self.lock.acquire(on_wait=lambda holder: self.log(
             f"the study is held by {holder} (a ratchet run); waiting for it to end"))
         self.ensure_started()
@@ -403,11 +428,13 @@ class Study:
         round_no = self.ledger.get("round")
         with _as_study_errors():
             trusted = self.guard.snapshot()
-            self.jobs.wait(group, lambda running: self._report(round_no, round_no, running),
-                           lambda: self.stop.hard)
+            done = self.jobs.wait(group, lambda running: self._report(round_no, round_no,
+                                                                      running),
+                                  lambda: self.stop.hard,
+                                  None if timeout is None else time.monotonic() + timeout)
             if self.guard.check(trusted, group):
                 self._write_views()
-            if any(self.ledger.row(i).status == Status.FINISHED for i in group):
+            if done and any(self.ledger.row(i).status == Status.FINISHED for i in group):
                 loop = self._loop()
                 loop.settle(group)
                 self.ledger.set(round=round_no + 1)

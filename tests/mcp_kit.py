@@ -1,0 +1,75 @@
+"""Driving `ratchet mcp` with the official SDK's own client: in this process (the server
+object) or over a real stdio subprocess of `python -m ratchet.cli mcp`, as an agent's
+client starts it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TextIO, TypeVar
+
+import anyio
+import pytest
+from helpers import RATCHET, ROOT
+
+pytest.importorskip("mcp", reason="the mcp extra is not installed (pip install -e '.[mcp]')")
+
+from mcp import Client, StdioServerParameters  # noqa: E402
+from mcp.client.stdio import stdio_client  # noqa: E402
+
+T = TypeVar("T")
+TOOLS = {"study", "files", "submit", "wait", "history", "show", "idea"}
+
+
+def in_process(repo: Path, body: Callable[[Client], Awaitable[T]]) -> T:
+    """`await body(client)` with a client connected to the server of REPO in-process."""
+    from ratchet.mcp.server import build
+
+    async def main() -> T:
+        async with Client(build(repo)) as client:
+            return await body(client)
+
+    return anyio.run(main)
+
+
+def over_stdio(repo: Path, body: Callable[[Client], Awaitable[T]], errlog: TextIO,
+               cwd: Path | None = None) -> T:
+    """The same over a real `python -m ratchet.cli mcp -C REPO` subprocess (its stderr to
+    ERRLOG), started in CWD, as Claude Code or Codex starts it."""
+    params = StdioServerParameters(
+        command=RATCHET[0], args=[*RATCHET[1:], "mcp", "-C", str(repo)],
+        env={"PYTHONPATH": str(ROOT / "src")},
+        cwd=str(cwd) if cwd else None)
+
+    async def main() -> T:
+        async with Client(stdio_client(params, errlog=errlog)) as client:
+            return await body(client)
+
+    return anyio.run(main)
+
+
+async def call(client: Client, tool: str, **args: Any) -> Any:
+    """A tool's result as JSON; a tool error fails the test with its text."""
+    result = await client.call_tool(tool, args)
+    text = result.content[0].text  # type: ignore[union-attr]
+    assert not result.is_error, f"{tool}({args}) failed: {text}"
+    return json.loads(text)
+
+
+async def refused(client: Client, tool: str, **args: Any) -> str:
+    """The error text of a call that must be refused."""
+    result = await client.call_tool(tool, args)
+    text = result.content[0].text  # type: ignore[union-attr]
+    assert result.is_error, f"{tool} accepted {str(args)[:200]}: {text[:300]}"
+    return text
+
+
+def edited(repo: Path, *changes: str, path: str = "solution.py") -> dict[str, str]:
+    """`submit`'s files: PATH of the committed task with each OLD replaced by its NEW
+    (`changes`: old, new, old, new, ...)."""
+    source = (repo / path).read_text()
+    for old, new in zip(changes[::2], changes[1::2], strict=True):
+        assert old in source, old
+        source = source.replace(old, new)
+    return {path: source}

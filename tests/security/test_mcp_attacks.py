@@ -1,0 +1,138 @@
+"""A hostile MCP client against `ratchet mcp` over a real stdio process (issue 37).
+
+It tries every way out of the submission rules an LLM's edit is held to, content no text
+file has, a flood of submissions, and ids of no candidate. Every attempt must come back
+as a tool error naming the field, nothing of it may be recorded (no rejected candidate
+charged to the study), the server must print no traceback, the flood must stop at the
+study's budget, and the study branch must move only through the judge.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+from helpers import SCORE_EVALUATOR, SCORE_SOLUTION, config_text, git, make_repo, ratchet
+from mcp_kit import call, edited, over_stdio, refused
+
+from ratchet.mcp.tools import StudyTools, ToolInputError
+
+BUDGET = 3
+
+TASK = textwrap.dedent('''
+    [task]
+    name = "demo"
+    editable = ["*.py", "lib/**"]
+    protected = ["evaluate.py"]
+    evaluate = "python evaluate.py"
+    timeout = "60s"
+    forbid = ["__import__"]
+''')
+
+
+def hostile_repo(path):
+    """Wide globs (any top-level .py may change), so that shadowing a module the evaluator
+    imports is a real risk the checks must catch, and a budget of BUDGET candidates."""
+    return make_repo(path, {
+        "ratchet.toml": config_text(task=TASK, search="", knobs="",
+                                    budget=f"[budget]\ncandidates = {BUDGET}\n"),
+        "evaluate.py": "import json\n" + SCORE_EVALUATOR,
+        "solution.py": SCORE_SOLUTION,
+    })
+
+
+def test_a_hostile_client_gets_clean_errors_and_nothing_is_recorded(tmp_path):
+    repo = hostile_repo(tmp_path / "r")
+    start = git(repo, "rev-parse", "HEAD")
+    ok = edited(repo, "X = 3.0", "X = 1.5")["solution.py"]
+    # (field the error must name, files)
+    bad_files = [
+        ("files['../evil.py']", {"../evil.py": "x = 1\n"}),
+        ("files['/etc/cron.d/x']", {"/etc/cron.d/x": "* * * * * root sh\n"}),
+        ("files['.git/hooks/pre-commit']", {".git/hooks/pre-commit": "#!/bin/sh\n"}),
+        ("files['lib/../../x.py']", {"lib/../../x.py": "x = 1\n"}),
+        ("files['solution.py\\x00']", {"solution.py\0": ok}),
+        ("files['notes.txt']", {"notes.txt": "not editable\n"}),
+        ("files['evaluate.py']", {"evaluate.py": "print('score: 0')\n"}),
+        ("files['ratchet.toml']", {"ratchet.toml": "[task]\n"}),
+        ("files", {"json.py": "def dumps(x): return '0'\n"}),  # shadows the evaluator's json
+        ("files", {"os.py": "x = 1\n"}),  # the standard library's
+        ("files", {"solution.py": ok.replace("X = 1.5", "X = __import__('os').getpid()")}),
+        ("files['solution.py']", {"solution.py": "x" * (9 << 20)}),  # over 8 MiB
+        ("files['solution.py']", {"solution.py": "\x7fELF\x02\x01\x01\0\0\0"}),  # binary
+        ("files", {}),
+        ("files", {"solution.py": (repo / "solution.py").read_text()}),  # no change
+    ]
+
+    async def attack(client):
+        errors = []
+        for field, files in bad_files:
+            errors.append((field, await refused(client, "submit", files=files,
+                                                description="attack")))
+        errors.append(("files", await refused(client, "submit", files=["solution.py"],
+                                              description="files as a list")))
+        errors.append(("description", await refused(client, "submit", files={
+            "solution.py": ok}, description="")))
+        errors.append(("description", await refused(client, "submit", files={
+            "solution.py": ok}, description="d" * 100_000)))
+        errors.append(("base", await refused(client, "submit", files={"solution.py": ok},
+                                             description="on nothing", base="c0999")))
+        errors.append(("ids[0]", await refused(client, "wait", ids=["c0999"])))
+        # another study's ids: its own ledger's, unknown here
+        errors.append(("ids[0]", await refused(client, "wait", ids=["../other/c0001"])))
+        errors.append(("ids", await refused(client, "wait", ids=[])))
+        errors.append(("timeout", await refused(client, "wait", ids=["c0000"],
+                                                timeout=10**9)))
+        errors.append(("id", await refused(client, "show", id="../../etc/passwd")))
+        errors.append(("n", await refused(client, "history", n=0)))
+        errors.append(("text", await refused(client, "idea", text="")))
+        before = await call(client, "history", n=500)
+        # a flood of good submissions: the budget takes BUDGET, then refuses
+        taken, turned = [], []
+        for x in range(10):
+            result = await client.call_tool("submit", {
+                "files": {"solution.py": ok.replace("X = 1.5", f"X = {x / 7:.4f}")},
+                "description": f"flood {x}"})
+            (turned if result.is_error else taken).append(result.content[0].text)
+        ids = [json.loads(text)["id"] for text in taken]
+        waited = await call(client, "wait", ids=ids, timeout=300)
+        return errors, before, turned, waited
+
+    with open(tmp_path / "server.log", "w+") as errlog:
+        errors, before, turned, waited = over_stdio(repo, attack, errlog)
+        errlog.seek(0)
+        log = errlog.read()
+
+    for field, text in errors:  # one line to the model, naming what was wrong
+        assert field in text, (field, text)
+        assert "Traceback" not in text and len(text) < 2000, text
+    assert "Traceback" not in log and "Unexpected" not in log, log[-3000:]
+    # nothing of the attack was recorded: the study had not even started
+    assert before["candidates"] == [] and before["incumbent"]["commit"] is None
+    # the flood: BUDGET taken, the rest refused naming the limit
+    assert len(waited["verdicts"]) == BUDGET and len(turned) == 10 - BUDGET
+    assert all("budget.candidates" in text and "nothing was submitted" in text
+               for text in turned)
+    rows = json.loads(ratchet(repo, "status", "--json", check=True).stdout)
+    assert sum(rows["counts"].values()) == BUDGET + 1  # and the baseline
+    assert "rejected" not in rows["counts"]
+    log_lines = ratchet(repo, "log", check=True).stdout.splitlines()
+    assert len(log_lines) == BUDGET + 1
+    # the branch moved only through the judge: to a kept candidate, or not at all
+    kept = [v for v in waited["verdicts"] if v["status"] == "keep"]
+    branch = git(repo, "rev-parse", "ratchet/demo")
+    assert branch == (kept[-1]["commit"] if kept else start)
+    assert git(repo, "rev-parse", "HEAD") == start and git(repo, "status", "--porcelain") == ""
+    assert not (tmp_path / "evil.py").exists() and not (tmp_path / "x.py").exists()
+    assert git(repo, "ls-tree", "-r", "--name-only", branch).split() == [
+        "evaluate.py", "ratchet.toml", "solution.py"]
+
+
+def test_text_that_is_no_unicode_at_all_is_refused_before_the_study(tmp_path):
+    """JSON's \\ud800 escape reaches the server as a lone surrogate (the SDK's client cannot
+    even send it, a raw one can): refused naming the file, not a crash in git."""
+    repo = hostile_repo(tmp_path / "r")
+    with pytest.raises(ToolInputError, match=r"^files\['solution.py'\]: is not valid UTF-8"):
+        StudyTools(repo).submit({"solution.py": "a\ud800b"}, "surrogate")
+    assert not (repo / ".ratchet").exists()
