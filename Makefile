@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-agents agent-clis lint docs bench tinygpt clean
+.PHONY: install demo test check test-agents agent-clis lint docs bench tinygpt clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,16 @@ PYTEST_WORKERS ?= 4
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 -m "not timing"
 	$(BIN)/python -m pytest -q -m timing
+
+# The inner loop (about 2 minutes with lint): the tests that start no study and no CLI.
+UNIT_TESTS := tests/test_stats.py tests/test_judge.py tests/test_vocab.py \
+  tests/test_config.py tests/test_knobs.py tests/test_proposals.py tests/test_headlines.py \
+  tests/test_ledger_migrations.py tests/test_fingerprint.py tests/test_gitrepo.py \
+  tests/test_import_rules.py tests/test_docs_reference.py tests/test_bench_record.py \
+  tests/proposers/test_edits.py tests/proposers/test_example_configs.py \
+  tests/backends/test_engine_configs.py tests/security/test_units.py
+check: lint
+	$(BIN)/python -m pytest -q -n 2 $(UNIT_TESTS)
 
 # The real coding-agent CLIs (Claude Code, Codex, aider), pinned, into .venv-agents/; the
 # tests in tests/agent_cli (marker agent_cli, part of `make test`) skip without them.

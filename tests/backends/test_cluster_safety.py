@@ -9,7 +9,8 @@ import psutil
 import pytest
 import ray_cluster
 
-pytestmark = pytest.mark.ray
+# alone: it starts and checks clusters on Ray's default ports, which the machine shares
+pytestmark = [pytest.mark.ray, pytest.mark.timing]
 
 
 def _busy(port: int) -> bool:

@@ -321,6 +321,7 @@ print(json.dumps({"ok": r.ok, "reasons": r.reasons, "peak_cores": peak}))
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to widen an affinity onto")
+@pytest.mark.timing  # measures the child's CPU use: other tests' load blurs it
 def test_a_child_that_widens_its_affinity_is_caught(tmp_path):
     """The evaluator runs on one CPU; a child that moves itself (and helper threads) onto
     the others while timed used more CPU than its time on one CPU allows."""

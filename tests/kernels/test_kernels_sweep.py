@@ -199,6 +199,7 @@ def test_dispatch_from_sweeps_falls_back_where_the_candidate_fails(cand):
 FIVE = [{"rows": 256 + 128 * i, "cols": 16} for i in range(5)]
 
 
+@pytest.mark.timing  # timings: under load the early stop needs more shapes
 def test_a_candidate_clearly_slower_than_the_incumbent_stops_after_a_few_shapes(cand, monkeypatch):
     # the candidate is the baseline itself (speedup ~1); the incumbent ran 20x faster on
     # every shape: the driver passes its per-shape speedups in $RATCHET_INCUMBENT_EXTRA
