@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 from ratchet import cli
+from ratchet.driver import opening
 from ratchet.driver.study import Study
 
 
@@ -27,7 +28,7 @@ class RollingStudy(Study):
         super().run(rounds, candidates or (int(budget) if budget else None))
 
 
-cli.Study = RollingStudy
+opening.Study = RollingStudy  # type: ignore[misc]  # every front opens its study there
 
 if __name__ == "__main__":
     cli.main()

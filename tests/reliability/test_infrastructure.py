@@ -125,6 +125,7 @@ def kill_worker_while_it_evaluates(repo, attempt):
     os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.timing  # a race: the kill must land while the worker runs
 @pytest.mark.parametrize("kills", [1, 2])
 def test_worker_killed_from_outside_is_rerun_once_then_crashes(tmp_path, kills):
     repo = make_repo(tmp_path / "r", {

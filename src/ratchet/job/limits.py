@@ -90,7 +90,10 @@ class PidsBound:
         if not limit or os.geteuid() != 0:
             return  # not root: the user's own limits are all there is
         for parent in _cgroup_parents():
-            path = parent / f"ratchet-{job_id}"
+            # the worker's pid too: two studies of one task name on a machine (two
+            # checkouts, tests side by side) have the same job ids, and one's close()
+            # removed the other's cgroup before its phase could join it
+            path = parent / f"ratchet-{job_id}-{os.getpid()}"
             try:
                 with contextlib.suppress(FileNotFoundError):
                     path.rmdir()  # an earlier attempt's, empty once its processes died
