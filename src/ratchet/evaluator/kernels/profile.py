@@ -444,7 +444,10 @@ def _roofline(record: OpRecord, workload: Workload, peaks: Peaks | None, profile
     record.roofline_time_s = floor
     model_time = record.time_s / record.share if record.share else 0.0
     if model_time:
-        record.amdahl_speedup = model_time / (model_time - record.time_s + min(floor, record.time_s))
+        # the time the op could save at its roofline floor; none when it is already there
+        # (computed apart: model_time - t + t rounds below model_time, a speedup < 1)
+        saving = max(0.0, record.time_s - floor)
+        record.amdahl_speedup = model_time / (model_time - saving)
 
 
 # -- what people and proposers read ---------------------------------------------------------
