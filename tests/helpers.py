@@ -30,6 +30,17 @@ print("correct: true")
 print(f"score: {solution.score():.6f}")
 '''
 
+# The same score, measured as docs/kernels.md says an evaluator should: the candidate is
+# called in a sandboxed child (as the unprivileged uid), never imported by the evaluator.
+CHILD_SCORE_EVALUATOR = '''
+from ratchet.evaluator.isolate import CandidateProcess
+
+with CandidateProcess("solution.py") as cand:
+    value = cand.call("score")
+print("correct: true")
+print(f"score: {value:.6f}")
+'''
+
 SCORE_SOLUTION = '''
 """Editable."""
 

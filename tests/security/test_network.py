@@ -29,7 +29,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from helpers import config_text, git, make_repo, ratchet, sandbox_env, submit_and_wait
+from helpers import (
+    CHILD_SCORE_EVALUATOR,
+    config_text,
+    git,
+    make_repo,
+    ratchet,
+    sandbox_env,
+    submit_and_wait,
+)
 from ray_cluster import ray_cluster  # noqa: F401  (session fixture: a private Ray head)
 
 from ratchet.job import sandbox
@@ -39,15 +47,6 @@ ANSWER = 1.25  # the knob's best value: what only the job server knows
 # what a job posted by the attack leaves running: named by the repository, so it is found
 LINGER = "python3 -c 'import time; time.sleep(300)' {repo}"
 
-# evaluate.py, protected: it never imports the candidate, it calls it in a child
-EVALUATOR = '''
-from ratchet.evaluator.isolate import CandidateProcess
-
-with CandidateProcess("solution.py") as cand:
-    value = cand.call("score")
-print("correct: true")
-print(f"score: {value:.6f}")
-'''
 
 HONEST = '''
 X = 3.0
@@ -167,7 +166,7 @@ def network_repo(path: Path, network: bool) -> Path:
         'evaluate = "python evaluate.py"',
         'build = "python solution.py build"\nrun = "python solution.py run"\n'
         'evaluate = "python evaluate.py"') + ("network = true\n" if network else "")
-    return make_repo(path, {"ratchet.toml": config_text(task=task), "evaluate.py": EVALUATOR,
+    return make_repo(path, {"ratchet.toml": config_text(task=task), "evaluate.py": CHILD_SCORE_EVALUATOR,
                             "solution.py": HONEST})
 
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, git, ratchet, results_tsv, sandbox_env, score_repo
+from helpers import CHILD_SCORE_EVALUATOR, ROOT, git, ratchet, results_tsv, sandbox_env, score_repo
 
 from ratchet.job import sandbox
 
@@ -27,15 +27,9 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop happens 
 
 LEVELS = ["bwrap", "pidns"]
 
-# The evaluator calls the candidate in a sandboxed child (as the uid), and the task has
-# a build phase (as the uid too): both start the venv's interpreter.
-CHILD_EVALUATOR = '''
-from ratchet.evaluator.isolate import CandidateProcess
-with CandidateProcess("solution.py") as cand:
-    value = cand.call("score")
-print("correct: true")
-print(f"score: {value:.6f}")
-'''
+# The evaluator (helpers' CHILD_SCORE_EVALUATOR) calls the candidate in a sandboxed child
+# (as the uid), and the task has a build phase (as the uid too): both start the venv's
+# interpreter.
 
 # A candidate that would pass its crash off as the machine's: its build (which imports
 # it) prints the warden's words and exits 126, as the warden does when it cannot start.
@@ -87,7 +81,7 @@ def private_study(tmp_path: Path, umask: int = 0o022) -> tuple[Path, Path]:
     private.mkdir(mode=0o700)
     python = private_venv(private, umask)
     repo = score_repo(private / "task", task=textwrap.dedent(TASK))
-    (repo / "evaluate.py").write_text(textwrap.dedent(CHILD_EVALUATOR))
+    (repo / "evaluate.py").write_text(textwrap.dedent(CHILD_SCORE_EVALUATOR))
     git(repo, "commit", "-qam", "the evaluator calls the candidate in its child")
     return repo, python
 
