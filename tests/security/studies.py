@@ -11,6 +11,7 @@ from pathlib import Path
 from helpers import git, ratchet
 
 from ratchet.driver.ledger import Candidate, Ledger
+from security.evidence import processes_in
 
 LEVELS = ["bwrap", "pidns"]
 
@@ -38,18 +39,9 @@ def checkout(repo: Path) -> tuple[str, str, dict[str, bytes]]:
 
 
 def leftover_processes(repo: Path) -> list[str]:
-    """Processes still working in the study's tree (cwd under it), but this one."""
-    found = []
-    root = str(repo.resolve())
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cwd = os.readlink(f"/proc/{pid}/cwd")
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if int(pid) != os.getpid() and (cwd == root or cwd.startswith(root + os.sep)):
-            found.append(f"{pid}: {cmd[:120]}")
-    return found
+    """Processes still working in the study's tree (cwd or command line in it), but this
+    one."""
+    return [f"{pid}: {what}" for pid, what in processes_in(repo.resolve()).items()]
 
 
 def files_holding(repo: Path, secret: bytes) -> list[str]:
