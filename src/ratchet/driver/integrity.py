@@ -143,6 +143,51 @@ class Guard:
         gitrepo.update_ref(self.repo, self.branch, self.ledger.get("incumbent"),
                            reason="ratchet: undo tampering")
 
+    def held(self) -> tuple[dict, str | None]:
+        """The trusted ledger keys and the branch as they are now, for `moved_since`: a
+        verdict is written many seconds after the last check (a confirmation, a hold-out),
+        and candidates started beside it run on meanwhile."""
+        return ({key: self.ledger.get(key) for key in self.trusted_keys()},
+                gitrepo.try_rev_parse(self.repo, self.branch))
+
+    def moved_since(self, held: tuple[dict, str | None]) -> list[str]:
+        """Call inside the verdict's write transaction (it holds the ledger's write lock,
+        so nothing lands between this read and the verdict): the trusted keys that
+        changed since `held`, each set back. The verdict then overwrites the incumbent's
+        keys, and a write it overwrote would otherwise pass every later check."""
+        meta, _ = held
+        moved = [key for key in self.trusted_keys() if self.ledger.get(key) != meta.get(key)]
+        if moved:
+            self.ledger.set(**{key: meta.get(key) for key in moved})
+        return moved
+
+    def move_branch(self, new: str, held: tuple[dict, str | None]) -> bool:
+        """Move the branch from where `held` saw it to `new` (git's compare-and-swap).
+        False when it had moved: it is set to `new` anyway, and that was tampering."""
+        _, old = held
+        try:
+            gitrepo.update_ref(self.repo, self.branch, new, old or "",
+                               reason="ratchet: verdict")
+            return True
+        except gitrepo.GitError:
+            gitrepo.update_ref(self.repo, self.branch, new, reason="ratchet: undo tampering")
+            return False
+
+    def blame(self, problems: list[str], ids: list[str]) -> list[str]:
+        """Tampering found outside `check`: logged, and the unjudged candidates of `ids`
+        (those running when it happened) rejected. Returns the ids rejected."""
+        reason = "tampering while a verdict was made: " + "; ".join(problems)
+        self.ledger.event("tampering", None, problems=problems)
+        self.log(f"warning: {reason}; restored, and the candidates running then are rejected")
+        rejected = []
+        for cand_id in ids:
+            cand = self.ledger.candidate(cand_id)
+            if cand is not None and cand.kind == Kind.CANDIDATE and not cand.is_judged:
+                self.ledger.update(cand_id, "judged:rejected", status=Status.REJECTED,
+                                   reasons=reason, judged_at=time.time())
+                rejected.append(cand_id)
+        return rejected
+
     def repair_branch(self) -> None:
         """After a crash between the verdict commit and the ref update, finish the move."""
         incumbent = self.ledger.get("incumbent")

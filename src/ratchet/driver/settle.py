@@ -232,6 +232,7 @@ class Loop:
                 self.written = ({}, unbound)
             return None
         led = self.ledger
+        held = self.guard.held()  # trusted: checked just before; candidates run on
         incumbent = led.incumbent()
         by_id = {c.id: c for c in finished}
         pooled = measurements(led, exclude_confirming=set(by_id)).get(incumbent.commit or "")
@@ -264,6 +265,7 @@ class Loop:
                                              code=judge.Reason.REFERENCE)
         now = time.time()
         with led.transaction():
+            moved = self.guard.moved_since(held)  # under the write lock, before we write
             for cand_id, verdict in verdicts.items():
                 if led.row(cand_id).status == Status.REJECTED:
                     continue  # rejected meanwhile (tampering while it was confirmed)
@@ -291,14 +293,26 @@ class Loop:
                 # it looked better once; the fresh pairs say the gain is inside the noise
                 self.held.append(f"{cand_id} not kept: its gain is inside the measured noise "
                                  f"({verdict.reasons[-1]})")
+        problems = [f"study state in the ledger changed ({', '.join(moved)})"] if moved else []
+        if not self.guard.move_branch(led.get("incumbent"), held):
+            problems.append("the study branch was moved")
+        if problems:
+            self.blame(problems)
         if decision.winner is not None:
-            self.guard.repair_branch()  # moves the branch to the new incumbent
             winner = led.row(decision.winner)
             test = decision.verdicts[winner.id].confirmation
             why = f" ({test.reason})" if test is not None else ""
             self.held.append(f"keep {winner.id} {winner.short}: {winner.description}{why}")
         self.write_views()
         return decision.winner
+
+    def blame(self, problems: list[str]) -> None:
+        """Tampering between the last check and the verdict: only the candidates running
+        then could have done it (those judged now had ended, their trees killed)."""
+        for cand_id in self.guard.blame(problems, self.in_flight):
+            cand = self.ledger.row(cand_id)
+            if cand.job_id:
+                self.jobs.cancel(cand)  # rejected while it ran: stop it, free its slot
 
     def _reject_unbound(self, finished: list[Candidate]) -> dict[str, tuple]:
         """The judge judges the commit a candidate's ref names; a ledger row naming another
