@@ -1,7 +1,8 @@
 """Red team, second round (issue 21): the candidate child attacks the verdict from outside
 the evaluator's process. Every case goes through `ratchet submit` + `ratchet wait`.
 
-One real torch-CPU study per confinement (a temp git repo, the local backend, the real
+Real torch-CPU studies per confinement, the cheats in three groups and the honest control
+in a fourth (each a temp git repo, the local backend, the real
 worker), its evaluator written as docs/kernels.md says: imports first, run as `python -P`,
 the candidate in `rk.CandidateProcess`, torch.softmax as the trusted baseline, the
 hold-out shapes in the study's hidden hold-out data. The incumbent is an honest torch
@@ -33,8 +34,8 @@ from helpers import git, make_repo, ratchet
 from ratchet.driver.ledger import Ledger
 from ratchet.job import sandbox
 
-# One study per confinement, ten candidates and their hold-out runs: minutes on a loaded
-# 2-core machine, all of it in the module fixture's setup.
+# Four studies per confinement (three of cheats, one the honest control), each a few
+# minutes on a loaded 2-core machine, all of it in the module fixture's setup.
 pytestmark = pytest.mark.timeout(1800)
 
 CONFIG = """
@@ -54,6 +55,7 @@ goal = "maximize"
 
 [acceptance]
 min_improvement = "25%"
+{confirm_pairs}
 
 [search]
 proposer = "tune"
@@ -447,58 +449,96 @@ def _logs(repo: Path, cand_id: str) -> str:
     return ratchet(repo, "logs", cand_id).stdout
 
 
-@pytest.fixture(scope="module", params=list(LEVELS))
-def study(request, tmp_path_factory):
-    """One study per confinement; every cheat, then the honest control, judged through
-    `ratchet submit` / `ratchet wait`."""
-    why = _available(LEVELS[request.param][1])
+# The cheats in three studies per confinement, and the honest control in a fourth: each
+# study is a chain of evaluations one after another on its slots, so four short studies
+# run side by side (pytest-xdist) where one long one set the suite's pace. Every study has
+# the same incumbent; each is judged from its own baseline.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "timing": ("rtt_sleep", "setsid_helper", "work_before_clock"),
+    "files": ("read_holdout", "shadow_package", "planted_module"),
+    "channel": ("forge_channel", "forge_holdout_result", "widen_affinity"),
+}
+assert sorted(n for names in GROUPS.values() for n in names) == sorted(CHEATS)
+
+
+# A cheat's study confirms on at most 6 pairs: the cheats that must reach the hold-out run
+# gain 4x and more and confirm in one or two, while one with a small gain that a loaded
+# machine's noise neither confirms nor refutes (widen_affinity) took 21 pairs, minutes,
+# under the default 30. Fewer pairs can only refuse more; the control keeps the default.
+CHEAT_CONFIRM_PAIRS = "confirm_pairs = 6"
+
+
+def _study_repo(tmp_path_factory, level: str, label: str, confirm_pairs: str = "") -> Path:
+    why = _available(LEVELS[level][1])
     if why:
         pytest.skip(why)
-    backend_sandbox, confine = LEVELS[request.param]
-    repo = make_repo(tmp_path_factory.mktemp(f"rt-child-{request.param}") / "repo", {
-        "ratchet.toml": CONFIG.replace("{backend_sandbox}", backend_sandbox),
+    backend_sandbox, confine = LEVELS[level]
+    repo = make_repo(tmp_path_factory.mktemp(f"rt-child-{label}") / "repo", {
+        "ratchet.toml": CONFIG.replace("{backend_sandbox}", backend_sandbox)
+                              .replace("{confirm_pairs}", confirm_pairs),
         "evaluate.py": EVALUATOR.replace("{confine}", confine),
         "kernel.py": INCUMBENT,
         ".gitignore": "holdout/\n",
     })
     (repo / "holdout").mkdir()
     (repo / "holdout" / "holdout.json").write_text(json.dumps(HOLDOUT))
-    main_before = git(repo, "rev-parse", "main")
-    ids = {name: _submit(repo, _branch(repo, name, code)) for name, code in CHEATS.items()}
+    return repo
+
+
+def _baseline(repo: Path):
+    ledger = Ledger(repo / ".ratchet" / "ledger.db")
+    try:
+        return ledger.get("incumbent"), next(c for c in ledger.candidates() if c.kind == "baseline")
+    finally:
+        ledger.close()
+
+
+@pytest.fixture(scope="module", params=[f"{level}-{group}" for level in LEVELS for group in GROUPS])
+def study(request, tmp_path_factory):
+    """One study per confinement and group of cheats, judged through `ratchet submit` /
+    `ratchet wait`."""
+    level, group = request.param.split("-")
+    repo = _study_repo(tmp_path_factory, level, request.param, CHEAT_CONFIRM_PAIRS)
+    ids = {name: _submit(repo, _branch(repo, name, CHEATS[name])) for name in GROUPS[group]}
     verdicts = {v["id"]: v for v in _wait(repo, list(ids.values())) if "id" in v}
     results = {name: verdicts.get(cid, {}) for name, cid in ids.items()}
     for name, verdict in results.items():  # `pytest -s`: the table for the report
-        print(f"redteam[{request.param}] {name:<22} {verdict.get('status')!s:<9} {verdict.get('metric')!s:<22} "
+        print(f"redteam[{level}] {name:<22} {verdict.get('status')!s:<9} {verdict.get('metric')!s:<22} "
               f"{str(verdict.get('reasons'))[:120]}")
-    ledger = Ledger(repo / ".ratchet" / "ledger.db")
-    incumbent = ledger.get("incumbent")
-    baseline = next(c for c in ledger.candidates() if c.kind == "baseline")
-    ledger.close()
-    # The control, twice at most: on a machine loaded by other work the noise margin can
-    # swallow even this gain (a discard "within margin"); a second submission measures again.
+    incumbent, baseline = _baseline(repo)
+    return {"repo": repo, "verdicts": results, "ids": ids, "incumbent_after_cheats": incumbent,
+            "baseline": baseline, "level": level}
+
+
+@pytest.fixture(scope="module", params=list(LEVELS))
+def control(request, tmp_path_factory):
+    """The honest way up, in a study of its own per confinement: twice at most, since on a
+    machine loaded by other work the noise margin can swallow even this gain (a discard
+    "within margin"); a second submission measures again."""
+    repo = _study_repo(tmp_path_factory, request.param, f"{request.param}-honest")
     for attempt in ("honest", "honest-again"):
         honest = _submit(repo, _branch(repo, attempt, HONEST))
-        [honest_verdict] = [v for v in _wait(repo, [honest]) if v.get("id") == honest]
-        print(f"redteam[{request.param}] {attempt} {honest_verdict.get('status')} {honest_verdict.get('metric')} "
-              f"{str(honest_verdict.get('reasons'))[:120]}")
-        if honest_verdict.get("status") != "discard" or "within margin" not in str(honest_verdict.get("reasons")):
+        [verdict] = [v for v in _wait(repo, [honest]) if v.get("id") == honest]
+        print(f"redteam[{request.param}] {attempt} {verdict.get('status')} {verdict.get('metric')} "
+              f"{str(verdict.get('reasons'))[:120]}")
+        if verdict.get("status") != "discard" or "within margin" not in str(verdict.get("reasons")):
             break
-    return {"repo": repo, "verdicts": results, "ids": ids, "incumbent_after_cheats": incumbent,
-            "baseline": baseline, "main_before": main_before, "honest": honest_verdict, "honest_id": honest,
-            "level": request.param}
+    _, baseline = _baseline(repo)
+    return {"repo": repo, "honest": verdict, "honest_id": honest, "baseline": baseline}
 
 
-@pytest.mark.parametrize("name", list(CHEATS))
-def test_cheat_is_never_kept(study, name):
-    verdict = study["verdicts"][name]
-    assert verdict, f"no verdict for {name}"
-    log = _logs(study["repo"], study["ids"][name])
-    assert verdict["status"] != "keep", (verdict, log[-4000:])
-    assert verdict["status"] in EXPECTED[name], (verdict, log[-4000:])
-    if verdict["status"] == "discard":  # measured honestly: not better than the incumbent
-        # (or a gain in the first measurement that fresh pairs did not confirm: the judge's
-        # confirmation step, for a kernel identical to the incumbent under noise)
-        assert any(why in verdict["reasons"] for why in ("no improvement", "within margin", "not confirmed")), verdict
+def test_cheat_is_never_kept(study):
+    for name in study["ids"]:
+        verdict = study["verdicts"][name]
+        assert verdict, f"no verdict for {name}"
+        log = _logs(study["repo"], study["ids"][name])
+        assert verdict["status"] != "keep", (name, verdict, log[-4000:])
+        assert verdict["status"] in EXPECTED[name], (name, verdict, log[-4000:])
+        if verdict["status"] == "discard":  # measured honestly: not better than the incumbent
+            # (or a gain in the first measurement that fresh pairs did not confirm: the
+            # judge's confirmation step, for a kernel identical to the incumbent under noise)
+            assert any(why in verdict["reasons"]
+                       for why in ("no improvement", "within margin", "not confirmed")), (name, verdict)
 
 
 def test_nothing_moved_after_the_cheats(study):
@@ -517,20 +557,25 @@ def test_the_tricks_did_not_reach_the_verdict(study):
     """What the cheats saw from inside the child (in the public and the hold-out run), from
     the evaluators' logs of it."""
     repo, ids = study["repo"], study["ids"]
-    seen = _all_logs(repo, ids["read_holdout"])
-    assert "hold-out shapes found: []" in seen and "hold-out shapes found: [{" not in seen, seen[-3000:]
+    names = list(ids)
+    if "read_holdout" in names:
+        seen = _all_logs(repo, ids["read_holdout"])
+        assert "hold-out shapes found: []" in seen and "hold-out shapes found: [{" not in seen, seen[-3000:]
     for name, failed in (("shadow_package", "could not plant"), ("planted_module", "could not plant"),
                          ("forge_holdout_result", "could not forge")):
+        if name not in names:
+            continue
         log = _all_logs(repo, ids[name])
         assert failed in log or "not found" in log, (name, log[-3000:])
         assert "shadow package planted" not in log and "planted colorsys" not in log and "forged " not in log, (name, log[-3000:])
-    assert "wrote the channel" not in _all_logs(repo, ids["forge_channel"])
+    if "forge_channel" in names:
+        assert "wrote the channel" not in _all_logs(repo, ids["forge_channel"])
 
 
-def test_an_honest_speedup_is_still_kept(study):
-    verdict = study["honest"]
-    assert verdict["status"] == "keep", (verdict, _logs(study["repo"], study["honest_id"])[-4000:])
-    assert verdict["metric"] > 1.25 * study["baseline"].metric
+def test_an_honest_speedup_is_still_kept(control):
+    verdict = control["honest"]
+    assert verdict["status"] == "keep", (verdict, _logs(control["repo"], control["honest_id"])[-4000:])
+    assert verdict["metric"] > 1.25 * control["baseline"].metric
 
 
 def test_unconfined_child_is_still_caught_by_the_channel(tmp_path):

@@ -223,3 +223,42 @@ def test_a_read_only_object_store_is_a_fault_not_a_rejection(tmp_path):
     # with the object store writable again, the study resumes and the round is proposed
     proc = ratchet(repo, "run", "--rounds", "1")
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_write_just_before_the_verdict_is_caught_not_overwritten(tmp_path):
+    """A candidate started beside a confirmation runs on while the verdict is made (the
+    hold-out, the judge). A write it makes after the pairs' check is overwritten by the
+    keep, and every later check then agrees with the state: the verdict must compare the
+    trusted keys under its own write lock and move the branch by compare-and-swap (CI saw
+    the unsandboxed rolling cheat of tests/reliability/test_rolling.py get through this
+    way, as a mere discard)."""
+    from ratchet.driver.candidate import study_branch
+    from ratchet.driver.config import load_config
+    from ratchet.driver.integrity import Guard
+
+    repo = score_repo(tmp_path / "r")
+    assert ratchet(repo, "run").returncode == 0
+    said: list[str] = []
+    ledger = Ledger(repo / ".ratchet" / "ledger.db")
+    try:
+        guard = Guard(repo, ledger, "demo", study_branch("demo"), said.append, load_config(repo))
+        incumbent, metric = ledger.get("incumbent"), ledger.get("incumbent_metric")
+        held = guard.held()  # the state the last check left
+        # the running candidate: its own connection to the ledger, its own git
+        planted = git(repo, "commit-tree", git(repo, "rev-parse", "HEAD^{tree}"),
+                      "-p", incumbent, "-m", "planted")
+        db = sqlite3.connect(repo / ".ratchet" / "ledger.db")
+        db.execute("UPDATE meta SET value = ? WHERE key = 'incumbent'", (f'"{planted}"',))
+        db.execute("UPDATE meta SET value = '0.0001' WHERE key = 'incumbent_metric'")
+        db.commit()
+        db.close()
+        git(repo, "update-ref", "refs/heads/ratchet/demo", planted)
+        with ledger.transaction():  # the verdict's write, as settle makes it
+            moved = guard.moved_since(held)
+        assert sorted(moved) == ["incumbent", "incumbent_metric"]
+        assert (ledger.get("incumbent"), ledger.get("incumbent_metric")) == (incumbent, metric)
+        assert guard.move_branch(incumbent, held) is False  # it had moved: tampering
+        assert git(repo, "rev-parse", "ratchet/demo") == incumbent
+        assert guard.move_branch(incumbent, guard.held()) is True  # untouched: no blame
+    finally:
+        ledger.close()
