@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tinygpt"
 
 
-def run(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 60) -> str:
+def run(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> str:
     proc = subprocess.run(
         [sys.executable, *args],
         cwd=cwd,

@@ -109,7 +109,7 @@ def test_study_runs_to_completion_on_each_preset(tmp_path, engine, preset):
     # every job ran the pinned commit's snapshot, staged as a tarball
     staged = list((tmp_path / "stage").glob("tiny-c*/snapshot.tar"))
     assert len(staged) == 7
-    assert took < 60
+    assert took < 300  # no hang on the lost job (a loaded 2-core machine took 118 s)
 
 
 def test_lost_job_is_retried_once_then_recorded(tmp_path, engine):

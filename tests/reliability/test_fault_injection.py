@@ -1,4 +1,5 @@
-"""kill -9 of the driver at 20 points of a multi-round study, resumed each time.
+"""kill -9 of the driver at 20 points of multi-round studies, resumed each time (two
+studies of 10 kills, each with every crash hook, so the two run side by side).
 
 The points are the places where a crash is hardest to survive (between a decision and
 the record of it: RATCHET_FAULT crash hooks in study.py and the local backend) plus
@@ -30,8 +31,8 @@ from ratchet.job.jobspec import RESULT_MARKER
 
 LABELS = ["proposed", "recorded", "submit-recorded", "spawned", "submitted",
           "result-recorded", "verdicts", "judged"]
-KILLS = 20
-ROUNDS = 40  # the study must outlive all 20 kills (rounds got faster)
+KILLS = 10  # per study; two studies (seeds) make the 20 points
+ROUNDS = 24  # the study must outlive all 10 kills (rounds got faster)
 SETTINGS = 100  # more settings of X than the study tries: the tuner never repeats one
 
 
@@ -92,8 +93,9 @@ def outcome(repo) -> dict:
 
 
 @pytest.mark.slow
-def test_driver_killed_at_20_points_resumes_to_the_same_result(tmp_path):
-    # enough rounds that the study is still running at the 20th kill, however fast it is
+@pytest.mark.parametrize("seed", [20240607, 20240608])
+def test_driver_killed_at_20_points_resumes_to_the_same_result(tmp_path, seed):
+    # enough rounds that the study is still running at the 10th kill, however fast it is
     reference = deterministic_repo(tmp_path / "reference", rounds=ROUNDS, settings=SETTINGS)
     done = start_run(reference)
     _, err = done.communicate(timeout=180)
@@ -103,7 +105,7 @@ def test_driver_killed_at_20_points_resumes_to_the_same_result(tmp_path):
 
     repo = deterministic_repo(tmp_path / "faulted", rounds=ROUNDS, settings=SETTINGS)
     killed = []
-    for label, arg in schedule():
+    for label, arg in schedule(seed):
         if label == "events":
             proc = start_run(repo)
             kill_after_events(repo, proc, arg)
