@@ -10,6 +10,7 @@ import sqlite3
 import sys
 import textwrap
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -21,6 +22,7 @@ from rich.text import Text
 
 from ratchet import __version__, backends, proposers
 from ratchet.driver import audit, budget, infra, opening, spend, views
+from ratchet.driver.ledger import Candidate, Ledger
 from ratchet.driver.study import Progress, Study
 from ratchet.errors import UserError
 from ratchet.job import gitrepo
@@ -669,27 +671,50 @@ def log_(
     status: Annotated[str | None, typer.Option(
         "--status", help="only this status: keep, discard, crash, rejected, ...")] = None,
     round_: Annotated[int | None, typer.Option("--round", help="only this round")] = None,
+    last: Annotated[int | None, typer.Option(
+        "--last", min=1, help="only the last N candidates (after the other filters)")] = None,
     repo: RepoOption = Path("."),
 ) -> None:
     """One line per candidate, like git log --oneline: id, commit, status, metric, gain, cost, description."""
-    from ratchet.driver.history import HistoryError, log_line, select
+    from ratchet.driver.history import HistoryError, check_status, log_line
 
     with open_study(repo) as study:
         ledger = study.ledger
         try:
-            cands = select(ledger.candidates(), kept=kept, status=status, round=round_)
+            check_status(status)
         except HistoryError as exc:
             fail(str(exc))
+        if kept and status not in (None, Status.KEEP):
+            return  # both filters must hold: nothing does
+        status = Status.KEEP.value if kept else status
         metric = study.config.metric.name
-        # each row's spend, and each kept step's since the keep before it (spend.py)
-        spent = spend.per_candidate(ledger)
+        # each kept step's spend since the keep before it (spend.py), then the rows a page
+        # at a time (SQL filters and order; `--last`: one page), each row's spend with it,
+        # printed as they come: a study of 10,000 candidates starts printing at once
         steps, tail = spend.kept_steps(ledger)
-        sys.stdout.write("".join(log_line(c, metric, spent.get(c.id), steps.get(c.id)) + "\n"
-                                 for c in cands))
+        pages = ([ledger.last(last, status=status, round=round_)] if last is not None
+                 else _log_pages(ledger, status, round_))
+        for rows in pages:
+            spent = spend.per_candidate(ledger, [c.id for c in rows])
+            sys.stdout.write("".join(log_line(c, metric, spent.get(c.id), steps.get(c.id))
+                                     + "\n" for c in rows))
+            sys.stdout.flush()
         # the whole study's, on stderr like `diff`'s header: stdout stays a line a row
         emit(err, spend.summary(ledger).line())
         if tail.calls or tail.candidates:
             emit(err, f"since the last keep, not kept yet: {tail.text()}")
+
+
+def _log_pages(ledger: Ledger, status: str | None, round_: int | None,
+               size: int = 500) -> Iterator[list[Candidate]]:
+    """Every row under the filters, `size` at a time, in order."""
+    offset = 0
+    while True:
+        rows, _ = ledger.page(offset, size, status=status, round=round_)
+        if not rows:
+            return
+        yield rows
+        offset += len(rows)
 
 
 @app.command("diff")
