@@ -222,8 +222,9 @@ def study_noise(ledger: Ledger, metric: str,
                         reported=reported_errors(ledger, metric)).noise()
 
 
-def headline(ledger: Ledger, metric: str, goal: str, noise_ignored: bool = False) -> Headline:
-    groups = ledger.evaluations()
+def headline(ledger: Ledger, metric: str, goal: str, noise_ignored: bool = False,
+             groups: dict[str, list[float]] | None = None) -> Headline:
+    groups = ledger.evaluations() if groups is None else groups
     noise = study_noise(ledger, metric, groups)
     pinned, commit = ledger.get("pinned"), ledger.get("incumbent")
     base = stats.estimate(groups.get(pinned or "", []), noise)
