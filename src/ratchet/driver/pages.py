@@ -293,11 +293,13 @@ SMALL_CHART_POINTS = 250  # the tuner's and the phases' charts
 
 def thin(rows: Sequence[Candidate], value: Callable[[Candidate], float],
          keep: Callable[[Candidate], bool] = lambda _c: False,
-         limit: int = CHART_POINTS) -> list[Candidate]:
+         limit: int | None = None) -> list[Candidate]:
     """At most about `limit` of `rows` (in order) for a chart, all of them when they fit:
     every row `keep` says must stay (the keeps), and of the rest, in runs of equal length,
     the lowest and the highest `value` of each run: the envelope of the cloud, its shape,
-    at a bounded size. The whole data is the candidates table's."""
+    at a bounded size (CHART_POINTS unless given). The whole data is the candidates
+    table's."""
+    limit = limit or CHART_POINTS
     if len(rows) <= limit:
         return list(rows)
     must = {id(c) for c in rows if keep(c)}
