@@ -636,9 +636,9 @@ PAGE_ROWS = 200  # the most rows one page of the candidates table shows
 
 
 def candidate_table(study: StudyLike, snap: Snapshot, site: Site,
-                    rows: list[Candidate] | None = None) -> str:
-    """The candidates' table: `rows` (one page of it, Ledger.page), else every one."""
-    cands = snap.cands if rows is None else rows
+                    page: list[Candidate] | None = None) -> str:
+    """The candidates' table: `page` (one page of it, Ledger.page), else every row."""
+    cands = snap.cands if page is None else page
     if not cands:
         return '<p class="note">no candidates.</p>'
     from ratchet.driver.spend import RowSpend, per_candidate
@@ -647,7 +647,7 @@ def candidate_table(study: StudyLike, snap: Snapshot, site: Site,
             "hold-out", "phases", "proposer $", "compute $", "proposer", "idea",
             "description", "reasons", "machine"]
     # each row's calls, jobs and confirmation pairs (of the rows shown)
-    spent = per_candidate(study.ledger, None if rows is None else [c.id for c in cands])
+    spent = per_candidate(study.ledger, None if page is None else [c.id for c in cands])
     rows, classes = [], []
     for c in cands:
         mine = spent.get(c.id, RowSpend())
