@@ -152,9 +152,9 @@ MIGRATIONS: tuple[str, ...] = (
         started_at REAL NOT NULL,
         seen_at REAL NOT NULL,
         ended_at REAL)""",
-    # v7: each row's revision, the ledger's change counter when it was last written (by
-    # the triggers below, whoever writes): a view that keeps rows in memory (`ratchet
-    # serve`) reads only the rows written since it last looked
+    # v7 to v13, one statement each: each row's revision, the ledger's change counter when
+    # it was last written (by the triggers below, whoever writes): a view that keeps rows
+    # in memory (`ratchet serve`) reads only the rows written since it last looked
     "ALTER TABLE candidates ADD COLUMN rev INTEGER NOT NULL DEFAULT 0",
     "CREATE INDEX IF NOT EXISTS candidates_rev ON candidates (rev)",
     """CREATE TRIGGER IF NOT EXISTS candidates_rev_insert AFTER INSERT ON candidates BEGIN
