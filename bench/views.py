@@ -94,6 +94,7 @@ def ratchet(repo: Path, *args: str, timeout: float | None = None) -> tuple[float
                                str(repo)], capture_output=True, text=True, env=env(),
                               timeout=timeout)
     except subprocess.TimeoutExpired:
+        CPU["last"] = float("nan")  # a killed child's time is not in RUSAGE_CHILDREN
         return float("inf"), ""
     took = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
