@@ -10,6 +10,7 @@ import sqlite3
 import sys
 import textwrap
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -21,6 +22,7 @@ from rich.text import Text
 
 from ratchet import __version__, backends, proposers
 from ratchet.driver import audit, budget, infra, opening, spend, views
+from ratchet.driver.ledger import Candidate, Ledger
 from ratchet.driver.study import Progress, Study
 from ratchet.errors import UserError
 from ratchet.job import gitrepo
@@ -413,25 +415,25 @@ def status(
     """The study at a glance: incumbent, counts, running jobs, costs, sandbox."""
     with open_study(repo) as study:
         ledger = study.ledger
-        cands = ledger.candidates()
         metric = study.config.metric.name
-        counts: dict[str, int] = {}
-        for cand in cands:
-            counts[cand.status] = counts.get(cand.status, 0) + 1
-        # every call and job as recorded (spend.py); wall time without idle gaps
+        # aggregates in SQL (counts, sums, the evaluations of each commit): a study of
+        # 10,000 candidates reads as fast as one of 50 (docs/watching.md)
+        counts = ledger.status_counts(confirmations=False)
+        # every call and job, as recorded (spend.py); wall time without idle gaps
         spent = spend.summary(ledger)
-        by_row = spend.per_candidate(ledger)  # with its confirmation pairs' compute
+        # each row's, with its confirmation pairs' compute: all of them for --json, the
+        # rows shown for the table
+        shown = [] if as_json else ledger.last(30)
+        by_row = spend.per_candidate(ledger, None if as_json else [c.id for c in shown])
         wall = spent.wall_hours * 3600
-        hypotheses = sum(1 for c in cands if c.kind == Kind.CANDIDATE and c.is_judged)
-        from ratchet.driver.ledger import throughput  # duty cycle and the limit, from the ledger
-
-        # the confirmation pairs' jobs held slots too: their share is said apart
-        busy = throughput(ledger.candidates(confirmations=True), study.busy_slots,
-                          ledger.sessions())
+        hypotheses = ledger.count(Kind.CANDIDATE, judged=True)
+        # duty cycle and the limit, from the ledger; the confirmation pairs' jobs held
+        # slots too: their share is said apart
+        busy = ledger.throughput(study.busy_slots)
         summary = {
             "study": study.name,
             "started": study.started,
-            "round": views.rounds_done(ledger.get("round"), cands),  # run so far, not the next
+            "round": ledger.rounds_done(),  # run so far, not the next
             "incumbent": ledger.get("incumbent"),
             "incumbent_id": ledger.get("incumbent_id"),
             "metric": metric,
@@ -442,13 +444,13 @@ def status(
                                        study.config.acceptance.noise == "ignore").as_dict(),
             "false_keep_rate": study.config.acceptance.rate,
             "counts": counts,
-            "running": [c.id for c in cands if c.status == Status.SUBMITTED],
+            "running": ledger.ids(Status.SUBMITTED),
             "job_hours": round(spent.slot_hours, 4),
             "cost_usd": round(spent.usd, 4),
             "tokens": spent.tokens,
             "spend": spent.as_dict(),  # proposer, compute and wasted, as recorded
             "spend_by_candidate": {i: row.as_dict() for i, row in by_row.items()},
-            "budget": budget.status(study.config.budget, spent, cands, ledger),
+            "budget": budget.status(study.config.budget, spent, ledger.made(), ledger),
             "wall_hours": round(spent.wall_hours, 4),
             "hypotheses_per_hour": round(hypotheses / (wall / 3600), 2) if wall > 0 else None,
             "duty_cycle": busy.duty,  # job time / (slots x wall time of the jobs)
@@ -469,7 +471,7 @@ def status(
         rows = [(cand.id, str(cand.round), cand.short, cand.status, views.fmt(cand.metric)
                  if cand.metric is not None else "",
                  f"{by_row[cand.id].usd:.4f}", cand.description or "")
-                for cand in cands[-30:]]
+                for cand in shown]
         if rows:
             table = Table(show_edge=False)
             # the short columns keep their width; the description takes the rest on one
@@ -669,27 +671,50 @@ def log_(
     status: Annotated[str | None, typer.Option(
         "--status", help="only this status: keep, discard, crash, rejected, ...")] = None,
     round_: Annotated[int | None, typer.Option("--round", help="only this round")] = None,
+    last: Annotated[int | None, typer.Option(
+        "--last", min=1, help="only the last N candidates (after the other filters)")] = None,
     repo: RepoOption = Path("."),
 ) -> None:
     """One line per candidate, like git log --oneline: id, commit, status, metric, gain, cost, description."""
-    from ratchet.driver.history import HistoryError, log_line, select
+    from ratchet.driver.history import HistoryError, check_status, log_line
 
     with open_study(repo) as study:
         ledger = study.ledger
         try:
-            cands = select(ledger.candidates(), kept=kept, status=status, round=round_)
+            check_status(status)
         except HistoryError as exc:
             fail(str(exc))
+        if kept and status not in (None, Status.KEEP):
+            return  # both filters must hold: nothing does
+        status = Status.KEEP.value if kept else status
         metric = study.config.metric.name
-        # each row's spend, and each kept step's since the keep before it (spend.py)
-        spent = spend.per_candidate(ledger)
+        # each kept step's spend since the keep before it (spend.py), then the rows a page
+        # at a time (SQL filters and order; `--last`: one page), each row's spend with it,
+        # printed as they come: a study of 10,000 candidates starts printing at once
         steps, tail = spend.kept_steps(ledger)
-        sys.stdout.write("".join(log_line(c, metric, spent.get(c.id), steps.get(c.id)) + "\n"
-                                 for c in cands))
+        pages = ([ledger.last(last, status=status, round=round_)] if last is not None
+                 else _log_pages(ledger, status, round_))
+        for rows in pages:
+            spent = spend.per_candidate(ledger, [c.id for c in rows])
+            sys.stdout.write("".join(log_line(c, metric, spent.get(c.id), steps.get(c.id))
+                                     + "\n" for c in rows))
+            sys.stdout.flush()
         # the whole study's, on stderr like `diff`'s header: stdout stays a line a row
         emit(err, spend.summary(ledger).line())
         if tail.calls or tail.candidates:
             emit(err, f"since the last keep, not kept yet: {tail.text()}")
+
+
+def _log_pages(ledger: Ledger, status: str | None, round_: int | None,
+               size: int = 500) -> Iterator[list[Candidate]]:
+    """Every row under the filters, `size` at a time, in order."""
+    offset = 0
+    while True:
+        rows, _ = ledger.page(offset, size, status=status, round=round_)
+        if not rows:
+            return
+        yield rows
+        offset += len(rows)
 
 
 @app.command("diff")

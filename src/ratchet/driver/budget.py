@@ -73,11 +73,12 @@ def made(cands: list[Candidate]) -> int:
     return sum(1 for c in cands if c.kind == Kind.CANDIDATE and c.code != Reason.WITHDRAWN)
 
 
-def used(spent: Spend, cands: list[Candidate]) -> dict[str, float]:
-    """What each limit counts, so far."""
+def used(spent: Spend, cands: list[Candidate] | int) -> dict[str, float]:
+    """What each limit counts, so far; `cands`: the rows, or how many `made` counts of
+    them (Ledger.made, where the rows are not read)."""
     return {"usd": spent.usd, "tokens": float(spent.tokens), "hours": spent.slot_hours,
             "wall": spent.wall_hours,
-            "candidates": float(made(cands))}
+            "candidates": float(cands if isinstance(cands, int) else made(cands))}
 
 
 def per_candidate(spent: Spend, cands: list[Candidate]) -> dict[str, float]:
@@ -118,7 +119,7 @@ def room(budget: Budget, cands: list[Candidate], want: int) -> int:
     return max(0, min(want, budget.candidates - made(cands)))
 
 
-def status(budget: Budget, spent: Spend, cands: list[Candidate], ledger: Ledger
+def status(budget: Budget, spent: Spend, cands: list[Candidate] | int, ledger: Ledger
            ) -> dict[str, Any]:
     """For `status --json`: each limit with what is used of it, and what stopped the
     study last, if a limit did."""

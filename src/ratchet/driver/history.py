@@ -74,11 +74,16 @@ def format_change(change: tuple[float, float | None] | None) -> str:
 # ratchet log
 
 
+def check_status(status: str | None) -> None:
+    """A status `ratchet log --status` knows (HistoryError naming them if not)."""
+    if status is not None and status not in STATUSES:
+        raise HistoryError(f"unknown status {status!r}; one of: {', '.join(STATUSES)}")
+
+
 def select(cands: Iterable[Candidate], kept: bool = False, status: str | None = None,
            round: int | None = None) -> list[Candidate]:
     """The candidates `ratchet log` shows under its filters (all of them must hold)."""
-    if status is not None and status not in STATUSES:
-        raise HistoryError(f"unknown status {status!r}; one of: {', '.join(STATUSES)}")
+    check_status(status)
     return [
         c for c in cands
         if (not kept or c.status == Status.KEEP)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ratchet.driver import sanitize
 from ratchet.vocab import Kind, Status
@@ -85,6 +85,20 @@ OPEN = (Status.PROPOSED, Status.COMMITTED, Status.SUBMITTED, Status.INTERRUPTED,
 VERDICTS = (Status.KEEP, Status.DISCARD, Status.CRASH, Status.REJECTED, Status.CANCELLED,
             Status.REFERENCE)
 JSON_COLUMNS = ("params", "samples", "extra", "phases", "result")
+# the columns a page of candidates may be sorted by (Ledger.page)
+PAGE_ORDERS = ("seq", "round", "status", "metric", "gain", "margin", "noise", "holdout",
+               "run_s", "proposer", "idea", "description", "reasons", "commit_sha")
+# a JSON value in `extra` that Python would call true (None, false, 0, "" are not)
+_TRUTHY = ("COALESCE(json_type(extra, '{path}') NOT IN ('null', 'false') AND "
+           "json_extract(extra, '{path}') NOT IN (0, ''), 0)")
+# slot_seconds(row) in SQL: its phases' seconds, builds on a CPU build slot excluded; the
+# run time where no phase was recorded
+SLOT_S = ("CASE WHEN phases IS NULL OR NOT json_valid(phases) OR json_array_length(phases) = 0 "
+          "THEN COALESCE(run_s, 0.0) ELSE (SELECT TOTAL(json_extract(p.value, '$.seconds')) "
+          "FROM json_each(phases) p WHERE NOT COALESCE(json_extract(p.value, '$.off_slot'), "
+          "0)) END")
+# job_slot_seconds(row): with its other jobs' (hold-out follow-up, lost attempts)
+JOB_SLOT_S = f"(({SLOT_S}) + COALESCE(extra_slot_s, 0.0))"
 UNTRUSTED_TEXT = ("description", "reasons")  # sanitised on the way in and out
 
 # Schema migrations, in order: MIGRATIONS[i] takes a ledger from user_version i to i + 1.
@@ -138,6 +152,22 @@ MIGRATIONS: tuple[str, ...] = (
         started_at REAL NOT NULL,
         seen_at REAL NOT NULL,
         ended_at REAL)""",
+    # v7 to v13, one statement each: each row's revision, the ledger's change counter when
+    # it was last written (by the triggers below, whoever writes): a view that keeps rows
+    # in memory (`ratchet serve`) reads only the rows written since it last looked
+    "ALTER TABLE candidates ADD COLUMN rev INTEGER NOT NULL DEFAULT 0",
+    "CREATE INDEX IF NOT EXISTS candidates_rev ON candidates (rev)",
+    """CREATE TRIGGER IF NOT EXISTS candidates_rev_insert AFTER INSERT ON candidates BEGIN
+        UPDATE candidates SET rev = (SELECT MAX(rev) FROM candidates) + 1
+        WHERE id = NEW.id; END""",
+    """CREATE TRIGGER IF NOT EXISTS candidates_rev_update AFTER UPDATE ON candidates
+        WHEN NEW.rev = OLD.rev BEGIN
+        UPDATE candidates SET rev = (SELECT MAX(rev) FROM candidates) + 1
+        WHERE id = NEW.id; END""",
+    # the rows of an older ledger, numbered once in order
+    "UPDATE candidates SET rev = seq + 1 + (SELECT -MIN(seq) FROM candidates) WHERE rev = 0",
+    # the common filters of the views (status, kind) and a page in order
+    "CREATE INDEX IF NOT EXISTS candidates_status ON candidates (status, kind)",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -186,6 +216,7 @@ class Candidate:
     # slot seconds of this row's other jobs (hold-out follow-up, lost or interrupted
     # attempts): compute spent beyond `phases`
     extra_slot_s: float | None = None
+    rev: int = 0  # the ledger's change counter when this row was last written
 
     @property
     def short(self) -> str:
@@ -417,29 +448,83 @@ class Ledger:
             args.append(status)
         return [_from_row(r) for r in self.db.execute(query + " ORDER BY seq", args)]
 
+    def revision(self) -> int:
+        """The ledger's change counter: the highest row revision (0 for a ledger older
+        than schema 7, which has none)."""
+        try:
+            return int(self.db.execute("SELECT COALESCE(MAX(rev), 0) FROM candidates"
+                                       ).fetchone()[0])
+        except sqlite3.OperationalError:  # no rev column: an older ledger, read-only
+            return 0
+
+    def rows_since(self, rev: int | None) -> list[Candidate]:
+        """Every row (confirmations too) written after revision `rev` (all with None), by
+        seq, for views that keep the study in memory. Their `result` holds only its
+        machine fingerprint: the rest of it (phases, samples, extra again) is what makes
+        decoding 10,000 rows slow, and the views read it from the row's own columns."""
+        cols = [r[1] for r in self.db.execute("PRAGMA table_info(candidates)")
+                if r[1] != "result"]
+        query = (f"SELECT {', '.join(cols)}, json_extract(result, '$.fingerprint') AS "
+                 "fingerprint FROM candidates")
+        args: tuple[object, ...] = ()
+        if rev is not None:
+            query += " WHERE rev > ?"
+            args = (rev,)
+        out = []
+        for row in self.db.execute(query + " ORDER BY seq", args):
+            data = dict(row)
+            fingerprint = data.pop("fingerprint")
+            data["result"] = (json.dumps({"fingerprint": json.loads(fingerprint)})
+                              if fingerprint else None)
+            out.append(_from_row(data))
+        return out
+
     def evaluations(self, exclude_confirming: AbstractSet[str] = frozenset()
                     ) -> dict[str, list[float]]:
         """Every judged evaluation of every commit, by commit: its own run, the baseline's
         A/A floor, co-run references, confirmation pairs. One pooled estimate per commit
         is made of these (stats.estimate). A crash, a rejection or a run stopped early
         measured nothing to trust; the pairs of candidates being judged now
-        (`exclude_confirming`) join through their confirmation."""
+        (`exclude_confirming`) join through their confirmation.
+
+        Four columns of the rows that count, in SQL: read on every view, it must not
+        decode every row's JSON."""
         out: dict[str, list[float]] = {}
         # each commit's list in the order measured: its own runs first (by seq), then its
         # confirmation pairs in the order made (their seq counts down from -1). The noise
         # pool leaves a commit's first value out (picked for looking good: judge
         # Confirmation._commit); by seq alone, a pair came first and the pick stayed in
-        rows = sorted(self.candidates(confirmations=True),
-                      key=lambda c: (c.kind == Kind.CONFIRM, -c.seq if c.kind == Kind.CONFIRM
-                                     else c.seq))
-        for cand in rows:
-            if (cand.metric is None or not cand.commit_sha
-                    or cand.confirms in exclude_confirming
-                    or cand.status not in (Status.KEEP, Status.DISCARD, Status.REFERENCE)
-                    or (cand.extra or {}).get("stopped_early")):
+        rows = self.db.execute(
+            f"SELECT commit_sha, metric, confirms FROM candidates WHERE metric IS NOT NULL "
+            f"AND commit_sha IS NOT NULL AND commit_sha != '' AND status IN (?, ?, ?) "
+            f"AND NOT {_TRUTHY.format(path='$.stopped_early')} "
+            f"ORDER BY kind = ?, CASE WHEN kind = ? THEN -seq ELSE seq END",
+            (Status.KEEP.value, Status.DISCARD.value, Status.REFERENCE.value,
+             Kind.CONFIRM.value, Kind.CONFIRM.value))
+        for commit, metric, confirms in rows:
+            if confirms is not None and confirms in exclude_confirming:
                 continue
-            out.setdefault(cand.commit_sha, []).append(cand.metric)
+            out.setdefault(commit, []).append(metric)
         return out
+
+    def reported_errors(self, metric: str) -> list[tuple[Any, Any, float]]:
+        """(the result's extra, its samples, the metric) of every judged evaluation whose
+        result may carry its own error (`<metric>_sem`, or two samples or more), by seq:
+        what views.reported_errors reads, without decoding the rows that have neither."""
+        sem = f'$.extra."{metric}_sem"'
+        maybe = ("(json_type(result, ?) IN ('integer', 'real') "
+                 "OR json_array_length(result, '$.samples') >= 2)")
+        args: list[object] = [sem]
+        if '"' in metric:  # not a path SQLite can take: every row, decoded (never seen)
+            maybe, args = "1", []
+        rows = self.db.execute(
+            "SELECT json_extract(result, '$.extra'), json_extract(result, '$.samples'), "
+            "metric FROM candidates WHERE result IS NOT NULL AND json_valid(result) AND "
+            f"metric IS NOT NULL AND status IN (?, ?, ?) AND {maybe} ORDER BY seq",
+            (Status.KEEP.value, Status.DISCARD.value, Status.REFERENCE.value, *args))
+        return [(json.loads(extra) if isinstance(extra, str) else extra,
+                 json.loads(samples) if isinstance(samples, str) else samples, value)
+                for extra, samples, value in rows]
 
     def verdicts(self) -> dict[str, tuple[str, float | None]]:
         """{id: (status, metric)} of every judged candidate: two columns, read without
@@ -449,9 +534,110 @@ class Ledger:
             f"SELECT id, status, metric FROM candidates WHERE status IN ({marks})", VERDICTS)
         return {row["id"]: (row["status"], row["metric"]) for row in rows}
 
-    def status_counts(self) -> dict[str, int]:
-        rows = self.db.execute("SELECT status, COUNT(*) AS n FROM candidates GROUP BY status")
+    def status_counts(self, confirmations: bool = True) -> dict[str, int]:
+        """{status: rows}; without the confirmation rows when `confirmations` is False
+        (the count `status` and the views show: candidates, the baseline, co-runs)."""
+        where = "" if confirmations else "WHERE kind != ?"
+        args = () if confirmations else (Kind.CONFIRM.value,)
+        rows = self.db.execute(f"SELECT status, COUNT(*) AS n FROM candidates {where} "
+                               "GROUP BY status", args)
         return {row["status"]: row["n"] for row in rows}
+
+    def count(self, kind: str | None = None, judged: bool = False,
+              confirmations: bool = False) -> int:
+        """How many rows (of `kind`; with a verdict only, when `judged`)."""
+        query, args = "SELECT COUNT(*) FROM candidates WHERE 1=1", list[object]()
+        if not confirmations:
+            query += " AND kind != ?"
+            args.append(Kind.CONFIRM.value)
+        if kind is not None:
+            query += " AND kind = ?"
+            args.append(kind)
+        if judged:
+            query += f" AND status IN ({', '.join('?' * len(VERDICTS))})"
+            args += [v.value for v in VERDICTS]
+        return int(self.db.execute(query, args).fetchone()[0])
+
+    def made(self) -> int:
+        """budget.made in SQL: candidates, a change withdrawn from beside a confirmation
+        not counted twice."""
+        from ratchet.driver.judge import Reason  # the code's spelling, not a copy of it
+
+        return int(self.db.execute(
+            "SELECT COUNT(*) FROM candidates WHERE kind = ? AND code IS NOT ?",
+            (Kind.CANDIDATE.value, Reason.WITHDRAWN.value)).fetchone()[0])
+
+    def rounds_done(self) -> int:
+        """views.rounds_done in SQL: the ledger's counter points at the next round to run,
+        which counts as run once a row of it exists."""
+        current = self.get("round")
+        if not current:
+            return 0
+        there = self.db.execute("SELECT 1 FROM candidates WHERE round = ? AND kind != ? "
+                                "LIMIT 1", (current, Kind.CONFIRM.value)).fetchone()
+        return current if there else current - 1
+
+    def ids(self, status: str | None = None) -> list[str]:
+        """Ids of the rows in `status` (no confirmation rows), by seq."""
+        return [r[0] for r in self.db.execute(
+            "SELECT id FROM candidates WHERE kind != ? AND status = ? ORDER BY seq",
+            (Kind.CONFIRM.value, status))]
+
+    def page(self, offset: int = 0, limit: int | None = None, status: str | None = None,
+             round: int | None = None, text: str | None = None, order: str = "seq",
+             descending: bool = False) -> tuple[list[Candidate], int]:
+        """One page of the candidates (no confirmation rows) under filters, sorted in SQL,
+        and how many rows the filters let through: what a paged table or `log --last`
+        reads, never the whole study. `order`: a column of PAGE_ORDERS."""
+        if order not in PAGE_ORDERS:
+            raise ValueError(f"cannot sort by {order!r}")
+        where, args = "kind != ?", list[object]([Kind.CONFIRM.value])
+        if status is not None:
+            where += " AND status = ?"
+            args.append(status)
+        if round is not None:
+            where += " AND round = ?"
+            args.append(round)
+        if text:
+            like = f"%{text.replace('!', '!!').replace('%', '!%').replace('_', '!_')}%"
+            where += (" AND (id LIKE ? ESCAPE '!' OR description LIKE ? ESCAPE '!' "
+                      "OR reasons LIKE ? ESCAPE '!' OR idea LIKE ? ESCAPE '!' "
+                      "OR commit_sha LIKE ? ESCAPE '!' OR status LIKE ? ESCAPE '!')")
+            args += [like] * 6
+        total = int(self.db.execute(f"SELECT COUNT(*) FROM candidates WHERE {where}",
+                                    args).fetchone()[0])
+        way = "DESC" if descending else "ASC"
+        # a missing value sorts last either way, then by seq for a stable page
+        query = (f"SELECT * FROM candidates WHERE {where} ORDER BY {order} IS NULL, "
+                 f"{order} {way}, seq {way}")
+        if limit is not None:
+            query += " LIMIT ? OFFSET ?"
+            args += [limit, offset]
+        return [_from_row(r) for r in self.db.execute(query, args)], total
+
+    def last(self, n: int, status: str | None = None, round: int | None = None
+             ) -> list[Candidate]:
+        """The last `n` candidates (by seq) under the filters, in order."""
+        rows, _ = self.page(0, n, status=status, round=round, descending=True)
+        return rows[::-1]
+
+    def spans(self) -> list[tuple[float, float]]:
+        """(placed, finished) of every job that finished (study_wall's jobs)."""
+        return [(a, b) for a, b in self.db.execute(
+            "SELECT submitted_at, finished_at FROM candidates WHERE submitted_at IS NOT "
+            "NULL AND finished_at IS NOT NULL")]
+
+    def ran(self) -> list[Ran]:
+        """What `throughput` reads of every row that ran, in SQL (slot time summed over
+        the phases' JSON by SQLite)."""
+        return [Ran(a, b, s, k == Kind.CONFIRM.value) for a, b, s, k in self.db.execute(
+            f"SELECT submitted_at, finished_at, {SLOT_S}, kind FROM candidates "
+            "WHERE run_s IS NOT NULL AND submitted_at IS NOT NULL AND finished_at IS NOT "
+            "NULL ORDER BY seq")]
+
+    def throughput(self, slots: int) -> Throughput:
+        """throughput() of the whole ledger, from SQL."""
+        return throughput_of(self.ran(), slots, self.sessions())
 
     def find(self, ref: str) -> Candidate | None:
         """By id (c0003), job id, or commit prefix (>= 4 hex digits)."""
@@ -550,7 +736,7 @@ def _clean(key: str, value: Any) -> Any:
     return sanitize.line(value) if key == "description" else sanitize.text(value)
 
 
-def _from_row(row: sqlite3.Row) -> Candidate:
+def _from_row(row: sqlite3.Row | dict[str, Any]) -> Candidate:
     data = {k: _clean(k, v) for k, v in dict(row).items()}
     for key in JSON_COLUMNS:
         if data.get(key) is not None:
@@ -622,6 +808,15 @@ def study_wall(cands: list[Candidate], sessions: list[tuple[float, float]]) -> f
     return active_seconds([*jobs, *sessions])
 
 
+class Ran(NamedTuple):
+    """What throughput reads of one row that ran."""
+
+    submitted_at: float
+    finished_at: float
+    slot_s: float  # slot_seconds of the row
+    confirm: bool  # a confirmation pair's row
+
+
 def throughput(cands: list[Candidate], slots: int,
                sessions: list[tuple[float, float]] | None = None) -> Throughput:
     """Duty cycle and the limit, from the ledger alone (no clock of the driver's).
@@ -629,24 +824,31 @@ def throughput(cands: list[Candidate], slots: int,
     The wall time runs from the first job placed to the last finished, less the time no
     driver session and no job ran (a study resumed the next morning does not count the
     night); `sessions`: Ledger.sessions(). Without any (a ledger of an older ratchet),
-    the whole span counts, as it did then."""
-    ran = [c for c in cands if c.run_s is not None and c.submitted_at is not None
+    the whole span counts, as it did then. Ledger.throughput reads the same from SQL."""
+    ran = [Ran(c.submitted_at, c.finished_at, slot_seconds(c), c.kind == Kind.CONFIRM)
+           for c in cands if c.run_s is not None and c.submitted_at is not None
            and c.finished_at is not None]
+    return throughput_of(ran, slots, sessions)
+
+
+def throughput_of(ran: list[Ran], slots: int,
+                  sessions: list[tuple[float, float]] | None = None) -> Throughput:
     if not ran or slots < 1:
         return Throughput(slots, 0, 0.0, 0.0, None, None, None, None)
-    first = min(c.submitted_at for c in ran if c.submitted_at is not None)
-    last = max(c.finished_at for c in ran if c.finished_at is not None)
+    first = min(r.submitted_at for r in ran)
+    last = max(r.finished_at for r in ran)
+    jobs = [(r.submitted_at, r.finished_at) for r in ran]
     if sessions:
-        wall = study_wall(ran, [(max(a, first), min(b, last)) for a, b in sessions
-                                if b > first and a < last])
+        wall = active_seconds([*jobs, *[(max(a, first), min(b, last)) for a, b in sessions
+                                        if b > first and a < last]])
     else:
         wall = last - first
-    busy = sum(slot_seconds(c) for c in ran)
-    confirming = sum(slot_seconds(c) for c in ran if c.kind == Kind.CONFIRM)
+    busy = sum(r.slot_s for r in ran)
+    confirming = sum(r.slot_s for r in ran if r.confirm)
     # candidates per hour and their mean time count the rows that are experiments (and
     # references), not the pairs that re-measure them
-    own = [c for c in ran if c.kind != Kind.CONFIRM] or ran
-    mean = sum(slot_seconds(c) for c in own) / len(own)
+    own = [r for r in ran if not r.confirm] or ran
+    mean = sum(r.slot_s for r in own) / len(own)
     return Throughput(
         slots=slots, jobs=len(own), wall_s=round(wall, 3), busy_s=round(busy, 3),
         duty=round(busy / (slots * wall), 4) if wall > 0 else None,

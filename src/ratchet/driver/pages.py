@@ -25,16 +25,19 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ratchet import stats
 from ratchet.driver import views
-from ratchet.driver.history import Share, kept_steps, success_shares
-from ratchet.driver.ledger import Candidate, Ledger, throughput
+from ratchet.driver.history import Share, success_shares
+from ratchet.driver.ledger import Candidate, Ledger
 from ratchet.driver.svg import Chart
 from ratchet.job import gitrepo, sandbox
 from ratchet.job.fingerprint import fingerprint_key, software_key
 from ratchet.vocab import OPEN, Kind, Status
+
+if TYPE_CHECKING:
+    from ratchet.driver.spend import Spend
 
 DIFF_LIMIT = 200_000  # characters of a diff shown; the rest is cut, and said so
 LOG_TAIL_BYTES = 6_000  # the end of each phase's log shown on a candidate's page
@@ -178,6 +181,16 @@ class Snapshot:
     goal: str
     now: float = field(default_factory=time.time)
     _estimates: dict[str, stats.Estimate | None] = field(default_factory=dict)
+    _ids: dict[str, Candidate] = field(default_factory=dict)
+    _spent: list[Spend] = field(default_factory=list)
+
+    def spent(self, ledger: Ledger) -> Spend:
+        """The study's spend (spend.summary), read once per look."""
+        if not self._spent:
+            from ratchet.driver.spend import summary
+
+            self._spent.append(summary(ledger))
+        return self._spent[0]
 
     def estimate(self, commit: str | None) -> stats.Estimate | None:
         """The pooled estimate of a commit: all its evaluations, with a 95% interval."""
@@ -187,17 +200,22 @@ class Snapshot:
         return self._estimates[key]
 
     def by_id(self, cand_id: str) -> Candidate | None:
-        return next((c for c in self.everything if c.id == cand_id), None)
+        if not self._ids:  # an index, made once: a page looks up many rows
+            self._ids.update((c.id, c) for c in self.everything)
+        return self._ids.get(cand_id)
 
 
-def snapshot(study: StudyLike) -> Snapshot:
+def snapshot(study: StudyLike, rows: list[Candidate] | None = None) -> Snapshot:
+    """One look at the ledger; `rows`: every row (confirmations too, by seq) where the
+    caller keeps them in memory (`ratchet serve`), else read here."""
     ledger = study.ledger
     metric, goal = study.config.metric.name, study.config.metric.goal
-    everything = ledger.candidates(confirmations=True)
+    everything = rows if rows is not None else ledger.candidates(confirmations=True)
     cands = [c for c in everything if c.kind != Kind.CONFIRM]
-    head = views.headline(ledger, metric, goal, study.config.acceptance.noise == "ignore")
-    return Snapshot(cands, everything, head, ledger.evaluations(), Machines(cands), metric,
-                    goal)
+    groups = ledger.evaluations()
+    head = views.headline(ledger, metric, goal, study.config.acceptance.noise == "ignore",
+                          groups)
+    return Snapshot(cands, everything, head, groups, Machines(cands), metric, goal)
 
 
 # ---------------------------------------------------------------------------------------
@@ -269,6 +287,43 @@ def running_best(cands: Sequence[Candidate]) -> list[tuple[int, float]]:
     return [(c.seq, c.metric) for c in cands if c.status == Status.KEEP and c.metric is not None]
 
 
+CHART_POINTS = 500  # about the most points a chart draws (its SVG stays small)
+SMALL_CHART_POINTS = 250  # the tuner's and the phases' charts
+
+
+def thin(rows: Sequence[Candidate], value: Callable[[Candidate], float],
+         keep: Callable[[Candidate], bool] = lambda _c: False,
+         limit: int | None = None) -> list[Candidate]:
+    """At most about `limit` of `rows` (in order) for a chart, all of them when they fit:
+    every row `keep` says must stay (the keeps), and of the rest, in runs of equal length,
+    the lowest and the highest `value` of each run: the envelope of the cloud, its shape,
+    at a bounded size (CHART_POINTS unless given). The whole data is the candidates
+    table's."""
+    limit = limit or CHART_POINTS
+    if len(rows) <= limit:
+        return list(rows)
+    must = {id(c) for c in rows if keep(c)}
+    rest = [c for c in rows if id(c) not in must]
+    runs = max(1, (limit - len(must)) // 2)
+    size = -(-len(rest) // runs)
+    chosen = set(must)
+    for i in range(0, len(rest), size):
+        run = rest[i:i + size]
+        chosen.add(id(min(run, key=value)))
+        chosen.add(id(max(run, key=value)))
+    return [c for c in rows if id(c) in chosen]
+
+
+def shown_note(drawn: int, total: int, site: Site) -> str:
+    """Said under a chart that drew a downsample."""
+    if drawn >= total:
+        return ""
+    return (f'<p class="note" data-thinned="{drawn}">{drawn:,} of {total:,} points drawn: '
+            "every keep and re-measure, and the lowest and highest of each run of the "
+            f'rest; every candidate is in <a href="{_e(site.candidates())}">the '
+            "candidates table</a>.</p>")
+
+
 def read_tail(path: Path, limit: int) -> tuple[str, int]:
     """The last `limit` bytes of a file as text, and how many bytes came before them."""
     try:
@@ -334,16 +389,19 @@ def agent_sandbox(study: StudyLike) -> str:
     return f'<p class="{kind}">agents: {_e(text)}</p>'
 
 
-def metric_chart(snap: Snapshot) -> str:
+def metric_chart(snap: Snapshot, site: Site = LIVE) -> str:
     """The metric of every candidate in proposal order; each commit's pooled 95% interval;
     re-measures (co-runs, the A/A floor, confirmation pairs) as hollow diamonds at the
     candidate whose commit they measured again; the running incumbent as a step line of
     pooled estimates."""
     cands, metric = snap.cands, snap.metric
-    measured = [c for c in cands if c.metric is not None]
-    if not measured:
+    everyone = [c for c in cands if c.metric is not None]
+    if not everyone:
         return '<p class="note">no candidate has a metric yet.</p>'
-    values = [c.metric for c in measured if c.metric is not None]
+    values = [c.metric for c in everyone if c.metric is not None]
+    # a bounded number of points: every keep and the baseline, the envelope of the rest
+    measured = thin(everyone, lambda c: c.metric or 0.0,
+                    lambda c: c.status == Status.KEEP or c.kind != Kind.CANDIDATE)
     chart = Chart(title=f"{metric} over candidates", xlabel="candidate, in the order proposed",
                   ylabel=f"{metric} ({'lower' if snap.goal == 'minimize' else 'higher'} is better)",
                   log_y=min(values) > 0 and max(values) / min(values) > 20)
@@ -367,15 +425,18 @@ def metric_chart(snap: Snapshot) -> str:
                      attrs=[{"data-id": r.id, "data-remeasure": "1"} for r in again])
     for status in dict.fromkeys(c.status for c in measured if c.kind != Kind.INCUMBENT):
         pts = [c for c in measured if c.status == status and c.kind != Kind.INCUMBENT]
+        n = sum(1 for c in everyone if c.status == status and c.kind != Kind.INCUMBENT)
         chart.points([c.seq for c in pts], [c.metric or 0.0 for c in pts],
-                     COLORS.get(status, OPEN_COLOR), label=f"{status} ({len(pts)})",
+                     COLORS.get(status, OPEN_COLOR), label=f"{status} ({n})",
                      size=6 if status == Status.KEEP else 4.5,
                      titles=[f"{c.id} {c.status}: {metric} {c.metric:.6g} — {c.description}"
                              for c in pts],
                      attrs=[{"data-id": c.id, "data-metric": repr(c.metric)} for c in pts])
     missing = [c for c in cands if c.metric is None and c.is_judged]
+    all_missing = len(missing)
+    missing = missing[::-(-len(missing) // CHART_POINTS)] if missing else missing
     if missing:
-        chart.floor([c.seq for c in missing], COLORS["crash"], label=f"no {metric} ({len(missing)})",
+        chart.floor([c.seq for c in missing], COLORS["crash"], label=f"no {metric} ({all_missing})",
                     titles=[f"{c.id} {c.status}: {c.reasons or ''}" for c in missing],
                     attrs=[{"data-id": c.id} for c in missing])
     path = incumbent_path(snap)
@@ -383,7 +444,7 @@ def metric_chart(snap: Snapshot) -> str:
         last = max(c.seq for c in cands)
         chart.step([x for x, _ in path] + [last], [y for _, y in path] + [path[-1][1]],
                    COLORS["keep"], label="incumbent (pooled estimate)")
-    return chart.render()
+    return chart.render() + shown_note(len(measured), len(everyone), site)
 
 
 def incumbent_path(snap: Snapshot) -> list[tuple[int, float]]:
@@ -483,10 +544,8 @@ def running_now(study: StudyLike, snap: Snapshot, site: Site) -> str:
 
 def costs(study: StudyLike, snap: Snapshot) -> str:
     """Job time, duty and its limit, spend (and against a budget, where one is set)."""
-    from ratchet.driver.spend import summary
-
     cands = snap.cands
-    spent = summary(study.ledger)  # every proposer call and job, as recorded
+    spent = snap.spent(study.ledger)  # every proposer call and job, as recorded
     queue_s = sum(c.queue_s or 0.0 for c in cands)
     wall = spent.wall_hours * 3600  # while a session or a job ran, not the idle gaps
     judged = sum(1 for c in cands if c.kind == Kind.CANDIDATE and c.is_judged)
@@ -498,8 +557,7 @@ def costs(study: StudyLike, snap: Snapshot) -> str:
         ("candidates judged per hour", f"{judged / (wall / 3600):.1f}" if wall > 0 else ""),
     ]
     # how busy the slots were (confirmation pairs included, and their share said apart)
-    busy = throughput(study.ledger.candidates(confirmations=True), slots,
-                      study.ledger.sessions())
+    busy = study.ledger.throughput(slots)
     if busy.duty is not None:
         facts += [
             (f"duty cycle ({slots} slot{'s' * (slots != 1)})", f"{busy.duty:.0%}"),
@@ -524,9 +582,8 @@ def spend_facts(study: StudyLike, snap: Snapshot) -> list[tuple[str, str]]:
     """Spend as the ledger records it (driver/spend.py): proposer calls and tokens,
     compute, waste, and each [budget] limit against what is used of it."""
     from ratchet.driver import budget
-    from ratchet.driver.spend import summary
 
-    spent = summary(study.ledger)
+    spent = snap.spent(study.ledger)
     facts = [
         ("cost (USD)", f"{spent.usd:.4f}"),
         ("proposer (USD)", f"{spent.proposer_usd:.4f} ({spent.calls} calls)"),
@@ -551,7 +608,7 @@ def overview_sections(study: StudyLike, snap: Snapshot, site: Site) -> list[str]
         agent_sandbox(study),
         machine_warning(snap.hosts),
         "<h2>Metric over candidates</h2>",
-        metric_chart(snap),
+        metric_chart(snap, site),
         counts(snap.cands),
         running_now(study, snap, site),
         costs(study, snap),
@@ -575,8 +632,13 @@ def overview_sections(study: StudyLike, snap: Snapshot, site: Site) -> list[str]
 # the candidates table
 
 
-def candidate_table(study: StudyLike, snap: Snapshot, site: Site) -> str:
-    cands = snap.cands
+PAGE_ROWS = 200  # the most rows one page of the candidates table shows
+
+
+def candidate_table(study: StudyLike, snap: Snapshot, site: Site,
+                    page: list[Candidate] | None = None) -> str:
+    """The candidates' table: `page` (one page of it, Ledger.page), else every row."""
+    cands = snap.cands if page is None else page
     if not cands:
         return '<p class="note">no candidates.</p>'
     from ratchet.driver.spend import RowSpend, per_candidate
@@ -584,7 +646,8 @@ def candidate_table(study: StudyLike, snap: Snapshot, site: Site) -> str:
     head = ["id", "round", "commit", "status", snap.metric, "gain", "margin", "noise",
             "hold-out", "phases", "proposer $", "compute $", "proposer", "idea",
             "description", "reasons", "machine"]
-    spent = per_candidate(study.ledger)  # each row's calls, jobs and confirmation pairs
+    # each row's calls, jobs and confirmation pairs (of the rows shown)
+    spent = per_candidate(study.ledger, None if page is None else [c.id for c in cands])
     rows, classes = [], []
     for c in cands:
         mine = spent.get(c.id, RowSpend())
@@ -826,6 +889,8 @@ def tuner_view(study: StudyLike, snap: Snapshot) -> str:
     if not knobs or not trials:
         return ""
     out = ["<h2>Tuner: metric against each knob</h2>"]
+    drawn = {id(c) for c in thin([c for c, _ in trials], lambda c: c.metric or 0.0,
+                                 lambda c: c.status == Status.KEEP, SMALL_CHART_POINTS)}
     for key in knobs:
         pts = [(v, c) for c, p in trials if isinstance(v := p.get(key), int | float)
                and not isinstance(v, bool)]
@@ -834,7 +899,7 @@ def tuner_view(study: StudyLike, snap: Snapshot) -> str:
         chart = Chart(title=f"{snap.metric} against {key}", xlabel=key, ylabel=snap.metric,
                       width=460, height=260)
         for status in (Status.DISCARD, Status.KEEP):
-            sel = [(v, c) for v, c in pts if c.status == status]
+            sel = [(v, c) for v, c in pts if c.status == status and id(c) in drawn]
             chart.points([v for v, _ in sel], [c.metric or 0.0 for _, c in sel],
                          COLORS[status], label=f"{status} ({len(sel)})",
                          titles=[f"{c.id}: {key}={v} {snap.metric} {c.metric:.6g}" for v, c in sel],
@@ -1152,7 +1217,9 @@ def roofline_pct(cand: Candidate) -> float | None:
 def roofline(study: StudyLike, snap: Snapshot) -> str:
     """The incumbent's % of roofline after each kept step: how far from the bound it is."""
     baseline = next((c for c in snap.cands if c.kind == Kind.BASELINE), None)
-    path = ([baseline] if baseline is not None else []) + [s.cand for s in kept_steps(study.ledger)]
+    keeps = sorted((c for c in snap.cands if c.status == Status.KEEP and c.kind != Kind.BASELINE),
+                   key=lambda c: (c.judged_at or 0.0, c.seq))  # history.kept_steps' order
+    path = ([baseline] if baseline is not None else []) + keeps
     path = [c for c in path if roofline_pct(c) is not None]
     if not path:
         return ""
@@ -1181,6 +1248,9 @@ def phase_chart(cands: list[Candidate]) -> str:
     if not ran:
         return ""
     names = list(dict.fromkeys(str(p.get("name", "?")) for c in ran for p in c.phases or []))
+    # a bounded number of points: the envelope of the candidates' total phase time
+    ran = thin(ran, lambda c: sum(float(p.get("seconds") or 0) for p in c.phases or []),
+               limit=SMALL_CHART_POINTS)
     chart = Chart(title="phase durations per candidate", xlabel="candidate, in the order proposed",
                   ylabel="seconds", height=240)
     for i, name in enumerate(names):

@@ -44,7 +44,7 @@ from typing import Any
 
 from ratchet.driver import pages, views
 from ratchet.driver.config import CONFIG_FILE, Config, load_config, loads_config
-from ratchet.driver.ledger import Ledger, LedgerError
+from ratchet.driver.ledger import PAGE_ORDERS, Candidate, Ledger, LedgerError
 from ratchet.driver.pages import LIVE, StudyLike
 from ratchet.errors import UserError
 from ratchet.vocab import Status
@@ -250,10 +250,70 @@ def overview_view() -> View:
     return View(title=lambda study, _s: f"ratchet: {study.name}", body=body)
 
 
-def candidates_view() -> View:
+@dataclass(frozen=True)
+class TableQuery:
+    """One page of the candidates table, as its address asks: `?page=2&status=keep&q=
+    text&sort=metric&desc=1` (sorted, filtered and cut in SQL: Ledger.page)."""
+
+    page: int = 1
+    status: str | None = None
+    text: str | None = None
+    sort: str = "seq"
+    desc: bool = True  # the newest first
+
+    @classmethod
+    def of(cls, query: dict[str, list[str]]) -> TableQuery:
+        one = {k: v[0] for k, v in query.items() if v}
+        sort = one.get("sort", "seq")
+        page = one.get("page", "1")
+        return cls(page=max(1, int(page)) if page.isdigit() else 1,
+                   status=one.get("status") or None, text=one.get("q") or None,
+                   sort=sort if sort in PAGE_ORDERS else "seq",
+                   desc=one.get("desc", "1") != "0")
+
+    def link(self, **change: Any) -> str:
+        want = {"page": self.page, "status": self.status, "q": self.text, "sort": self.sort,
+                "desc": int(self.desc), **change}
+        keep = {k: v for k, v in want.items() if v not in (None, "")}
+        return "/candidates?" + urllib.parse.urlencode(keep)
+
+
+def pager(query: TableQuery, total: int, counts: dict[str, int]) -> str:
+    """Where this page lies in the table, the way to the others, and the filters and
+    orders the server applies (the headers sort and the box filters the page shown)."""
+    size = pages.PAGE_ROWS
+    last = max(1, -(-total // size))
+    first = (query.page - 1) * size
+    out = [f'<p class="note" id="pager">rows {min(total, first + 1):,}–'
+           f"{min(total, first + size):,} of {total:,}"]
+    if query.page > 1:
+        out.append(f' · <a href="{pages._e(query.link(page=query.page - 1))}">previous</a>')
+    if query.page < last:
+        out.append(f' · <a href="{pages._e(query.link(page=query.page + 1))}">next</a>'
+                   f' · <a href="{pages._e(query.link(page=last))}">last</a>')
+    out.append(f" · page {query.page} of {last}</p>")
+    statuses = [f'<a href="{pages._e(query.link(page=1, status=None))}">any status</a>'] + [
+        f'<a href="{pages._e(query.link(page=1, status=s))}">{pages._e(s)} ({n:,})</a>'
+        for s, n in sorted(counts.items())]
+    orders = [f'<a href="{pages._e(query.link(page=1, sort=o, desc=int(o == "seq")))}">'
+              f"{pages._e('newest' if o == 'seq' else o)}</a>"
+              for o in ("seq", "metric", "gain", "status", "round")]
+    out.append(f'<p class="note" id="server-filters">status: {" · ".join(statuses)}; '
+               f'order: {" · ".join(orders)}</p>')
+    return "".join(out)
+
+
+def candidates_view(query: TableQuery | None = None) -> View:
+    query = query or TableQuery()
+
     def body(study: StudyLike, snap: pages.Snapshot) -> str:
+        ledger = study.ledger
+        rows, total = ledger.page((query.page - 1) * pages.PAGE_ROWS, pages.PAGE_ROWS,
+                                  status=query.status, text=query.text, order=query.sort,
+                                  descending=query.desc)
         return (f"<h1>Candidates of {pages._e(study.name)}</h1>"
-                + pages.candidate_table(study, snap, LIVE))
+                + pager(query, total, ledger.status_counts(confirmations=False))
+                + pages.candidate_table(study, snap, LIVE, rows))
 
     return View(title=lambda study, _s: f"candidates: {study.name}", body=body,
                 above=lambda snap: pages.candidate_filters(snap)
@@ -274,6 +334,33 @@ def candidate_view(cand_id: str) -> View:
 # the server
 
 
+class Rows:
+    """Every row of the ledger, kept in memory between requests: after a change only the
+    rows written since (their revision, Ledger.rows_since) are read again, so a page
+    that follows a study of 10,000 candidates costs what changed, not the study."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.rev: int | None = None
+        self.by_id: dict[str, Candidate] = {}
+        self.rows: list[Candidate] = []
+
+    def current(self) -> list[Candidate]:
+        rev = self.ledger.revision()
+        if rev == 0:  # a ledger older than schema 7 numbers no change: read whole
+            return self.ledger.rows_since(None)
+        count = self.ledger.db.execute("SELECT COUNT(*) FROM candidates").fetchone()[0]
+        if self.rev is None or rev < self.rev or count < len(self.by_id):  # another study
+            self.by_id = {c.id: c for c in self.ledger.rows_since(None)}
+        elif rev != self.rev:
+            self.by_id.update((c.id, c) for c in self.ledger.rows_since(self.rev))
+        else:
+            return self.rows
+        self.rev = rev
+        self.rows = sorted(self.by_id.values(), key=lambda c: c.seq)
+        return self.rows
+
+
 class Dashboard:
     """The study, the token, and one lock: SQLite connections are used by one thread at a
     time, and the views read one consistent look at the ledger."""
@@ -288,6 +375,7 @@ class Dashboard:
         self.stopping = threading.Event()
         self.log = log
         self.port = 0
+        self.rows = Rows(study.ledger)
 
     @property
     def cookie(self) -> str:
@@ -300,7 +388,7 @@ class Dashboard:
     def render(self, view: View, fragment: bool) -> tuple[str, str, str]:
         """(html, version, policy) of a view: its live part alone, or the whole page."""
         with self.lock:
-            snap = pages.snapshot(self.study)
+            snap = pages.snapshot(self.study, self.rows.current())
             body = view.body(self.study, snap)
             now = version(self.study)
             title = view.title(self.study, snap)
@@ -459,7 +547,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if path in ("/", "/index.html"):
             view = overview_view()
         elif path == "/candidates":
-            view = candidates_view()
+            view = candidates_view(TableQuery.of(query))
         elif parts[:1] == ["c"] and len(parts) == 2:
             view = candidate_view(parts[1])
         else:
@@ -538,6 +626,8 @@ def make_server(repo: Path, host: str = "127.0.0.1", port: int = 0,
         raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (choose "
                          "another --port, or 0 for any free one)") from None
     app.port = server.server_address[1]
+    with app.lock:  # the rows read once now, not on the first page asked for
+        app.rows.current()
     return server, app
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -200,16 +199,16 @@ class Headline:
 def reported_errors(ledger: Ledger, metric: str) -> list[tuple[float, float]]:
     """(sem, value) of every judged evaluation that reported its own error (the
     evaluator's `<metric>_sem`, or the spread of the job's repeats)."""
-    from ratchet.driver.judge import reported_noise
-    from ratchet.job.jobspec import JobResult
+    from ratchet.driver.judge import sem_of, standard_error
 
+    # judge.reported_noise of each result, read from the two fields it looks at (SQL
+    # leaves out the rows that have neither)
     out = []
-    for cand in ledger.candidates(confirmations=True):
-        if cand.result and cand.metric is not None and cand.status in (
-                Status.KEEP, Status.DISCARD, Status.REFERENCE):
-            sem = reported_noise(JobResult.from_json(json.dumps(cand.result)), metric)
-            if sem is not None:
-                out.append((sem, cand.metric))
+    for extra, samples, value in ledger.reported_errors(metric):
+        known = [x for x in (sem_of(extra, metric), standard_error(list(samples or [])))
+                 if x is not None]
+        if known:
+            out.append((max(known), value))
     return out
 
 
@@ -223,8 +222,9 @@ def study_noise(ledger: Ledger, metric: str,
                         reported=reported_errors(ledger, metric)).noise()
 
 
-def headline(ledger: Ledger, metric: str, goal: str, noise_ignored: bool = False) -> Headline:
-    groups = ledger.evaluations()
+def headline(ledger: Ledger, metric: str, goal: str, noise_ignored: bool = False,
+             groups: dict[str, list[float]] | None = None) -> Headline:
+    groups = ledger.evaluations() if groups is None else groups
     noise = study_noise(ledger, metric, groups)
     pinned, commit = ledger.get("pinned"), ledger.get("incumbent")
     base = stats.estimate(groups.get(pinned or "", []), noise)
@@ -237,8 +237,9 @@ def best_so_far(ledger: Ledger, goal: str) -> float | None:
     """The best pooled estimate of any commit that was the incumbent (the start and every
     keep): it never moves the wrong way when the incumbent is re-measured."""
     groups = ledger.evaluations()
-    commits = [ledger.get("pinned")] + [c.commit_sha for c in ledger.candidates(
-        status=Status.KEEP)]
+    commits = [ledger.get("pinned")] + [row[0] for row in ledger.db.execute(
+        "SELECT commit_sha FROM candidates WHERE status = ? AND kind != ? ORDER BY seq",
+        (Status.KEEP.value, Kind.CONFIRM.value))]
     means = [sum(v) / len(v) for v in (groups.get(c or "") for c in commits) if v]
     if not means:
         return None

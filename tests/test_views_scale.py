@@ -1,0 +1,142 @@
+"""The views at scale read SQL aggregates (issue 38): the same counts, estimates and spend
+as the Python walks over every row they replace, on a real study of about 500 rows."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+
+from ratchet import stats
+from ratchet.driver import spend, views
+from ratchet.driver.judge import Confirmation, reported_noise
+from ratchet.driver.ledger import Kind, Ledger, Status, slot_seconds, study_wall, throughput
+from ratchet.job.jobspec import JobResult
+
+sys.path.insert(0, str(ROOT / "bench"))
+import views as bench  # noqa: E402  (bench/views.py: the study and its growth)
+
+ROWS = 500
+
+
+@pytest.fixture(scope="module")
+def ledger(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("scale") / "study"
+    bench.real_study(repo)
+    bench.grow(repo, ROWS)
+    ledger = Ledger(repo / ".ratchet" / "ledger.db")
+    yield ledger
+    ledger.close()
+
+
+def walked_evaluations(ledger: Ledger) -> dict[str, list[float]]:
+    """Ledger.evaluations as it was: a walk over every decoded row."""
+    out: dict[str, list[float]] = {}
+    rows = sorted(ledger.candidates(confirmations=True),
+                  key=lambda c: (c.kind == Kind.CONFIRM, -c.seq if c.kind == Kind.CONFIRM
+                                 else c.seq))
+    for cand in rows:
+        if (cand.metric is None or not cand.commit_sha
+                or cand.status not in (Status.KEEP, Status.DISCARD, Status.REFERENCE)
+                or (cand.extra or {}).get("stopped_early")):
+            continue
+        out.setdefault(cand.commit_sha, []).append(cand.metric)
+    return out
+
+
+def test_the_ledger_holds_the_rows(ledger):
+    assert ledger.count(confirmations=True) >= ROWS
+    assert ledger.revision() >= ROWS  # every row numbered by the triggers
+
+
+def test_counts_and_estimates_agree_with_the_walk(ledger):
+    cands = ledger.candidates()
+    walked: dict[str, int] = {}
+    for c in cands:
+        walked[c.status] = walked.get(c.status, 0) + 1
+    assert ledger.status_counts(confirmations=False) == walked
+    assert ledger.count(Kind.CANDIDATE, judged=True) == sum(
+        1 for c in cands if c.kind == Kind.CANDIDATE and c.is_judged)
+    assert ledger.rounds_done() == views.rounds_done(ledger.get("round"), cands)
+    groups = walked_evaluations(ledger)
+    assert ledger.evaluations() == groups
+    reported = []
+    for c in ledger.candidates(confirmations=True):
+        if c.result and c.metric is not None and c.status in (
+                Status.KEEP, Status.DISCARD, Status.REFERENCE):
+            sem = reported_noise(JobResult.from_json(__import__("json").dumps(c.result)),
+                                 "score")
+            if sem is not None:
+                reported.append((sem, c.metric))
+    assert views.reported_errors(ledger, "score") == reported
+    noise = Confirmation(measure=lambda *_: [], groups=groups, reported=reported).noise()
+    head = views.headline(ledger, "score", "minimize")
+    assert head.noise == noise
+    assert head.baseline == stats.estimate(groups[ledger.get("pinned")], noise)
+    assert head.incumbent == stats.estimate(groups[ledger.get("incumbent")], noise)
+
+
+def test_spend_and_throughput_agree_with_the_walk(ledger):
+    rows = ledger.candidates(confirmations=True)
+    summary = spend.summary(ledger)
+    held = [slot_seconds(c) + (c.extra_slot_s or 0.0) for c in rows]
+    assert summary.jobs == sum(1 for c, h in zip(rows, held, strict=True)
+                               if (h > 0 or c.cost_usd is not None) and (c.job_id or h > 0))
+    assert math.isclose(summary.slot_hours, sum(held) / 3600, rel_tol=1e-9)
+    assert math.isclose(summary.wall_hours, study_wall(rows, ledger.sessions()) / 3600,
+                        rel_tol=1e-9)
+    by_row = spend.per_candidate(ledger)
+    assert set(by_row) == {c.id for c in rows if c.kind != Kind.CONFIRM}
+    walked: dict[str, float] = {}  # its own jobs and its confirmation pairs'
+    for c, h in zip(rows, held, strict=True):
+        owner = c.confirms if c.kind == Kind.CONFIRM else c.id
+        walked[owner or ""] = walked.get(owner or "", 0.0) + h
+    for cand_id, row in by_row.items():
+        assert math.isclose(row.slot_s, walked[cand_id], rel_tol=1e-9, abs_tol=1e-12)
+    assert spend.per_candidate(ledger, [rows[-1].id]) == {rows[-1].id: by_row[rows[-1].id]}
+    walked = throughput(rows, 2, ledger.sessions())
+    fast = ledger.throughput(2)
+    assert (fast.jobs, fast.duty, fast.limit_per_hour, fast.per_hour) == \
+        (walked.jobs, walked.duty, walked.limit_per_hour, walked.per_hour)
+
+
+def test_pages_and_last_rows_are_the_walks_slices(ledger):
+    cands = ledger.candidates()
+    assert [c.id for c in ledger.last(50)] == [c.id for c in cands[-50:]]
+    discards = [c.id for c in cands if c.status == Status.DISCARD]
+    rows, total = ledger.page(10, 20, status=Status.DISCARD)
+    assert total == len(discards) and [c.id for c in rows] == discards[10:30]
+    rows, _ = ledger.page(0, 5, order="metric")
+    measured = sorted((c for c in cands if c.metric is not None),
+                      key=lambda c: (c.metric, c.seq))
+    assert [c.id for c in rows] == [c.id for c in measured[:5]]
+
+
+def test_rows_since_a_revision_are_the_rows_written_since(ledger):
+    before = ledger.revision()
+    cand = ledger.candidates()[-1]
+    ledger.update(cand.id, reasons="seen again")
+    changed = ledger.rows_since(before)
+    assert [c.id for c in changed] == [cand.id] and changed[0].reasons == "seen again"
+    assert len(ledger.rows_since(None)) == ledger.count(confirmations=True)
+
+
+def test_the_dashboard_draws_a_bounded_chart_and_pages_the_table(ledger, monkeypatch):
+    from ratchet.driver import pages, serve
+
+    monkeypatch.setattr(pages, "CHART_POINTS", 100)  # 500 rows: a study past the bound
+    repo = Path(ledger.path).parents[1]
+    study = serve.ReadOnlyStudy(repo)
+    try:
+        app = serve.Dashboard(study, "x" * 24, "127.0.0.1", True)
+        overview, _, _ = app.render(serve.overview_view(), True)
+        assert overview.count('data-metric="') <= pages.CHART_POINTS + 50
+        assert "points drawn" in overview
+        table, _, _ = app.render(serve.candidates_view(serve.TableQuery(page=2)), True)
+        assert table.count("<tr") <= pages.PAGE_ROWS + 1
+        assert "rows 201–400 of" in table
+    finally:
+        study.close()
