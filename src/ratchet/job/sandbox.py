@@ -44,6 +44,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from ratchet.job import egress
+
 WARDEN = Path(__file__).with_name("warden.py")
 # uids handed to untrusted parties: one per sandbox seed, far above any real account
 UNTRUSTED_UID_BASE = 3_000_000
@@ -86,6 +88,9 @@ class Policy:
     `network`: keep the machine's network; False (the default): a network namespace of its
     own with only loopback (see the module docstring).
     `shared_shm`: keep the caller's /dev/shm (the candidate child maps shared buffers there).
+    `proxy`: with `network=False`, the Unix socket of an allow-listing proxy
+    (`egress.Proxy`): the warden relays 127.0.0.1:`egress.PORT` inside the party's namespace
+    to it, the party's only way out (agents reach their model this way).
     `control`: give the Jail a freeze/thaw channel to the warden.
     """
 
@@ -100,6 +105,7 @@ class Policy:
     shared_shm: bool = False
     private_tmp: bool = True
     extra_visible: Sequence[Path | str] = field(default=())
+    proxy: Path | str | None = None
 
     def party_uid(self) -> int | None:
         """The uid the party runs as, or None when it keeps the caller's."""
@@ -332,12 +338,17 @@ def grant(paths: Iterable[Path | str], policy: Policy) -> None:
 # -- the command line -------------------------------------------------------------------------
 
 def _warden_argv(policy: Policy, *, pidns: bool, control_fd: int | None,
-                 mount_plan: dict[str, list[str]] | None, no_network: bool = False) -> list[str]:
+                 mount_plan: dict[str, list[str]] | None, no_network: bool = False,
+                 own_netns: bool = False) -> list[str]:
+    """`own_netns`: the party has a network namespace of its own (the warden's or
+    bubblewrap's), so a proxy bridge inside it is the party's alone."""
     argv = [sys.executable, "-I", "-S", str(WARDEN)]
     if pidns:
         argv.append("--pidns")
     if no_network:
         argv.append("--no-network")
+    if policy.proxy is not None and (no_network or own_netns):
+        argv += ["--bridge", f"{egress.PORT}:{policy.proxy}"]
     uid = policy.party_uid()
     if uid is not None:
         argv += ["--uid", str(uid), "--gid", str(uid)]
@@ -371,8 +382,10 @@ def private_cover(policy: Policy, uid: int | None) -> dict[Path, set[Path]]:
 
 def _readonly(policy: Policy) -> list[Path]:
     """Read-only paths that exist. They are put back after the hidden directories that hold
-    writable paths are emptied (prepared data inside the study's state directory)."""
-    return [Path(p) for p in policy.readonly if Path(p).exists()]
+    writable paths are emptied (prepared data inside the study's state directory). The
+    proxy's directory is one: `connect()` works on a read-only mount."""
+    proxy = [Path(policy.proxy).parent] if policy.proxy is not None else []
+    return [Path(p) for p in [*policy.readonly, *proxy] if Path(p).exists()]
 
 
 def _under_tmp(policy: Policy, cover: Mapping[Path, set[Path]]) -> list[Path]:
@@ -406,7 +419,8 @@ def command(level: Level | str, argv: Sequence[str], policy: Policy, *,
     cover = private_cover(policy, policy.party_uid())
     if level == Level.BWRAP:
         return _bwrap_args(policy, cover) + _warden_argv(
-            policy, pidns=_bwrap_modes()[1], control_fd=control_fd, mount_plan=None) + list(argv)
+            policy, pidns=_bwrap_modes()[1], control_fd=control_fd, mount_plan=None,
+            own_netns=not policy.network) + list(argv)
     if level == Level.PIDNS and (prefix := unshare_prefix()):
         hide_first, hide_last = _split_hidden(policy)
         plan = {

@@ -1,6 +1,7 @@
 """The warden: the trusted first process of every sandbox (stdlib only, run by file path).
 
-    python -I -S warden.py [--uid U --gid G] [--pidns] [--no-network] [--control-fd N] [--keep-fd N]...
+    python -I -S warden.py [--uid U --gid G] [--pidns] [--no-network] [--bridge PORT:SOCKET]
+                           [--control-fd N] [--keep-fd N]...
                            [--cover D]... [--bind-ro P]... [--bind-rw P]... [--hide D]... -- argv...
 
 Every untrusted party (a proposer's agent CLI, a candidate's build/run/smoke phase, the
@@ -17,6 +18,9 @@ evaluator's candidate child) starts as a child of a warden. The warden
   the party, into a new network namespace with only loopback, brought up: the machine's
   loopback services (a Ray head's job server, `ratchet serve`) and every other network are
   out of reach, while the party's own loopback servers still work;
+- with `--bridge PORT:SOCKET` (a party with no network but an allow-listing proxy: the
+  agents, `egress.py`) listens on 127.0.0.1:PORT inside the party's namespace and relays
+  each connection to the proxy's Unix socket, the party's only way out;
 - with `--cover/--bind-*/--hide` (a PID namespace made by `unshare`, which gives a private
   mount namespace but no bubblewrap) builds the party's view of the filesystem itself;
 - on `--control-fd` answers `F` (freeze every process of the sandbox with SIGSTOP; the
@@ -81,6 +85,7 @@ class Options:
         self.gid: int | None = None
         self.pidns = False
         self.no_network = False
+        self.bridge: tuple[int, str] | None = None
         self.control_fd: int | None = None
         self.keep_fds: list[int] = []
         self.mount_plan: dict[str, list[str]] = {}
@@ -90,6 +95,9 @@ class Options:
                 self.pidns = True
             elif flag == "--no-network":
                 self.no_network = True
+            elif flag == "--bridge":
+                port, _, path = args.pop(0).partition(":")
+                self.bridge = (int(port), path)
             elif flag == "--uid":
                 self.uid = int(args.pop(0))
             elif flag == "--gid":
@@ -178,6 +186,67 @@ def isolate_network() -> None:
     os.close(fd)
     if status != 0:
         _die(f"cannot bring loopback up: {_errno()}")
+
+
+def bridge_listener(port: int) -> object:
+    """The socket the party reaches its proxy on, bound before the party starts (so it is
+    there, and the party cannot take the port first)."""
+    import socket
+
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        server.bind(("127.0.0.1", port))
+    except OSError as exc:
+        _die(f"cannot listen on 127.0.0.1:{port} for the proxy: {exc}")
+    server.listen(64)
+    return server
+
+
+def serve_bridge(server, path: str) -> None:  # noqa: ANN001 - a socket, imported lazily
+    """Relay every connection to 127.0.0.1:PORT to the proxy's Unix socket (threads: the
+    warden's own loop stays as it is). A party that cannot reach the proxy just fails."""
+    import socket
+    import threading
+
+    def pump(src, dst) -> None:  # noqa: ANN001
+        try:
+            while True:
+                chunk = src.recv(65536)
+                if not chunk:
+                    break
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        try:  # noqa: SIM105
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def relay(conn) -> None:  # noqa: ANN001
+        out = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            out.connect(path)
+        except OSError:
+            conn.close()
+            out.close()
+            return
+        back = threading.Thread(target=pump, args=(out, conn), daemon=True)
+        back.start()
+        pump(conn, out)
+        back.join()
+        conn.close()
+        out.close()
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=relay, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
 
 
 def _child(opts: Options) -> None:
@@ -320,6 +389,8 @@ def main() -> int:
     apply_mount_plan(opts.mount_plan)
     if opts.no_network:
         isolate_network()
+    # in the party's namespace (ours, or bubblewrap's --unshare-net): bound before the fork
+    bridge = bridge_listener(opts.bridge[0]) if opts.bridge else None
     sandbox = Sandbox(opts)
     # SIGCHLD and stop requests wake the loop through one pipe, so nothing is polled
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -336,6 +407,8 @@ def main() -> int:
         if opts.control_fd is not None:
             os.close(opts.control_fd)
         _child(opts)
+    if bridge is not None and opts.bridge is not None:
+        serve_bridge(bridge, opts.bridge[1])
     control = opts.control_fd
     status: int | None = None
     term_sent_at: float | None = None

@@ -54,10 +54,10 @@ from ratchet.driver.config import CONFIG_FILE, Config, Duration
 from ratchet.driver.ledger import Candidate
 from ratchet.driver.spend import Call, Flight, Meter, Outcome, gather
 from ratchet.errors import HardStop
-from ratchet.job import gitrepo, reach, sandbox
+from ratchet.job import egress, gitrepo, reach, sandbox
 from ratchet.job.procs import CappedLog
 from ratchet.proposers import ProposalContext, Proposer, ProposerError, scratch
-from ratchet.proposers.agent_clis import PRESETS, failure_reason
+from ratchet.proposers.agent_clis import PRESETS, failure_reason, model_endpoints, upstream_proxy
 from ratchet.proposers.context import (
     build_context,
     context_settings,
@@ -116,6 +116,16 @@ class AgentSettings(BaseModel):
     unsandboxed: bool = False
     # the price of an agent's time, for a CLI that does not report its own cost
     hourly_usd: float = Field(default=0.0, ge=0)
+    # endpoints ("host", "host:port" or a URL) the agent may reach beyond its model's: the
+    # CLI's API host and the URLs in `env` are allowed already (docs/security-network.md)
+    allow: list[str] = []
+
+    @model_validator(mode="after")
+    def _endpoints(self) -> AgentSettings:
+        for i, text in enumerate(self.allow):
+            if egress.endpoint(text) is None:
+                raise ValueError(f"allow[{i}]: {text!r} is not a host, host:port or URL")
+        return self
 
     @model_validator(mode="after")
     def _one_command(self) -> AgentSettings:
@@ -303,7 +313,32 @@ class AgentProposer(Proposer):
                **scratch.private_home(copy.root, self.env)}
         env["XDG_CACHE_HOME"] = str(Path(env["HOME"]) / ".cache")
         scratch.keep_path_in_login_shells(Path(env["HOME"]), env.get("PATH", ""))
-        policy = self._policy(argv, env, copy, ctx)
+        proxy = self.start_proxy(argv[0], env)
+        try:
+            return self._run_proxied(copy, ctx, argv, env, proxy, prompt, work_dir, idea,
+                                     angle, fallback, meter, ok)
+        finally:
+            proxy.close()
+
+    def start_proxy(self, command: str, env: dict[str, str]) -> egress.Proxy:
+        """The agent's only way out: a proxy that lets through its model's endpoints alone
+        (its CLI's API host, the URLs the user hands it, `[agent] allow`), itself going out
+        through the user's own proxy where there is one. `env` is pointed at it."""
+        found = [egress.endpoint(text) for text in
+                 [*model_endpoints(command, env), *self.settings.allow]]
+        upstream = upstream_proxy(self.env)
+        proxy = egress.Proxy(egress.AllowList(e for e in found if e is not None),
+                             upstream=egress.endpoint(upstream, 80) if upstream else None)
+        for name in [n for n in env if n.upper() == "NO_PROXY"]:
+            del env[name]  # nothing bypasses it: a direct connection finds no network
+        env.update(dict.fromkeys(egress.PROXY_ENV, egress.PROXY_URL))
+        return proxy
+
+    def _run_proxied(self, copy: scratch.Scratch, ctx: ProposalContext, argv: list[str],
+                     env: dict[str, str], proxy: egress.Proxy, prompt: str, work_dir: Path,
+                     idea: str | None, angle: str, fallback: str, meter: Meter | None,
+                     ok: Outcome) -> Proposal:
+        policy = self._policy(argv, env, copy, ctx, proxy.socket_path)
         # a hard stop (Ctrl-C twice) bills the run as it stands and ends its sandbox
         flight = None if meter is None else meter.begin(partial(self._bill_interrupted,
                                                                 argv[0]))
@@ -324,7 +359,10 @@ class AgentProposer(Proposer):
                            "interrupted")
         params: dict[str, dict[str, Any]] = {"agent": {"command": argv[0], "exit_code": code,
                             "seconds": round(seconds, 2), "log": str(work_dir / "agent.log"),
-                            "hypothesis": idea or angle, "sandbox": str(self.level)}}
+                            "hypothesis": idea or angle, "sandbox": str(self.level),
+                            "allowed": str(proxy.allow)}}
+        if proxy.refused:  # what it tried to reach beyond its model, for `ratchet show`
+            params["agent"]["refused"] = list(dict.fromkeys(proxy.refused))[:20]
         # a CLI printing JSON (claude --output-format json) has its final text in it
         reported = reported_usage(output)
         found = _DESCRIPTION.findall(output) or _DESCRIPTION.findall(reported.text)
@@ -384,15 +422,16 @@ class AgentProposer(Proposer):
                             "agent.hourly_usd, until the stop")]
 
     def _policy(self, argv: list[str], env: dict[str, str], copy: scratch.Scratch,
-                ctx: ProposalContext) -> sandbox.Policy:
-        return self._jail_policy(argv, env, copy.root, ctx.repo, ctx.state_dir)
+                ctx: ProposalContext, proxy: Path | None = None) -> sandbox.Policy:
+        return self._jail_policy(argv, env, copy.root, ctx.repo, ctx.state_dir, proxy)
 
     def _jail_policy(self, argv: list[str], env: dict[str, str], root: Path, repo: Path,
-                     state_dir: Path) -> sandbox.Policy:
+                     state_dir: Path, proxy: Path | None = None) -> sandbox.Policy:
         """Only its copy (`root`) writable; the user's checkout (with .git and .ratchet),
-        the hold-out data and the other agents' copies out of sight; a private /tmp; the
-        network open for its model. Its own command and the files the user names in
-        `[agent] env` (a CA bundle) stay readable wherever they live."""
+        the hold-out data and the other agents' copies out of sight; a private /tmp; a
+        network namespace of its own whose only way out is `proxy` (its model's endpoints).
+        Its own command and the files the user names in `[agent] env` (a CA bundle) stay
+        readable wherever they live."""
         hidden: list[Path] = [repo, root.parent]  # the parent: every agent's copy
         common = _git_common_dir(repo)
         if common is not None and not common.is_relative_to(repo):
@@ -407,10 +446,10 @@ class AgentProposer(Proposer):
         real = {Path(p).resolve() for p in [*argv, *named] if p.startswith("/")}
         readonly = sorted(p for p in real if p.exists()
                           and not any(p.is_relative_to(h) for h in hidden))
-        # the network stays open for its model's API (no allow-listing proxy yet:
-        # docs/security-network.md says what an agent can still reach)
+        # no network but the proxy to its model's API (docs/security-network.md)
         policy = sandbox.Policy(writable=[root], hidden=hidden, readonly=readonly,
-                                seed=f"agents:{state_dir}", network=True)
+                                seed=f"agents:{state_dir}", network=False,
+                                proxy=proxy)
         sandbox.grant([root], policy)  # its copy and home are its own uid's
         return policy
 
@@ -604,8 +643,8 @@ def describe_agent_sandbox(config: Config) -> str:
         return f"refused: {exc}"
     hidden = ("only each agent's private copy is writable; the repository, its .git, "
               ".ratchet, the hold-out data and the other agents' copies are out of sight; "
-              "the network stays open for the model's API, and so for this machine's "
-              "loopback services too (docs/security-network.md)")
+              "no network but an allow-listing proxy to the model's endpoints "
+              "(docs/security-network.md)")
     if level == sandbox.BWRAP:
         return f"bubblewrap: {hidden}"
     if agent_contained(level):

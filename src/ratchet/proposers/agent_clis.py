@@ -28,6 +28,9 @@ writable home, temporary directory and /tmp of its own inside its sandbox.
 from __future__ import annotations
 
 import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
 
 PRESETS: dict[str, list[str]] = {
     "claude": ["claude", "-p", "--permission-mode", "acceptEdits", "--allowedTools=Bash",
@@ -73,3 +76,52 @@ def failure_reason(output: str) -> str:
         return errors[-1][-REASON_CHARS:]
     return " | ".join((body or lines)[-3:])[-REASON_CHARS:]
 
+
+
+# -- where each CLI's model lives (the agent's allow-listing proxy lets these through) -----
+
+# The API host each CLI talks to when nothing else is configured.
+API_HOSTS: dict[str, tuple[str, ...]] = {
+    "claude": ("api.anthropic.com:443",),
+    "codex": ("api.openai.com:443", "chatgpt.com:443"),
+    "aider": ("api.openai.com:443", "api.anthropic.com:443"),
+}
+# Variables that name a proxy: the agent's own route out, never an endpoint it may reach.
+_PROXY_VARS = re.compile(r"(?i)^(all|https?|no)_proxy$")
+_URL = re.compile(r"^(https?)://[^\s/]+", re.IGNORECASE)
+
+
+def model_endpoints(command: str, env: Mapping[str, str]) -> list[str]:
+    """The `host:port`s an agent's model lives at: its CLI's API host, every URL the user
+    hands it in `[agent] env` (ANTHROPIC_BASE_URL, OPENAI_API_BASE...), and the
+    `base_url`s of the Codex configuration it gets (CODEX_HOME/config.toml)."""
+    found = list(API_HOSTS.get(Path(command).name, ()))
+    for name, value in env.items():
+        if not _PROXY_VARS.match(name) and (url := _URL.match(value.strip())):
+            found.append(url.group(0))
+    codex = env.get("CODEX_HOME")
+    if codex:
+        found += _codex_base_urls(Path(codex) / "config.toml")
+    return found
+
+
+def _codex_base_urls(path: Path) -> list[str]:
+    try:
+        config = tomllib.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    urls = []
+    for provider in (config.get("model_providers") or {}).values():
+        if isinstance(provider, dict) and isinstance(provider.get("base_url"), str):
+            urls.append(provider["base_url"])
+    return urls
+
+
+def upstream_proxy(env: Mapping[str, str]) -> str | None:
+    """The proxy the user's own setup goes through (`HTTPS_PROXY` in `[agent] env`): the
+    agent's allowed traffic still leaves through it."""
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY",
+                 "http_proxy"):
+        if env.get(name):
+            return env[name]
+    return None
