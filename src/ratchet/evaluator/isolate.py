@@ -391,7 +391,10 @@ class CandidateProcess:
         except (RuntimeError, ValueError) as exc:
             raise CandidateError(f"{SANDBOX_ENV}={self._confine}: {exc}") from None
         job_dir = _job_dir(os.environ if self._env is None else self._env)
-        tmp_root = job_dir / "tmp" if job_dir is not None and (job_dir / "tmp").is_dir() else None
+        # the job's tmp is the candidate's uid's: an evaluator running as a uid of its own
+        # keeps the child's scratch in its own TMPDIR (hidden from the child with the jobs)
+        tmp_root = job_dir / "tmp" if job_dir is not None and (job_dir / "tmp").is_dir() \
+            and os.access(job_dir / "tmp", os.W_OK) else None
         self._scratch = Path(tempfile.mkdtemp(prefix="ratchet-child-", dir=tmp_root))
         policy = child_policy(self.cwd, os.environ if self._env is None else self._env, self._scratch, (fd,))
         self._uid = policy.party_uid()

@@ -50,6 +50,8 @@ WARDEN = Path(__file__).with_name("warden.py")
 # uids handed to untrusted parties: one per sandbox seed, far above any real account
 UNTRUSTED_UID_BASE = 3_000_000
 UNTRUSTED_UID_SPAN = 1_000_000
+# the trusted evaluator's own uids (never root, never a candidate's): a range of their own
+EVALUATOR_UID_BASE = 2_000_000
 # Set by the worker for every phase ("1": the task has `network = true`), so the evaluator
 # gives its candidate child the same network as the phases
 NETWORK_ENV = "RATCHET_NETWORK"
@@ -73,6 +75,13 @@ def untrusted_uid(seed: str) -> int:
     """A uid for untrusted parties, stable for its seed: one per study, so the phases of a
     job and the compile caches its jobs share agree on the owner of what they wrote."""
     return UNTRUSTED_UID_BASE + zlib.crc32(seed.encode()) % UNTRUSTED_UID_SPAN
+
+
+def evaluator_uid(seed: str) -> int:
+    """The uid the trusted evaluate and hold-out phases run as when the job runs as root:
+    not root (an evaluator may import candidate code into its own process), and not the
+    candidate's uid (whose files and processes it must not share)."""
+    return EVALUATOR_UID_BASE + zlib.crc32(seed.encode()) % UNTRUSTED_UID_SPAN
 
 
 @dataclass(frozen=True)
@@ -158,8 +167,11 @@ def unshare_prefix() -> tuple[str, ...] | None:
     choices = []
     if os.geteuid() == 0:
         choices.append([exe, *tail])
-    choices += [[exe, "--user", "--map-current-user", *tail],
-                [exe, "--user", "--map-root-user", *tail]]
+    # not root: root of a user namespace of our own, so the warden may mount the party's
+    # view and make its network namespace (a mapped plain uid has no capabilities after
+    # exec); the warden then takes every capability away from the party (--drop-caps)
+    choices += [[exe, "--user", "--map-root-user", *tail],
+                [exe, "--user", "--map-current-user", *tail]]
     for prefix in choices:
         if _probe([*prefix, "/bin/sh", "-c", "echo $$"]):
             return tuple(prefix)
@@ -352,6 +364,11 @@ def _warden_argv(policy: Policy, *, pidns: bool, control_fd: int | None,
     uid = policy.party_uid()
     if uid is not None:
         argv += ["--uid", str(uid), "--gid", str(uid)]
+    elif pidns and mount_plan is not None and os.geteuid() != 0:
+        # root of unshare's user namespace: capabilities there would let the party undo
+        # the mounts that hide paths from it (an evaluator's candidate child, a non-root
+        # study's phases)
+        argv.append("--drop-caps")
     if control_fd is not None:
         argv += ["--control-fd", str(control_fd)]
     for fd in policy.keep_fds:

@@ -1,6 +1,6 @@
 """The warden: the trusted first process of every sandbox (stdlib only, run by file path).
 
-    python -I -S warden.py [--uid U --gid G] [--pidns] [--no-network] [--bridge PORT:SOCKET]
+    python -I -S warden.py [--uid U --gid G] [--drop-caps] [--pidns] [--no-network] [--bridge PORT:SOCKET]
                            [--control-fd N] [--keep-fd N]...
                            [--cover D]... [--bind-ro P]... [--bind-rw P]... [--hide D]... -- argv...
 
@@ -13,6 +13,8 @@ evaluator's candidate child) starts as a child of a warden. The warden
 - as root, drops the party to an unprivileged uid/gid (`--uid/--gid`, no supplementary
   groups, no_new_privs): it cannot read the trusted processes' /proc entries, environments
   or descriptors, signal them, or write a file root owns;
+- with `--drop-caps` (it runs as root of a user namespace `unshare` made, not as real
+  root, so it has no uid to drop to) takes every capability from the party for good;
 - closes every descriptor but stdio and `--keep-fd`;
 - with `--no-network` (outside bubblewrap, which has `--unshare-net`) moves itself, and so
   the party, into a new network namespace with only loopback, brought up: the machine's
@@ -47,6 +49,12 @@ import time
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
+PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_CAP_AMBIENT = 24, 28, 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+# uid 0 gains no capabilities on exec, and nothing can undo that (NOROOT and its lock;
+# no fix-ups on setuid, locked)
+SECURE_NOROOT = 0x1 | 0x2 | 0x4 | 0x8
+LAST_CAP = 63
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND = 1, 2, 4, 32, 4096
 MS_REC, MS_PRIVATE = 16384, 1 << 18
 CLONE_NEWNET = 0x40000000
@@ -85,6 +93,7 @@ class Options:
         self.gid: int | None = None
         self.pidns = False
         self.no_network = False
+        self.drop_caps = False
         self.bridge: tuple[int, str] | None = None
         self.control_fd: int | None = None
         self.keep_fds: list[int] = []
@@ -95,6 +104,8 @@ class Options:
                 self.pidns = True
             elif flag == "--no-network":
                 self.no_network = True
+            elif flag == "--drop-caps":
+                self.drop_caps = True
             elif flag == "--bridge":
                 port, _, path = args.pop(0).partition(":")
                 self.bridge = (int(port), path)
@@ -263,6 +274,8 @@ def _child(opts: Options) -> None:
             os.setresuid(opts.uid, opts.uid, opts.uid)
             if os.geteuid() == 0 or os.getuid() == 0:
                 _die("could not drop root")
+        if opts.drop_caps:
+            drop_capabilities()
         if not _no_new_privs() and _libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             _die("could not set no_new_privs")
         keep = sorted({0, 1, 2, *opts.keep_fds})
@@ -279,6 +292,17 @@ def _child(opts: Options) -> None:
         _die(f"cannot start {opts.argv[0]}: {exc}")
     except BaseException as exc:  # never fall back into the warden's own loop
         _die(f"cannot start {opts.argv[0]}: {type(exc).__name__}: {exc}")
+
+
+def drop_capabilities() -> None:
+    """The party keeps uid 0 of a user namespace but none of its capabilities: it cannot
+    unmount what hides paths from it, nor mount, nor make namespaces of its own with them."""
+    libc = _libc()
+    if libc.prctl(PR_SET_SECUREBITS, SECURE_NOROOT, 0, 0, 0) != 0:
+        _die(f"could not drop capabilities: {_errno()}")
+    for cap in range(LAST_CAP + 1):
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the kernel's last: fine
+    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
 
 
 def _resolve(program: str) -> str:

@@ -300,11 +300,24 @@ class Job:
             path.mkdir(parents=True, exist_ok=True)  # bwrap binds only what exists
         return shared
 
+    @property
+    def trusted_level(self) -> sandbox.Level:
+        """Where the trusted phases run. As root, wherever this machine has a PID namespace,
+        in one `unshare` makes (the warden builds their view), as the evaluator's own uid:
+        its candidate child then gets a PID namespace of its own inside (bubblewrap's /proc
+        forbids a nested one to a process that is not root). Elsewhere, the jobs' level."""
+        if os.geteuid() == 0 and self.sandbox_kind != sandbox.Level.NONE \
+                and sandbox.unshare_prefix() is not None:
+            return sandbox.Level.PIDNS
+        return self.sandbox_kind
+
     def policy(self, name: str, env: dict[str, str], result_dir: Path | None, *,
                trusted: bool, keep_fds: tuple[int, ...] = ()) -> sandbox.Policy:
         """What the phase may write and see. Every phase runs under the sandbox's warden, so
         its whole tree dies with it; candidate phases also run as the job's own unprivileged
-        uid (when the worker is root). Trusted phases (the evaluator) keep the worker's uid."""
+        uid (when the worker is root). Trusted phases (the evaluator) run as a uid of their
+        own, neither root nor the candidate's, where the machine has a PID namespace (at
+        `none` they keep the worker's uid)."""
         writable = [self.work, self.job_dir / "tmp"] + ([result_dir] if result_dir else [])
         if trusted:
             writable.append(self.trusted_tmp)
@@ -324,13 +337,22 @@ class Job:
             readonly.append(self.spec.holdout_dir)
         # no network unless the task asks: trusted phases too, since an evaluator may
         # import candidate code in its own process
+        evaluator_uid = self.trusted_level == sandbox.Level.PIDNS
         policy = sandbox.Policy(writable=writable, hidden=hidden, readonly=readonly,
-                                drop_privileges=not trusted, seed=str(state_dir),
-                                keep_fds=keep_fds, network=self.spec.network)
+                                drop_privileges=not trusted or evaluator_uid,
+                                uid=sandbox.evaluator_uid(str(state_dir)) if trusted else None,
+                                seed=str(state_dir), keep_fds=keep_fds,
+                                network=self.spec.network)
         if trusted:
             # a dropped uid's ~/.local could otherwise plant .pth files for the evaluator
             # (the work tree itself stays off its sys.path when evaluate runs `python -P`)
             env["PYTHONNOUSERSITE"] = "1"
+            # what the evaluator writes: its result file's directory and its own temporary
+            # files and compile caches; the candidate's tree stays the candidate's uid's
+            sandbox.grant([d for d in (result_dir, self.trusted_tmp) if d is not None], policy)
+            uid = policy.party_uid()
+            if uid is not None and not sandbox.reachable(Path(env.get("HOME", "/")), uid):
+                env["HOME"] = str(self.trusted_tmp)
         else:
             sandbox.grant([self.work, self.job_dir / "tmp"], policy)
             sandbox.share(writable[len(writable) - len(self._shared_caches):])
@@ -362,7 +384,8 @@ class Job:
         if progress is not None:
             env[PROGRESS_FD_ENV] = str(progress.pipe.write_fd)
         fds = (pipe.write_fd,) if pipe else (progress.pipe.write_fd,) if progress else ()
-        argv = sandbox.command(self.sandbox_kind, ["/bin/sh", "-c", command],
+        argv = sandbox.command(self.trusted_level if trusted else self.sandbox_kind,
+                               ["/bin/sh", "-c", command],
                                self.policy(name, env, result_file.parent if trusted else None,
                                            trusted=trusted, keep_fds=fds))
         # memory_gb: the training run's peak; without a run phase, the evaluation's

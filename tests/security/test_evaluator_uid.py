@@ -1,0 +1,78 @@
+"""The trusted evaluator never runs as root, nor as the candidate (issue 34).
+
+An evaluator may import candidate code into its own process, so when the job runs as root
+it runs as a uid of its own: not 0, not the uid the candidate's phases run as. It must
+still do its whole job: read the pinned evaluator and the hold-out data, start the
+candidate in a sandboxed child, and report on the trusted channel. Through the real CLI
+(`submit` + `wait`), a candidate that is kept (so the hold-out evaluation runs too), at
+both sandbox levels.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from helpers import config_text, git, make_repo, sandbox_env, submit_and_wait
+
+from security.test_network import phase_logs
+
+SOLUTION = '''
+import os
+
+X = 3.0
+
+
+def score():
+    return (X - 1.25) ** 2
+
+
+if __name__ == "__main__":
+    print(f"candidate uid: {os.getuid()}")
+'''
+
+EVALUATOR = '''
+import json, os, sys
+from ratchet.evaluator.channel import report
+from ratchet.evaluator.isolate import CandidateProcess
+
+if "--holdout" in sys.argv:
+    with open(os.path.join(os.environ["RATCHET_HOLDOUT"], "cases.json")) as fh:
+        assert json.load(fh) == ["the hold-out case"]
+with CandidateProcess("solution.py") as cand:
+    value = cand.call("score")
+print(f"evaluator uid: {os.getuid()} {os.geteuid()}")
+report({"correct": True, "score": value})
+'''
+
+
+@pytest.mark.parametrize("level", ["bwrap", "pidns"])
+def test_the_evaluator_runs_as_a_uid_of_its_own(tmp_path: Path, level: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the uid drop needs root; not root, every party keeps the user's uid")
+    env = sandbox_env(level, tmp_path)
+    task = config_text().split("[task.metric]")[0].replace(
+        'evaluate = "python evaluate.py"',
+        'run = "python solution.py"\nevaluate = "python evaluate.py"\n'
+        'holdout = "python evaluate.py --holdout"\nholdout_data = "holdout"')
+    repo = make_repo(tmp_path / "repo", {
+        "ratchet.toml": config_text(task=task), "evaluate.py": EVALUATOR,
+        "solution.py": SOLUTION, "holdout/cases.json": '["the hold-out case"]'})
+    git(repo, "checkout", "-q", "-b", "better")
+    (repo / "solution.py").write_text(SOLUTION.replace("X = 3.0", "X = 1.25"))
+    git(repo, "commit", "-qam", "X at the minimum")
+    git(repo, "checkout", "-q", "main")
+    cand = submit_and_wait(repo, "better", env=env)
+    assert cand["status"] == "keep", cand  # the hold-out ran and passed: it read its data
+
+    [candidate_uid] = {int(u) for u in re.findall(r"candidate uid: (\d+)",
+                                                  phase_logs(repo, cand["id"], "run"))}
+    assert candidate_uid != 0
+    for phase in ("evaluate", "holdout"):
+        uids = re.findall(r"evaluator uid: (\d+) (\d+)", phase_logs(repo, cand["id"], phase))
+        assert uids, (phase, phase_logs(repo, cand["id"], phase))
+        for uid, euid in uids:
+            assert int(uid) == int(euid) != 0, (phase, uids)
+            assert int(uid) != candidate_uid, (phase, uids, candidate_uid)
