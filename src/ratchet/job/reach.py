@@ -96,8 +96,11 @@ def probe(level: sandbox.Level | str, policy: sandbox.Policy, paths: Sequence[Pa
     like, which the candidate writes: only the way to them is checked, never what is in
     them (a file the candidate closed must not make its failure the machine's)."""
     uid = policy.party_uid()
-    if uid is None:
-        return None  # it runs as the caller: whatever the caller reaches, it does
+    if uid is None and sandbox.Level(level) == sandbox.Level.NONE:
+        return None  # it runs as the caller, in the caller's view: it reaches what we do
+    # as the caller's uid but in a view of its own (an evaluator that is not root starts
+    # its child so): what the view hides, it cannot reach
+    uid = os.geteuid() if uid is None else uid
     argv = sandbox.command(level, [sys.executable, "-I", "-S", "-c", _PROBE,
                                    *map(str, paths), *(f"@{t}" for t in trees)], policy)
     try:

@@ -111,6 +111,9 @@ METRICS_FD_ENV = "RATCHET_METRICS_FD"
 CHANNEL_LIMIT = 1 << 20  # bytes; an evaluator reports a few lines
 # phases that run trusted (the worker's uid): evaluate, evaluate.N, holdout
 TRUSTED_PHASES = ("evaluate", "holdout")
+# what an evaluator's log says when its own uid could not read what it imports (a venv
+# closed to others): worth a probe before the failure is put on the candidate
+SHUT_OUT_WORDS = ("ModuleNotFoundError", "ImportError", "PermissionError", "Permission denied")
 
 
 class MetricPipe:
@@ -347,9 +350,12 @@ class Job:
             # a dropped uid's ~/.local could otherwise plant .pth files for the evaluator
             # (the work tree itself stays off its sys.path when evaluate runs `python -P`)
             env["PYTHONNOUSERSITE"] = "1"
-            # what the evaluator writes: its result file's directory and its own temporary
-            # files and compile caches; the candidate's tree stays the candidate's uid's
-            sandbox.grant([d for d in (result_dir, self.trusted_tmp) if d is not None], policy)
+            # what the evaluator writes: its result file's directory, its own temporary
+            # files and compile caches, and the tree (evaluators write outputs there); the
+            # candidate's phases are over in it, and what they left was checked already
+            # (refuse_leftovers: lchown never follows a link)
+            sandbox.grant([d for d in (self.work, result_dir, self.trusted_tmp)
+                           if d is not None], policy)
             uid = policy.party_uid()
             if uid is not None and not sandbox.reachable(Path(env.get("HOME", "/")), uid):
                 env["HOME"] = str(self.trusted_tmp)
@@ -516,17 +522,23 @@ class Job:
                 head = fh.read(4096).decode(errors="replace")
         except OSError:
             return None
-        if phase.name.startswith(TRUSTED_PHASES):
+        trusted = phase.name.startswith(TRUSTED_PHASES)
+        if trusted and self.trusted_level != sandbox.Level.PIDNS:
             return None  # a trusted phase keeps the worker's uid: nothing to be shut out of
         # the warden could not start it, or its shell could not run `python` (126: not
-        # executable, 127: not found; a closed venv looks like either)
-        if not (reach.start_failed(head) or phase.exit_code in (126, 127)):
+        # executable, 127: not found; a closed venv looks like either); an evaluator that
+        # cannot read the venv fails on its first import instead
+        shut_out = reach.start_failed(head) or phase.exit_code in (126, 127) or (
+            trusted and any(word in head for word in SHUT_OUT_WORDS))
+        if not shut_out:
             return None
         env = dict(self.env)
-        policy = self.policy(phase.name, env, None, trusted=False)
+        policy = self.policy(phase.name, env, None, trusted=trusted)
         data = [self.data_dir] if self.data_dir is not None else []
-        return reach.probe(self.sandbox_kind, policy, reach.needed(extra=data),
-                           f"the candidate's {phase.name} phase", env=env, cwd=self.work,
+        party = f"the evaluator's {phase.name} phase" if trusted else \
+            f"the candidate's {phase.name} phase"
+        return reach.probe(self.trusted_level if trusted else self.sandbox_kind, policy,
+                           reach.needed(extra=data), party, env=env, cwd=self.work,
                            trees=[self.work])
 
     def prepare_data(self) -> JobResult | None:
