@@ -8,7 +8,8 @@ agent's environment points `HTTPS_PROXY`/`HTTP_PROXY` there. Outside, this proxy
 the first request of each connection and lets it through only to an allowed `host:port`:
 
 - `CONNECT host:port` (HTTPS, and any tunnel a client asks for): a tunnel, bytes both ways;
-- `GET http://host:port/...` (plain HTTP through a proxy): the request, relayed as sent.
+- `GET http://host:port/...` (plain HTTP through a proxy): the request, to that server
+  alone (what follows on the connection goes to the same server, whatever it names).
 
 Anything else (another host, another port of an allowed host, a request it cannot parse)
 gets `403` with one line saying so, and is recorded in `refused`. Where the user's own
@@ -145,12 +146,14 @@ class Proxy:
                 return
             with self._lock:
                 self.passed.append(str(target))
-            out = self._connect(target, head if method != b"CONNECT" else None)
+            out = self._connect(target)
             self._track(out)
             if method == b"CONNECT":
                 conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
             else:
-                out.sendall(_origin_form(head) if self.upstream is None else head)
+                # to the allowed server itself, as a server expects it: whatever the client
+                # sends next on this connection reaches that server and no other
+                out.sendall(_origin_form(head))
             if rest:
                 out.sendall(rest)
             _pump_both(conn, out)
@@ -161,13 +164,14 @@ class Proxy:
             if out is not None:
                 self._forget(out)
 
-    def _connect(self, target: Endpoint, plain_head: bytes | None) -> socket.socket:
+    def _connect(self, target: Endpoint) -> socket.socket:
+        """A connection to `target` alone: straight, or a tunnel through the upstream proxy
+        (plain HTTP too: handed to a proxy as it came, a keep-alive connection's next
+        request could name another host)."""
         if self.upstream is None:
             return socket.create_connection((target.host, target.port), CONNECT_TIMEOUT_S)
         out = socket.create_connection((self.upstream.host, self.upstream.port),
                                        CONNECT_TIMEOUT_S)
-        if plain_head is not None:  # plain HTTP: the upstream proxy takes it as it came
-            return out
         out.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
         reply, extra = _read_head(out)
         if reply.split(b" ", 2)[1:2] != [b"200"] or extra:
