@@ -201,11 +201,12 @@ def isolate_network() -> None:
 
 def bridge_listener(port: int) -> object:
     """The socket the party reaches its proxy on, bound before the party starts (so it is
-    there, and the party cannot take the port first)."""
-    import socket
+    there, and the party cannot take the port first). `_socket`, not `socket`: the module
+    (enum, selectors) would cost every agent's start-up ~10 ms."""
+    import _socket
 
-    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    server.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
     try:
         server.bind(("127.0.0.1", port))
     except OSError as exc:
@@ -214,11 +215,12 @@ def bridge_listener(port: int) -> object:
     return server
 
 
-def serve_bridge(server, path: str) -> None:  # noqa: ANN001 - a socket, imported lazily
-    """Relay every connection to 127.0.0.1:PORT to the proxy's Unix socket (threads: the
-    warden's own loop stays as it is). A party that cannot reach the proxy just fails."""
-    import socket
-    import threading
+def serve_bridge(server, path: str) -> None:  # noqa: ANN001 - a _socket.socket
+    """Relay every connection to 127.0.0.1:PORT to the proxy's Unix socket, on threads of
+    their own (the warden's loop stays as it is). A party that cannot reach the proxy just
+    fails to connect."""
+    import _socket
+    import _thread
 
     def pump(src, dst) -> None:  # noqa: ANN001
         try:
@@ -229,35 +231,42 @@ def serve_bridge(server, path: str) -> None:  # noqa: ANN001 - a socket, importe
                 dst.sendall(chunk)
         except OSError:
             pass
-        try:  # noqa: SIM105
-            dst.shutdown(socket.SHUT_WR)
+        try:  # noqa: SIM105 - contextlib costs every party start-up time
+            dst.shutdown(_socket.SHUT_WR)
         except OSError:
             pass
 
-    def relay(conn) -> None:  # noqa: ANN001
-        out = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    def relay(fd: int) -> None:
+        conn = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM, 0, fd)
+        out = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             out.connect(path)
         except OSError:
             conn.close()
             out.close()
             return
-        back = threading.Thread(target=pump, args=(out, conn), daemon=True)
-        back.start()
+        done = _thread.allocate_lock()
+        done.acquire()
+
+        def back() -> None:
+            pump(out, conn)
+            done.release()
+
+        _thread.start_new_thread(back, ())
         pump(conn, out)
-        back.join()
+        done.acquire()
         conn.close()
         out.close()
 
     def accept() -> None:
         while True:
             try:
-                conn, _ = server.accept()
+                fd, _ = server._accept()
             except OSError:
                 return
-            threading.Thread(target=relay, args=(conn,), daemon=True).start()
+            _thread.start_new_thread(relay, (fd,))
 
-    threading.Thread(target=accept, daemon=True).start()
+    _thread.start_new_thread(accept, ())
 
 
 def _child(opts: Options) -> None:
