@@ -41,6 +41,9 @@ def fetch(name, url, data=None, proxied=True):
 
 
 def tunnel(name, target):
+    if not os.environ.get("HTTPS_PROXY"):
+        seen[name] = "no proxy given"
+        return
     proxy = os.environ["HTTPS_PROXY"].rsplit(":", 1)
     try:
         with socket.create_connection((proxy[0].split("//")[1], int(proxy[1])), timeout=5) as s:
