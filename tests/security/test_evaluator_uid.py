@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import config_text, git, make_repo, sandbox_env, submit_and_wait
+from helpers import config_text, git, make_repo, ratchet, sandbox_env, submit_and_wait
 
 from security.test_network import phase_logs
 
@@ -76,3 +76,33 @@ def test_the_evaluator_runs_as_a_uid_of_its_own(tmp_path: Path, level: str) -> N
         for uid, euid in uids:
             assert int(uid) == int(euid) != 0, (phase, uids)
             assert int(uid) != candidate_uid, (phase, uids, candidate_uid)
+
+
+@pytest.mark.parametrize("level", ["bwrap", "pidns"])
+def test_hold_out_data_closed_to_the_evaluator_is_the_machines_fault(tmp_path: Path,
+                                                                    level: str) -> None:
+    """Hold-out data only root may read (0600): the hold-out evaluator, now its own uid,
+    cannot read it. That is a setup error, said in one line with the fix, never `rejected`
+    as overfit on the candidate."""
+    if os.geteuid() != 0:
+        pytest.skip("the uid drop needs root")
+    env = sandbox_env(level, tmp_path)
+    task = config_text().split("[task.metric]")[0].replace(
+        'evaluate = "python evaluate.py"',
+        'evaluate = "python evaluate.py"\nholdout = "python evaluate.py --holdout"\n'
+        'holdout_data = "holdout"')
+    repo = make_repo(tmp_path / "repo", {
+        "ratchet.toml": config_text(task=task), "evaluate.py": EVALUATOR,
+        "solution.py": SOLUTION, "holdout/cases.json": '["the hold-out case"]'})
+    (repo / "holdout" / "cases.json").chmod(0o600)
+    git(repo, "checkout", "-q", "-b", "better")
+    (repo / "solution.py").write_text(SOLUTION.replace("X = 3.0", "X = 1.25"))
+    git(repo, "commit", "-qam", "X at the minimum")
+    git(repo, "checkout", "-q", "main")
+    proc = ratchet(repo, "submit", "better", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cand_id = proc.stdout.strip().splitlines()[-1]
+    proc = ratchet(repo, "wait", cand_id, "--json", env=env)
+    out = proc.stdout + proc.stderr
+    assert "cases.json" in out and "fix:" in out, out
+    assert '"rejected"' not in out and "overfit" not in out, out

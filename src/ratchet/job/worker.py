@@ -535,6 +535,8 @@ class Job:
         env = dict(self.env)
         policy = self.policy(phase.name, env, None, trusted=trusted)
         data = [self.data_dir] if self.data_dir is not None else []
+        if trusted and phase.name.startswith("holdout") and self.spec.holdout_dir:
+            data.append(Path(self.spec.holdout_dir))  # read as the evaluator's uid now
         party = f"the evaluator's {phase.name} phase" if trusted else \
             f"the candidate's {phase.name} phase"
         return reach.probe(self.trusted_level if trusted else self.sandbox_kind, policy,
