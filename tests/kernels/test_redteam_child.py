@@ -564,13 +564,22 @@ def test_the_tricks_did_not_reach_the_verdict(study):
     if "read_holdout" in names:
         seen = _all_logs(repo, ids["read_holdout"])
         assert "hold-out shapes found: []" in seen and "hold-out shapes found: [{" not in seen, seen[-3000:]
-    for name, failed in (("shadow_package", "could not plant"), ("planted_module", "could not plant"),
-                         ("forge_holdout_result", "could not forge")):
+    for name, failed in (("shadow_package", "could not plant"), ("planted_module", "could not plant")):
         if name not in names:
             continue
         log = _all_logs(repo, ids[name])
         assert failed in log or "not found" in log, (name, log[-3000:])
-        assert "shadow package planted" not in log and "planted colorsys" not in log and "forged " not in log, (name, log[-3000:])
+        assert "shadow package planted" not in log and "planted colorsys" not in log, (name, log[-3000:])
+    if "forge_holdout_result" in names:
+        # Where the evaluator runs as a uid of its own, its child may write the empty
+        # directory that hides the jobs from it (its own throwaway view): the trick then
+        # says "forged". What counts is the real hold-out job: the worker's sealed result.
+        cand = ids["forge_holdout_result"]
+        log = _all_logs(repo, cand)
+        assert any(said in log for said in ("could not forge", "not found", "forged ")), log[-3000:]
+        for result in (repo / ".ratchet" / "jobs").glob(f"*-{cand}-*-holdout/result.json"):
+            sealed = json.loads(result.read_text())
+            assert "mac" in sealed and '"holdout": 2.0' not in sealed["result"], sealed
     if "forge_channel" in names:
         assert "wrote the channel" not in _all_logs(repo, ids["forge_channel"])
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import textwrap
 
 import pytest
 from helpers import git, ratchet
 
 from ratchet.driver.ledger import Ledger
+from ratchet.job import sandbox
 from redteam.test_redteam import FAST_SOLUTION, cheat, judge, new_study
 
 CHANNEL_EVALUATE = """
@@ -175,17 +177,25 @@ def test_result_file_is_not_in_the_run_phase_environment(template, tmp_path):
 def test_writing_the_channel_through_proc(template, tmp_path):
     """A child of the evaluator reopens its channel via /proc/<ppid>/fd/N.
 
-    As a non-root user the evaluator is non-dumpable and the open fails. As root (this
-    machine's CI) the open succeeds: the fake line then disagrees with the evaluator's own
-    report, which is tampering.
+    An evaluator that is not root is non-dumpable and the open fails: as a non-root user,
+    and as root wherever the machine has a PID namespace (the evaluator then runs as a uid
+    of its own, issue 34). An evaluator left root (no namespace at all) passes the
+    non-dumpable barrier to its child: the fake line then disagrees with the evaluator's
+    own report, which is tampering.
     """
     repo = channel_study(template, tmp_path)
     verdict = judge(repo, cheat(repo, "proc-fd", {"solution.py": PROC_FD_CHEAT}))
-    if os.geteuid() == 0:  # root passes the non-dumpable barrier: caught by disagreement
+    evaluator_is_root = os.geteuid() == 0 and sandbox.unshare_prefix() is None
+    if evaluator_is_root:  # root passes the non-dumpable barrier: caught by disagreement
         assert verdict["status"] == "rejected", verdict
         assert "tampering" in verdict["reasons"], verdict
         assert "disagrees with the trusted channel" in verdict["reasons"] or \
             "twice on the trusted channel" in verdict["reasons"]
     else:  # the open itself is refused; the (slower) candidate is judged on its own
         assert verdict["status"] == "discard", verdict
-        assert "wrote to the channel" not in ratchet(repo, "logs", verdict["id"]).stdout
+        assert verdict["metric"] != 0.0001 and "tampering" not in (verdict["reasons"] or "")
+        # the channel's descriptor (named in the environment) was refused; another of the
+        # parent's (its /dev/null stdin, say) may take the write and carries nothing
+        log = ratchet(repo, "logs", verdict["id"]).stdout
+        fd = re.search(r"refused: (\d+) \[Errno 13\]", log)
+        assert fd is not None and f"wrote to the channel through {fd.group(1)}\n" not in log, log

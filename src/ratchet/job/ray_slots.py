@@ -46,6 +46,9 @@ class SlotRunner:
         self.python = sys.executable if python in ("", "python") else python
         self.idle_exit_s = idle_exit_s
         self.root = Path(tempfile.mkdtemp(prefix=f"ratchet-{slot}-"))
+        # others may pass through (not list): the evaluator's own uid must reach its job's
+        # work tree below, as the candidate's must (mkdtemp makes it 0700)
+        self.root.chmod(0o711)
         self.jobs: dict[str, dict] = {}
         self.queue: collections.deque[str] = collections.deque()
         self.lock = threading.Lock()
