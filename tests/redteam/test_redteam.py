@@ -361,11 +361,19 @@ def test_moving_the_study_branch_from_inside(template, tmp_path, mode):
         repo = os.path.abspath(os.path.join(os.environ["RATCHET_WORKDIR"], *[".."] * 4))
         me = "refs/ratchet/redteam/" + os.environ["RATCHET_CANDIDATE"]
         for ref in ("refs/heads/ratchet/redteam", "refs/ratchet/redteam/c0000"):
-            subprocess.run(["git", "-C", repo, "update-ref", ref, me])
+            done = subprocess.run(["git", "-C", repo, "update-ref", ref, me])
+            print("update-ref", ref, "exit", done.returncode, flush=True)
     """, "solution.py": SOLUTION.replace("DELAY = 0.2", "DELAY = 0.3")})
     verdict = judge(repo, branch)
     assert verdict["status"] in ("rejected", "discard")
-    if mode == "none" or not sandbox.bwrap_works():
+    # Unsandboxed, the candidate moves the refs where its uid reaches the repository: the
+    # move is then tampering. From a checkout under a private (0700) directory its own uid
+    # cannot: the move fails, and it is judged on its score.
+    moved = "exit 0" in logs(repo, verdict["id"])
+    reachable = all(parent.stat().st_mode & 0o001 for parent in repo.resolve().parents)
+    if mode == "none" and reachable:
+        assert moved, logs(repo, verdict["id"])[-2000:]
+    if moved:
         assert verdict["status"] == "rejected"
         assert "tampering" in verdict["reasons"]
 
