@@ -48,15 +48,13 @@ report({"correct": True, "score": value})
 '''
 
 
-@pytest.mark.parametrize("level", ["bwrap", "pidns"])
-def test_the_evaluator_runs_as_a_uid_of_its_own(tmp_path: Path, level: str) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("the uid drop needs root; not root, every party keeps the user's uid")
-    env = sandbox_env(level, tmp_path)
+def _study_with_a_better_branch(tmp_path: Path, run: str | None = None) -> Path:
+    """A study with a hold-out, and branch `better` that improves the score."""
+    lines = ([f'run = "{run}"'] if run else []) + [
+        'evaluate = "python evaluate.py"', 'holdout = "python evaluate.py --holdout"',
+        'holdout_data = "holdout"']
     task = config_text().split("[task.metric]")[0].replace(
-        'evaluate = "python evaluate.py"',
-        'run = "python solution.py"\nevaluate = "python evaluate.py"\n'
-        'holdout = "python evaluate.py --holdout"\nholdout_data = "holdout"')
+        'evaluate = "python evaluate.py"', "\n".join(lines))
     repo = make_repo(tmp_path / "repo", {
         "ratchet.toml": config_text(task=task), "evaluate.py": EVALUATOR,
         "solution.py": SOLUTION, "holdout/cases.json": '["the hold-out case"]'})
@@ -64,6 +62,15 @@ def test_the_evaluator_runs_as_a_uid_of_its_own(tmp_path: Path, level: str) -> N
     (repo / "solution.py").write_text(SOLUTION.replace("X = 3.0", "X = 1.25"))
     git(repo, "commit", "-qam", "X at the minimum")
     git(repo, "checkout", "-q", "main")
+    return repo
+
+
+@pytest.mark.parametrize("level", ["bwrap", "pidns"])
+def test_the_evaluator_runs_as_a_uid_of_its_own(tmp_path: Path, level: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the uid drop needs root; not root, every party keeps the user's uid")
+    env = sandbox_env(level, tmp_path)
+    repo = _study_with_a_better_branch(tmp_path, run="python solution.py")
     cand = submit_and_wait(repo, "better", env=env)
     assert cand["status"] == "keep", cand  # the hold-out ran and passed: it read its data
 
@@ -87,18 +94,8 @@ def test_hold_out_data_closed_to_the_evaluator_is_the_machines_fault(tmp_path: P
     if os.geteuid() != 0:
         pytest.skip("the uid drop needs root")
     env = sandbox_env(level, tmp_path)
-    task = config_text().split("[task.metric]")[0].replace(
-        'evaluate = "python evaluate.py"',
-        'evaluate = "python evaluate.py"\nholdout = "python evaluate.py --holdout"\n'
-        'holdout_data = "holdout"')
-    repo = make_repo(tmp_path / "repo", {
-        "ratchet.toml": config_text(task=task), "evaluate.py": EVALUATOR,
-        "solution.py": SOLUTION, "holdout/cases.json": '["the hold-out case"]'})
-    (repo / "holdout" / "cases.json").chmod(0o600)
-    git(repo, "checkout", "-q", "-b", "better")
-    (repo / "solution.py").write_text(SOLUTION.replace("X = 3.0", "X = 1.25"))
-    git(repo, "commit", "-qam", "X at the minimum")
-    git(repo, "checkout", "-q", "main")
+    repo = _study_with_a_better_branch(tmp_path)
+    (repo / "holdout" / "cases.json").chmod(0o600)  # only root may read it
     proc = ratchet(repo, "submit", "better", env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     cand_id = proc.stdout.strip().splitlines()[-1]
