@@ -17,8 +17,9 @@ print(f"time_ms: {base * (0.9 if kernel.INPLACE else 1.0):.3f}")
 
 def test_no_candidate_repeats_the_baseline_or_another(tmp_path):
     example = ROOT / "examples" / "kernel-cpu"
-    # K=4 for 4 rounds asks for 15 experiments; the knobs allow only 12 (the baseline
-    # included), so the tuner is pushed to the end of the space, where a repeat would be
+    # K=4 for 8 rounds asks for up to 31 experiments (a round beside a keep's
+    # confirmation holds K - 2); the knobs allow only 12 (the baseline included), so the
+    # tuner is pushed to the end of the space, where a repeat would be
     toml = (example / "ratchet.toml").read_text().replace("parallel = 2", "parallel = 4").replace(
         "co_run_incumbent = true", "co_run_incumbent = false").replace(
         # this test's stand-in evaluator imports the kernel in-process (it tests the tuner)
@@ -28,7 +29,7 @@ def test_no_candidate_repeats_the_baseline_or_another(tmp_path):
         "kernel.py": (example / "kernel.py").read_text(),
         "evaluate.py": EVALUATOR,
     })
-    proc = ratchet(repo, "run", timeout=600)
+    proc = ratchet(repo, "run", "--rounds", "8", timeout=600)
     assert proc.returncode == 0, proc.stderr
     baseline_blob = git(repo, "rev-parse", "HEAD:kernel.py")
     refs = git(repo, "for-each-ref", "--format=%(refname)", "refs/ratchet/softmax-cpu/")

@@ -5,9 +5,14 @@ pair) and the others would idle for the whole confirmation. Instead, round R+1 i
 for at once, proposed on the would-be keep (the incumbent it will run on if it is kept),
 and as many of its candidates as the free slots hold start beside the pairs. When the
 verdict comes:
-- kept: they run on as round R+1, and the round is topped up to K with the rest of the
-  reply (asked for more if the reply was short), so a study makes rounds x K candidates
-  whatever the confirmations;
+- kept: they are round R+1, whole: as many of the reply's K as slots came free while
+  the pairs ran (K - 2 beside a look of one pair; more when a later look left slots
+  free). The pairs held the round's other slots (a round of K jobs, confirmations
+  included): topping it up to K candidates would run the top-up as a wave of its own
+  with the pairs' slots idle, since round R+2 waits for R+1's verdicts. The reply's
+  unused rest is dropped, billed. A study of `rounds` rounds then makes fewer than
+  rounds x K candidates, each round filling its slots; `budget.candidates` bounds the
+  candidates when that is what should be bounded;
 - not kept: they were made on a commit that is not the incumbent. They are withdrawn
   (status cancelled, reason code `withdrawn`: never blamed, their calls and compute
   billed), and their changes are re-based onto the incumbent and recorded again with the
@@ -37,6 +42,10 @@ from ratchet.vocab import Kind, Status
 if TYPE_CHECKING:
     from ratchet.driver.rounds import Rounds
 
+# a pair this far into the would-be keep's own run time is about to end: no candidate
+# starts beside it any more
+LATE = 0.7
+
 
 class Beside:
     """Round R+1 started beside round R's confirmation (see the module's docstring)."""
@@ -64,7 +73,10 @@ class Beside:
     def speculate(self, cand: Candidate) -> None:
         """A would-be keep goes into confirmation: round R+1 is asked for on it now."""
         loop, led = self.loop, self.loop.ledger
-        self.confirming, self.held, self.key = cand, [], None
+        self.confirming = cand
+        if self.key is not None or self.held:
+            return  # a reply made on an earlier would-be keep of this round: after() or
+            # rounds.propose re-bases it; it does not run beside this one (meanwhile)
         self.round_no = led.get("round") + 1
         self.base = cand.commit_sha or ""
         if (self.round_no > self.rounds.target or loop.stop.soft or not self.base
@@ -101,28 +113,44 @@ class Beside:
         return replace(row, status=status)
 
     def meanwhile(self) -> dict | None:
-        """While the pairs run: once the reply is in, the free slots take its first
-        proposals as round R+1's candidates. Returns the trusted writes made."""
+        """While the pairs run: once the reply is in, the free slots take its proposals
+        as round R+1's candidates, at every look (a later look of one pair, decided while
+        they still ran, leaves slots free when they end). Returns the trusted writes made."""
         loop, led = self.loop, self.loop.ledger
-        if self.confirming is None or self.key is None or loop.stop.soft:
+        if (self.confirming is None or loop.stop.soft or (self.key is None and not self.held)
+                or self.confirming.commit_sha != self.base):
             return None
-        pairs = sum(1 for c in led.candidates(confirmations=True)
-                    if c.confirms == self.confirming.id and c.status == Status.SUBMITTED)
-        free = loop.parallel - pairs - len(loop.jobs.poll(loop.in_flight))
-        if free <= 0 or not pairs:
+        # the pairs' jobs as the backend sees them now (a row stays submitted until the
+        # wait collects it: a pair that just ended must not count as running)
+        pairs = loop.jobs.poll([c.id for c in led.candidates(confirmations=True)
+                                if c.confirms == self.confirming.id
+                                and c.status == Status.SUBMITTED])
+        if not pairs:
             return None
-        ahead = loop.proposals.take_done(self.key)
-        if ahead is None:
+        # a candidate started as the pairs end would run as a wave of its own after the
+        # verdict, the round waiting for it with the other slots idle: the would-be
+        # keep's own run time tells how long its pair takes
+        typical = self.confirming.run_s
+        if typical and max(seconds for _, _, seconds, _ in pairs) >= LATE * typical:
             return None
-        base, future = ahead
-        if future.exception() is not None:  # raised where the round is proposed
-            loop.proposals.ask_ahead(self.key, base, 0, None, future=future)
-            self.key = None
+        free = loop.parallel - len(pairs) - len(loop.jobs.poll(loop.in_flight))
+        if free <= 0:
             return None
-        self.key = None
-        got = list(future.result())
-        take, self.held = got[:free], got[free:]
-        created = loop.proposals.record(self.round_no, base, take, [])
+        if self.key is not None:
+            ahead = loop.proposals.take_done(self.key)
+            if ahead is None:
+                return None
+            base, future = ahead
+            if future.exception() is not None:  # raised where the round is proposed
+                loop.proposals.ask_ahead(self.key, base, 0, None, future=future)
+                self.key = None
+                return None
+            self.key, self.base, self.held = None, base, list(future.result())
+        free = loop.room(free)
+        take, self.held = self.held[:free], self.held[free:]
+        if not take:
+            return None
+        created = loop.proposals.record(self.round_no, self.base, take, [])
         loop.write_views()
         started = [c for c in created if c.status == Status.COMMITTED]
         loop.in_flight += [c.id for c in started]
@@ -135,6 +163,7 @@ class Beside:
         trusted state the next round starts from; None when nothing ran beside."""
         loop, led = self.loop, self.loop.ledger
         cand, self.confirming = self.confirming, None
+        held, self.held = self.held, []  # the reply's proposals no slot took
         loop.in_flight = []
         if cand is None:
             return None
@@ -143,6 +172,7 @@ class Beside:
             return None
         beside = [c for c in led.candidates(round=self.round_no) if c.kind == Kind.CANDIDATE]
         if not beside:
+            loop.proposals.drop(held, "unused: no slot came free beside the pairs")
             return None
         before = loop.after_pairs or loop.guard.snapshot()
         loop.after_pairs = None
@@ -157,9 +187,13 @@ class Beside:
         if loop.stop.hard:
             return None  # nothing is judged now; a resume checks afresh
         created: list[Candidate] = []
-        if not stopped:
-            created = self.top_up(beside, withdrawn, self.carry(withdrawn, incumbent),
-                                  incumbent)
+        if winner and not withdrawn:  # kept: the round is what ran beside (above)
+            loop.proposals.drop(held, "unused: the round ran beside the pairs")
+        elif not stopped:
+            created = self.top_up(beside, withdrawn,
+                                  self.carry(withdrawn, held, incumbent), incumbent)
+        else:
+            loop.proposals.drop(held, "unused: the study stopped")
         gone = {c.id: (Status.CANCELLED, c.metric) for c in withdrawn}  # finished: measured
         writes = loop.writes_of(created)
         out = {c.id for c in withdrawn}
@@ -183,14 +217,14 @@ class Beside:
                        code=judge.Reason.WITHDRAWN, judged_at=time.time())
         return rows
 
-    def carry(self, withdrawn: list[Candidate], incumbent: str) -> list[Proposal]:
+    def carry(self, withdrawn: list[Candidate], held: list[Proposal], incumbent: str
+              ) -> list[Proposal]:
         """The withdrawn changes and the reply's rest, re-based onto the incumbent; what
         conflicts there is dropped (billed)."""
         proposals = self.loop.proposals
         again = [Proposal(description=c.description or "", commit=c.commit_sha,
                           params=c.params) for c in withdrawn if c.commit_sha]
-        moved, conflicting = proposals.on(self.base, incumbent, again + self.held)
-        self.held = []
+        moved, conflicting = proposals.on(self.base, incumbent, again + held)
         proposals.drop(conflicting, f"dropped: made on the would-be keep {self.base[:7]}, "
                                     f"conflicts with the incumbent {incumbent[:7]}")
         return moved
