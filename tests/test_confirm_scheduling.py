@@ -91,16 +91,12 @@ def test_the_next_round_runs_beside_a_confirmation_and_status_tells_the_shares(t
     keeps = [c for c in cands if c.kind == Kind.CANDIDATE and c.status == "keep"]
     assert keeps, "the deterministic task keeps something"
     # every round fills its K slots: the baseline takes one of round 1, and a round run
-    # beside a keep's confirmation has what the pairs left free: K - 2 beside the first
-    # look's pair, more if a later look left slots free (no top-up wave with the pairs'
-    # slots idle after the verdict)
+    # beside a keep's confirmation gives the first look's pair two (no top-up wave with
+    # the pair's slots idle after the verdict)
     kept_in = {k.round for k in keeps}
     for r in range(1, ROUNDS + 1):
-        n = len([c for c in made(cands) if c.round == r])
-        if r - 1 in kept_in:
-            assert K - 2 <= n <= K, r
-        else:
-            assert n == K - (r == 1), r
+        assert len([c for c in made(cands) if c.round == r]) == \
+            K - (r == 1) - 2 * (r - 1 in kept_in), r
     # while a would-be keep of a round before the last was confirmed, the next round's
     # candidates ran in the slots its pairs left free
     beside = 0

@@ -245,8 +245,13 @@ def test_each_round_is_proposed_from_the_last_rounds_verdicts(tmp_path):
     cands = [c for c in ledger.candidates() if c.kind == "candidate"]
     calls = ledger.calls()
     ledger.close()
-    assert [c.round for c in cands] == [1, 1, 2, 2, 2, 3, 3, 3]
-    assert len(calls) == len(prompts) == 8  # nothing asked ahead, nothing dropped
+    # K = 3 a round (the baseline takes one slot of round 1); a round run beside a keep's
+    # confirmation has the one slot its first look's pair left free
+    kept = {c.round for c in cands if c.status == "keep"}
+    for r in (1, 2, 3):
+        n = sum(1 for c in cands if c.round == r)
+        assert n == 3 - (r == 1) - 2 * (r - 1 in kept), (r, n)
+    assert len(calls) == len(prompts) == len(cands)  # nothing asked ahead, nothing dropped
     assert all(c["candidate"] for c in calls)
     by_id = {c.id: c for c in cands}
     for call, prompt in zip(calls, prompts, strict=True):
@@ -366,7 +371,9 @@ def test_budget_candidates_cuts_the_last_round(tmp_path):
     ledger = ledger_of(repo)
     rounds = [c.round for c in ledger.candidates() if c.kind == "candidate"]
     ledger.close()
-    assert rounds == [1, 1, 2, 2]  # round 2 cut to the two candidates left
+    # the last round cut to what was left (a round beside a keep's confirmation holds
+    # fewer than K, so which round is last depends on the keeps)
+    assert len(rounds) == 4 and rounds == sorted(rounds) and rounds[:2] == [1, 1]
     assert "stopped at budget.candidates: 4 candidates made of 4 candidates" in proc.stdout
 
 

@@ -5,12 +5,13 @@ pair) and the others would idle for the whole confirmation. Instead, round R+1 i
 for at once, proposed on the would-be keep (the incumbent it will run on if it is kept),
 and as many of its candidates as the free slots hold start beside the pairs. When the
 verdict comes:
-- kept: they are round R+1, whole: as many of the reply's K as slots came free while
-  the pairs ran (K - 2 beside a look of one pair; more when a later look left slots
-  free). The pairs held the round's other slots (a round of K jobs, confirmations
-  included): topping it up to K candidates would run the top-up as a wave of its own
-  with the pairs' slots idle, since round R+2 waits for R+1's verdicts. The reply's
-  unused rest is dropped, billed. A study of `rounds` rounds then makes fewer than
+- kept: they are round R+1, whole: K - 2 candidates (the reply's proposals no slot took
+  run after the verdict). The first look's pair held the round's other two slots (a
+  round of K jobs, the confirmation included): topping it up to K candidates would run
+  the top-up as a wave of its own with two slots idle, since round R+2 waits for R+1's
+  verdicts. The size is a rule on the ledger, not on timing (`Rounds.slots_for_proposals`:
+  the round after a keep confirmed on fresh pairs has K - 2), so a study stopped and
+  resumed between the rounds, or a reply too late to run beside, makes the same rounds. A study of `rounds` rounds then makes fewer than
   rounds x K candidates, each round filling its slots; `budget.candidates` bounds the
   candidates when that is what should be bounded;
 - not kept: they were made on a commit that is not the incumbent. They are withdrawn
@@ -29,22 +30,19 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ratchet.driver import judge
 from ratchet.driver.candidate import Proposal
 from ratchet.driver.ledger import Candidate
-from ratchet.driver.settle import OPEN_STATES
+from ratchet.driver.settle import ENDING, OPEN_STATES
 from ratchet.job.jobspec import JobResult
 from ratchet.vocab import Kind, Status
 
 if TYPE_CHECKING:
     from ratchet.driver.rounds import Rounds
-
-# a pair this far into the would-be keep's own run time is about to end: no candidate
-# starts beside it any more
-LATE = 0.7
 
 
 class Beside:
@@ -54,6 +52,8 @@ class Beside:
         self.rounds, self.loop = rounds, rounds.loop
         self.confirming: Candidate | None = None  # the would-be keep whose pairs run
         self.round_no = 0  # the round started beside it
+        self.asking = False  # whether more of it may be asked for (target, budget)
+        self.asked = 0  # requests made beside confirmations (each its own key)
         self.key: tuple | None = None  # its request (rounds.propose takes it if unused)
         self.held: list[Proposal] = []  # the reply's proposals no slot took yet
         self.base = ""  # the commit they were made on (the would-be keep's)
@@ -71,28 +71,35 @@ class Beside:
         self.loop.meanwhile = self.meanwhile
 
     def speculate(self, cand: Candidate) -> None:
-        """A would-be keep goes into confirmation: round R+1 is asked for on it now."""
+        """A would-be keep goes into confirmation: round R+1 is asked for on it now, as
+        many candidates as the first look's pair leaves slots free."""
         loop, led = self.loop, self.loop.ledger
         self.confirming = cand
         if self.key is not None or self.held:
-            return  # a reply made on an earlier would-be keep of this round: after() or
-            # rounds.propose re-bases it; it does not run beside this one (meanwhile)
+            return  # a reply made on an earlier would-be keep of this round: after()
+            # re-bases it; it does not run beside this one (meanwhile)
         self.round_no = led.get("round") + 1
         self.base = cand.commit_sha or ""
-        if (self.round_no > self.rounds.target or loop.stop.soft or not self.base
-                or led.candidates(round=self.round_no)
-                or self.rounds.over_budget(self.round_no, stop=False)):
-            return  # nothing to start (or, resumed, started already)
-        k = self.rounds.slots_for_proposals()
-        if k <= 0:
+        self.asking = not (self.round_no > self.rounds.target or loop.stop.soft
+                           or not self.base or led.candidates(round=self.round_no)
+                           or self.rounds.over_budget(self.round_no, stop=False))
+        # (resumed, round R+1 may have started already: after() judges what it holds)
+        if self.asking:  # the size round R+1 has if the keep is kept
+            self.ask(self.rounds.slots_for_proposals(self.round_no, after_keep=True))
+
+    def ask(self, k: int) -> None:
+        """Ask for `k` of round R+1 on the would-be keep, with the view round R+1 would
+        have after the keep: round R with its verdicts as they will be then (so it is
+        proposed as it would be after the verdict), and what already runs beside."""
+        if k <= 0 or self.confirming is None or not self.asking:
             return
-        # the view round R+1 would have after the keep: round R with its verdicts as
-        # they will be then, so it is proposed as it would be after the verdict
+        led, cand = self.loop.ledger, self.confirming
         history = [self.as_if_kept(c, cand) if c.round == cand.round and not c.is_judged
                    else c for c in led.candidates()]
-        ctx = loop.proposals.context(self.round_no, self.base, history, cand.metric)
-        self.key = ("round", self.round_no, k)
-        loop.proposals.ask_ahead(self.key, self.base, k, ctx)
+        ctx = self.loop.proposals.context(self.round_no, self.base, history, cand.metric)
+        self.asked += 1
+        self.key = ("beside", self.round_no, self.asked)
+        self.loop.proposals.ask_ahead(self.key, self.base, k, ctx)
 
     def as_if_kept(self, row: Candidate, keep: Candidate) -> Candidate:
         """A finished row of the round being judged, with the verdict it gets when `keep`
@@ -114,10 +121,9 @@ class Beside:
 
     def meanwhile(self) -> dict | None:
         """While the pairs run: once the reply is in, the free slots take its proposals
-        as round R+1's candidates, at every look (a later look of one pair, decided while
-        they still ran, leaves slots free when they end). Returns the trusted writes made."""
+        as round R+1's candidates. Returns the trusted writes made."""
         loop, led = self.loop, self.loop.ledger
-        if (self.confirming is None or loop.stop.soft or (self.key is None and not self.held)
+        if (self.confirming is None or loop.stop.soft or not self.round_no
                 or self.confirming.commit_sha != self.base):
             return None
         # the pairs' jobs as the backend sees them now (a row stays submitted until the
@@ -131,7 +137,7 @@ class Beside:
         # verdict, the round waiting for it with the other slots idle: the would-be
         # keep's own run time tells how long its pair takes
         typical = self.confirming.run_s
-        if typical and max(seconds for _, _, seconds, _ in pairs) >= LATE * typical:
+        if typical and max(seconds for _, _, seconds, _ in pairs) >= ENDING * typical:
             return None
         free = loop.parallel - len(pairs) - len(loop.jobs.poll(loop.in_flight))
         if free <= 0:
@@ -139,14 +145,13 @@ class Beside:
         if self.key is not None:
             ahead = loop.proposals.take_done(self.key)
             if ahead is None:
-                return None
+                return None  # still proposing
+            self.key = None
             base, future = ahead
-            if future.exception() is not None:  # raised where the round is proposed
-                loop.proposals.ask_ahead(self.key, base, 0, None, future=future)
-                self.key = None
+            if future.exception() is not None:
+                self.failed(self.round_no, base, future)
                 return None
-            self.key, self.base, self.held = None, base, list(future.result())
-        free = loop.room(free)
+            self.held += list(future.result())
         take, self.held = self.held[:free], self.held[free:]
         if not take:
             return None
@@ -157,23 +162,36 @@ class Beside:
         loop.jobs.start(started, lambda: loop.stop.hard)
         return loop.writes_of(created)
 
+    def failed(self, round_no: int, base: str, future: Future) -> None:
+        """The proposer raised: the error belongs where the round is proposed, so the
+        request is left for rounds.propose to take (and raise) as its own."""
+        key = ("round", round_no, self.rounds.slots_for_proposals())
+        self.loop.proposals.ask_ahead(key, base, 0, None, future=future)
+
     def after(self, winner: str | None) -> dict | None:
         """The verdict is in: round R+1 keeps its candidates (kept) or has them withdrawn
         and carried onto the incumbent (refused), and is topped up to K. Returns the
         trusted state the next round starts from; None when nothing ran beside."""
         loop, led = self.loop, self.loop.ledger
         cand, self.confirming = self.confirming, None
-        held, self.held = self.held, []  # the reply's proposals no slot took
+        held, self.held = self.held, []  # the replies' proposals no slot took
+        round_no, self.round_no = self.round_no, 0
         loop.in_flight = []
-        if cand is None:
+        if cand is None or not round_no:
             return None
-        if self.key is not None:  # never taken: rounds.propose uses (or re-bases) it
+        if self.key is not None:  # a reply no slot took: round R+1 starts from it
+            ahead = loop.proposals.take_ahead(self.key)
             self.key = None
-            return None
-        beside = [c for c in led.candidates(round=self.round_no) if c.kind == Kind.CANDIDATE]
-        if not beside:
-            loop.proposals.drop(held, "unused: no slot came free beside the pairs")
-            return None
+            if ahead is not None:
+                base, future = ahead
+                try:
+                    held += self.rounds.wait_for(future, round_no)
+                except Exception:  # noqa: BLE001 - any proposer error, raised by propose
+                    self.failed(round_no, base, future)
+                    return None
+        beside = [c for c in led.candidates(round=round_no) if c.kind == Kind.CANDIDATE]
+        if not beside and not held:
+            return None  # nothing was asked: rounds.propose asks (its size, slots_for_proposals)
         before = loop.after_pairs or loop.guard.snapshot()
         loop.after_pairs = None
         meta, verdicts = loop.written
@@ -187,13 +205,15 @@ class Beside:
         if loop.stop.hard:
             return None  # nothing is judged now; a resume checks afresh
         created: list[Candidate] = []
-        if winner and not withdrawn:  # kept: the round is what ran beside (above)
-            loop.proposals.drop(held, "unused: the round ran beside the pairs")
-        elif not stopped:
-            created = self.top_up(beside, withdrawn,
-                                  self.carry(withdrawn, held, incumbent), incumbent)
-        else:
+        if stopped:
             loop.proposals.drop(held, "unused: the study stopped")
+        elif winner == cand.id:  # kept: round R+1 is the reply, what no slot took too
+            created = loop.proposals.record(round_no, incumbent, held,
+                                            loop.fixed_rows(incumbent))
+            loop.write_views()
+        else:  # refused: round R+1 of K on the incumbent
+            created = self.top_up(round_no, beside, withdrawn,
+                                  self.carry(withdrawn, held, incumbent), incumbent)
         gone = {c.id: (Status.CANCELLED, c.metric) for c in withdrawn}  # finished: measured
         writes = loop.writes_of(created)
         out = {c.id for c in withdrawn}
@@ -229,7 +249,7 @@ class Beside:
                                     f"conflicts with the incumbent {incumbent[:7]}")
         return moved
 
-    def top_up(self, beside: list[Candidate], withdrawn: list[Candidate],
+    def top_up(self, round_no: int, beside: list[Candidate], withdrawn: list[Candidate],
                carried: list[Proposal], incumbent: str) -> list[Candidate]:
         """Round R+1 up to K candidates on the incumbent: those carried first, then the
         proposer is asked for what is still missing; with the round's co-run reference."""
@@ -240,10 +260,10 @@ class Beside:
         loop.proposals.drop(extra, "unused: round already full")
         missing = want - len(take)
         if missing > 0:
-            ctx = loop.proposals.context(self.round_no, incumbent, led.candidates(),
+            ctx = loop.proposals.context(round_no, incumbent, led.candidates(),
                                          led.get("incumbent_metric"), taken=take)
-            take += rounds.wait_for(rounds.ask(missing, ctx), self.round_no)
-        created = loop.proposals.record(self.round_no, incumbent, take,
+            take += rounds.wait_for(rounds.ask(missing, ctx), round_no)
+        created = loop.proposals.record(round_no, incumbent, take,
                                         loop.fixed_rows(incumbent))
         loop.write_views()
         return created

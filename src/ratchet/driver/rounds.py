@@ -125,11 +125,33 @@ class Rounds:
                        if c.status == Status.KEEP and c.commit_sha == base), None)
         return base, self.loop.proposals.context(round_no, base, shown, metric)
 
-    def slots_for_proposals(self) -> int:
-        """K, less the baseline's slot in the study's first round, within the room
+    def slots_for_proposals(self, round_no: int | None = None, after_keep: bool = False
+                            ) -> int:
+        """Round `round_no`'s candidates (the current round's by default): K, less the
+        baseline's slot in the study's first round, less the two slots of the pair
+        beside which it runs when the round before kept a change confirmed on fresh
+        pairs (driver/beside.py; `after_keep`: as if it did), within the room
         budget.candidates leaves."""
         baseline = any(c.kind == Kind.BASELINE for c in self.loop.ledger.candidates())
-        return self.loop.room(self.loop.parallel - (0 if baseline else 1))
+        return self.loop.room(self.loop.parallel - (0 if baseline else 1)
+                              - self.pair_slots(round_no, after_keep))
+
+    def pair_slots(self, round_no: int | None = None, after_keep: bool = False) -> int:
+        """The slots of round `round_no` a confirmation's pair holds: two when the
+        round runs beside a keep's first look (driver/beside.py), i.e. when the round
+        before kept a change confirmed on fresh pairs (`after_keep`: as if it did). A
+        rule on the ledger, not on timing: a resumed study makes the same rounds."""
+        if self.beside is None:
+            return 0
+        led = self.loop.ledger
+        previous = (led.get("round") if round_no is None else round_no) - 1
+        if after_keep:
+            return 2
+        keeps = {c.id for c in led.candidates(round=previous)
+                 if c.kind == Kind.CANDIDATE and c.status == Status.KEEP}
+        confirmed = bool(keeps) and any(r.confirms in keeps for r in led.candidates(
+            confirmations=True) if r.kind == Kind.CONFIRM)
+        return 2 if confirmed else 0
 
     def ask_ahead(self, round_no: int) -> None:
         """Round `round_no`'s proposals are asked for now, on the proposer's thread: the
@@ -200,7 +222,8 @@ class Rounds:
         early = led.candidates(round=round_no)
         rows = [] if early else loop.fixed_rows(incumbent)
         k = loop.room(loop.parallel - sum(1 for r in rows if r["kind"] == Kind.BASELINE)
-                      - sum(1 for c in early if c.kind == Kind.BASELINE))
+                      - sum(1 for c in early if c.kind == Kind.BASELINE)
+                      - self.pair_slots(round_no))
         if rows and k and loop.proposals.proposer.contained:
             early, self.trusted = self.start_fixed(round_no, rows)
             rows = []

@@ -45,6 +45,13 @@ OPEN_STATES: tuple[str, ...] = (Status.COMMITTED, Status.SUBMITTED, Status.INTER
 SPEND_FRESH_S = 0.5  # a summed spend is reused this long by the budget's checks
 
 
+# A job this far into the run time of the would-be keep it runs beside (its pair takes
+# about as long) is about to end: a look's size counts its slot free, and no candidate
+# starts beside a pair this far in (driver/beside.py), where it would run alone after the
+# verdict, the round waiting for it.
+ENDING = 0.7
+
+
 class ScheduleError(UserError):
     """The study cannot go on (e.g. the baseline failed); one line naming the cause."""
 
@@ -409,7 +416,12 @@ class Confirming:
         if recorded > 0:
             return recorded
         loop = self.loop
-        busy = len(loop.jobs.poll(loop.in_flight)) if loop.in_flight else 0
+        # a job beside the pairs this far into the would-be keep's own run time ends
+        # about when this look starts: its slot is the look's (else it idles the look)
+        typical = self.group[cand_id].run_s if cand_id in self.group else None
+        running = loop.jobs.poll(loop.in_flight) if loop.in_flight else []
+        busy = sum(1 for *_, seconds, _ in running
+                   if not typical or seconds < ENDING * typical)
         return max(1, min(loop.parallel // 2, (loop.parallel - busy) // 2))
 
     def rows(self, cand_id: str) -> list[Candidate]:
