@@ -68,8 +68,10 @@ def shell_section(tmp_path: Path, preset: str, **extra: str) -> str:
 @pytest.mark.parametrize("preset", ["slurm", "vessl", "skypilot"])
 def test_study_runs_to_completion_on_each_preset(tmp_path, engine, preset):
     engine(fail_first=["submit", "status", "list"], id_delay=2, lose=["c0002"])
-    repo = make_task(tmp_path, backend="shell", parallel=3, rounds=2, sleep=0.3,
-                     extra=shell_section(tmp_path, preset))
+    # five candidates beside the baseline, however the rounds fall (a round beside a
+    # keep's confirmation holds K - 2)
+    repo = make_task(tmp_path, backend="shell", parallel=3, rounds=5, sleep=0.3,
+                     extra=shell_section(tmp_path, preset) + "\n[budget]\ncandidates = 5\n")
     started = time.monotonic()
     study = Study(repo)
     try:
