@@ -34,7 +34,7 @@ from ratchet.proposers.context import context_settings, hardware_text
 from ratchet.proposers.scratch import MAX_FILE_BYTES, MAX_TOTAL_BYTES
 from ratchet.vocab import Status
 
-PROPOSER = "mcp"  # the proposer its candidates are recorded with
+PROPOSER = "mcp"  # its candidates are recorded with it (in vocab.SUBMITTED_FROM_OUTSIDE)
 MAX_FILES = 100  # files in one submission
 MAX_DESCRIPTION = 2000  # characters (stored cut to a line of 200, as every description)
 MAX_IDEA = 2000
