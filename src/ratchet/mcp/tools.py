@@ -191,7 +191,7 @@ class StudyTools:
             config = study.config
             protected = [*config.task.protected, CONFIG_FILE]
             for path in contents:  # the cheap checks first, each naming its file
-                field = f"files[{path!r}]"
+                field = _file_field(path)
                 if protected_by(path, protected):
                     raise ToolInputError(field, "is protected (the evaluator's files and "
                                          f"{CONFIG_FILE} may not change)")
@@ -204,6 +204,7 @@ class StudyTools:
                 raise UserError(f"{study.repo}: the repository has no commits; commit the "
                                 "task's files first")
             on = self._base(study, base, incumbent)
+            _check_shapes(study, on, contents)
             commit = gitrepo.commit_files(study.repo, on, contents,
                                           f"ratchet mcp: {description}"[:200])
             # the scope check an LLM's edit passes (candidate.materialise), made here so
@@ -329,6 +330,13 @@ class StudyTools:
 # -- checks on what the agent sends --------------------------------------------------------
 
 
+def _file_field(path: str) -> str:
+    """The field a file of a submission is named by; a path past 120 characters is cut
+    (the error says how long it is), so that the error stays a line."""
+    shown = path if len(path) <= 120 else path[:120] + "…"
+    return f"files[{shown!r}]"
+
+
 def _judged(status: str) -> bool:
     return Status(status).is_verdict
 
@@ -364,9 +372,9 @@ def _checked_files(files: dict[str, str | None]) -> dict[str, bytes | None]:
     for path, content in files.items():
         why = unsafe(path)
         if why:
-            raise ToolInputError(f"files[{path!r}]", f"the path {why}; name a file of the "
+            raise ToolInputError(_file_field(path), f"the path {why}; name a file of the "
                                  "repository by its relative path")
-        field = f"files[{path!r}]"
+        field = _file_field(path)
         if content is None:
             out[path] = None
             continue
@@ -388,6 +396,38 @@ def _checked_files(files: dict[str, str | None]) -> dict[str, bytes | None]:
             raise ToolInputError("files", f"more than {MAX_TOTAL_BYTES:,} bytes in all")
         out[path] = data
     return out
+
+
+def _check_shapes(study: Study, base: str, contents: dict[str, bytes | None]) -> None:
+    """A file where BASE has a directory, or under a path that is a file there (or in this
+    submission), is no tree git can build: said naming the file, not as git's error."""
+    written = [path for path, data in contents.items() if data is not None]
+    parents = {path: ["/".join(path.split("/")[:i]) for i in range(1, path.count("/") + 1)]
+               for path in written}
+    for path in written:
+        both = next((up for up in parents[path] if up in contents), None)
+        if both is not None:
+            raise ToolInputError(_file_field(path), f"is under {both!r}, which this "
+                                 "submission also writes or deletes: a path is a file or a "
+                                 "directory, not both (delete the file in a submission of "
+                                 "its own first)")
+    asked = sorted({*written, *(up for ups in parents.values() for up in ups)})
+    if not asked:
+        return
+    # one git process for every path and parent: each line is its object type or "missing"
+    listing = gitrepo.git(study.repo, "cat-file", "--batch-check=%(objecttype)",
+                          input="".join(f"{base}:{path}\n" for path in asked).encode())
+    kinds = {path: line.rsplit(" ", 1)[-1] for path, line in zip(asked, listing.splitlines(),
+                                                                  strict=True)}
+    for path in written:
+        if kinds.get(path) == "tree":
+            raise ToolInputError(_file_field(path), "is a directory in the incumbent; name "
+                                 "a file in it")
+        up = next((up for up in parents[path] if kinds.get(up) not in ("tree", "missing")),
+                  None)
+        if up is not None:
+            raise ToolInputError(_file_field(path), f"{up!r} is a file in the incumbent, "
+                                 "not a directory")
 
 
 def _same_tree(study: Study, commit: str) -> str | None:
