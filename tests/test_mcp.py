@@ -11,6 +11,7 @@ import shlex
 import sys
 import time
 import tomllib
+from collections import Counter
 
 from helpers import git, ratchet, score_repo
 from mcp_kit import TOOLS, call, edited, in_process, over_stdio, refused
@@ -105,8 +106,37 @@ def test_every_tool_on_a_real_study_and_an_improvement_is_kept(tmp_path):
     # watched like any study: the CLI sees the same records, the agent's proposer named
     status = json.loads(ratchet(repo, "status", "--json", check=True).stdout)
     assert status["counts"] == after["counts"] and status["incumbent_id"] == better["id"]
+    assert status["proposers"] == {"mcp": {"discard": 1, "keep": 1}}
     shown = ratchet(repo, "show", better["id"], check=True).stdout
     assert shown.startswith(f"{better['id']} candidate") and "+X = 1.5" in shown
+    watched_like_any_study(repo, {better["id"]: "keep", worse["id"]: "discard"})
+
+
+def watched_like_any_study(repo, verdicts):
+    """`ratchet status`, the report and `ratchet serve` show the agent's candidates, each
+    with its proposer named mcp."""
+    from web.test_serve import base_of, bearer, fetch, serving
+
+    table = ratchet(repo, "status", check=True).stdout
+    for cand, verdict in verdicts.items():
+        row = next(line for line in table.splitlines() if line.split("│")[0].strip() == cand)
+        assert [col.strip() for col in row.split("│")][3] == verdict, row
+        assert [col.strip() for col in row.split("│")][6] == "mcp", row
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(Counter(verdicts.values()).items()))
+    assert f"by proposer: mcp {len(verdicts)} ({counts})" in table
+    ratchet(repo, "report", check=True)
+    report = (repo / ".ratchet" / "report" / "index.html").read_text()
+    with serving(repo) as url:
+        pages = {cand: fetch(f"{base_of(url)}c/{cand}", bearer(url)) for cand in verdicts}
+        listing = fetch(f"{base_of(url)}candidates", bearer(url))
+    for html in (report, listing[2]):  # every candidate's row, and the shares by proposer
+        for cand in verdicts:
+            row = re.search(rf'<tr[^>]*><td[^>]*>(?:(?!</td>).)*id="{cand}"(?:(?!</tr>).)*</tr>',
+                            html, re.DOTALL)
+            assert row and re.search(r"<td[^>]*>mcp</td>", row.group(0)), cand
+    assert "By proposer" in report and re.search(r"<td[^>]*>mcp</td>", report)
+    for cand, (code, _, html) in pages.items():
+        assert code == 200 and re.search(r"proposer</t[hd]>\s*<td[^>]*>mcp<", html), cand
 
 
 def test_wait_with_a_timeout_leaves_a_running_candidate_unjudged(tmp_path):
