@@ -201,6 +201,22 @@ def test_print_config_gives_each_clients_line(tmp_path):
                                   "claude, codex, cursor")
 
 
+def test_init_writes_program_md_with_the_mcp_loop(tmp_path):
+    """Every template's program.md tells an agent the MCP loop: `study` once, then `files`,
+    edit, `submit` K candidates, `wait`, read the verdicts, and never stop; the shell
+    loop stays beside it."""
+    for template in ("blank", "kernel", "train"):
+        repo = tmp_path / template
+        repo.mkdir()
+        ratchet(repo, "init", "--template", template, check=True)
+        text = " ".join((repo / "program.md").read_text().split())
+        loop = text[text.index("ratchet mcp"):]
+        steps = [loop.index(f"`{tool}`") for tool in ("study", "files", "submit", "wait")]
+        assert steps == sorted(steps), (template, loop[:600])
+        assert "never stop" in loop.lower(), template
+        assert "ratchet submit" in text and "ratchet wait" in text, template
+
+
 def test_a_broken_study_is_one_line_before_serving(tmp_path):
     repo = agent_repo(tmp_path / "r")
     (repo / "ratchet.toml").write_text("[task]\nname = 3\n")
