@@ -217,6 +217,25 @@ def test_init_writes_program_md_with_the_mcp_loop(tmp_path):
         assert "ratchet submit" in text and "ratchet wait" in text, template
 
 
+def test_the_readme_leads_an_agent_you_run_with_mcp(tmp_path):
+    """README.md's agent-driven section: one `--print-config` line per CLI, each of which
+    works as written, then the MCP guide, and the shell's submit/wait as the fallback."""
+    from test_readme import section
+
+    text = section("An agent you run")
+    (block,) = re.findall(r"^```bash\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+    repo = agent_repo(tmp_path / "r")
+    clients = []
+    for line in block.splitlines():
+        argv = shlex.split(line.split("#")[0])
+        assert argv[:3] == ["ratchet", "mcp", "--print-config"], line
+        clients.append(argv[3])
+        assert ratchet(repo, *argv[1:], check=True).stdout.strip()
+    assert clients == ["claude", "codex", "cursor"]
+    assert text.index("docs/howto/mcp.md") < text.index("docs/howto/submit-wait.md")
+    assert "fallback" in text and "`ratchet submit` / `ratchet wait`" in text
+
+
 def test_a_broken_study_is_one_line_before_serving(tmp_path):
     repo = agent_repo(tmp_path / "r")
     (repo / "ratchet.toml").write_text("[task]\nname = 3\n")
