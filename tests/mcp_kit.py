@@ -33,14 +33,19 @@ def in_process(repo: Path, body: Callable[[Client], Awaitable[T]]) -> T:
     return anyio.run(main)
 
 
-def over_stdio(repo: Path, body: Callable[[Client], Awaitable[T]], errlog: TextIO,
-               cwd: Path | None = None) -> T:
-    """The same over a real `python -m ratchet.cli mcp -C REPO` subprocess (its stderr to
-    ERRLOG), started in CWD, as Claude Code or Codex starts it."""
-    params = StdioServerParameters(
+def stdio_server(repo: Path, cwd: Path | None = None) -> StdioServerParameters:
+    """A real `python -m ratchet.cli mcp -C REPO` subprocess, started in CWD, as Claude
+    Code or Codex starts it (connect with `Client(stdio_client(params, errlog=...))`)."""
+    return StdioServerParameters(
         command=RATCHET[0], args=[*RATCHET[1:], "mcp", "-C", str(repo)],
         env={"PYTHONPATH": str(ROOT / "src")},
         cwd=str(cwd) if cwd else None)
+
+
+def over_stdio(repo: Path, body: Callable[[Client], Awaitable[T]], errlog: TextIO,
+               cwd: Path | None = None) -> T:
+    """The same over a real stdio server process (its stderr to ERRLOG)."""
+    params = stdio_server(repo, cwd)
 
     async def main() -> T:
         async with Client(stdio_client(params, errlog=errlog)) as client:

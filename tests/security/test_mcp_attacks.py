@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import textwrap
 
+import anyio
 import pytest
 from helpers import (
     SCORE_EVALUATOR,
@@ -163,6 +164,49 @@ def test_a_hostile_client_gets_clean_errors_and_nothing_is_recorded(tmp_path):
         "evaluate.py", "lib/util.py", "ratchet.toml", "solution.py"]
     # the other study is untouched: its rows are as its own wait left them
     assert Ledger(other / ".ratchet" / "ledger.db").candidates() == others
+
+
+def test_a_flood_from_several_servers_at_once_stops_at_the_budget(tmp_path):
+    """Three agents, each with its own `ratchet mcp` process, each sending 4 submissions at
+    once: the budget's check and the record are one step across processes, so BUDGET are
+    taken in all, the study starts once, and the rest are refused naming the limit."""
+    from mcp import Client
+    from mcp.client.stdio import stdio_client
+    from mcp_kit import stdio_server
+
+    repo = hostile_repo(tmp_path / "r")
+    source = (repo / "solution.py").read_text()
+    answers: list[tuple[bool, str]] = []
+
+    async def agent(k: int) -> None:
+        with open(tmp_path / f"server{k}.log", "w") as errlog:
+            async with Client(stdio_client(stdio_server(repo), errlog=errlog)) as client:
+                async def submit(x: int) -> None:
+                    result = await client.call_tool("submit", {
+                        "files": {"solution.py": source.replace("X = 3.0", f"X = {k}.{x}1")},
+                        "description": f"agent {k} try {x}"})
+                    answers.append((result.is_error, result.content[0].text))
+
+                async with anyio.create_task_group() as tasks:
+                    for x in range(4):
+                        tasks.start_soon(submit, x)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as agents:
+            for k in range(3):
+                agents.start_soon(agent, k)
+
+    anyio.run(main)
+    taken = [json.loads(text)["id"] for error, text in answers if not error]
+    turned = [text for error, text in answers if error]
+    assert len(answers) == 12 and len(taken) == BUDGET, answers
+    assert all("budget.candidates reached, nothing was submitted" in text for text in turned)
+    logs = "".join((tmp_path / f"server{k}.log").read_text() for k in range(3))
+    assert "Traceback" not in logs, logs[-3000:]
+    rows = Ledger(repo / ".ratchet" / "ledger.db").candidates()
+    assert sorted(c.id for c in rows if c.kind == "candidate") == sorted(taken)
+    assert [c.kind for c in rows].count("baseline") == 1  # started once
+    assert StudyTools(repo).wait(taken, 300)["done"]
 
 
 def test_text_that_is_no_unicode_at_all_is_refused_before_the_study(tmp_path):

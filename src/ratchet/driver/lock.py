@@ -1,4 +1,5 @@
-"""One driver per study: an flock on .ratchet/lock, so a dead holder never blocks us."""
+"""One driver per study: an flock on .ratchet/lock, so a dead holder never blocks us. And
+one submission at a time: an flock on .ratchet/submit.lock, held for a moment."""
 
 from __future__ import annotations
 
@@ -57,4 +58,32 @@ class StudyLock:
     def release(self) -> None:
         if self.fh:
             self.fh.close()
+            self.fh = None
+
+
+class SubmitLock:
+    """One submission at a time, across processes: `ratchet submit`, any number of
+    `ratchet mcp` servers (one per agent) and a `ratchet run` beside them. Held while a
+    submission's budget is checked and its row recorded, so a flood from several clients
+    cannot pass a `[budget]` limit together. Blocking (a submission takes milliseconds),
+    an flock (a dead holder releases it), and re-entrant within this process."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fh: TextIO | None = None
+        self.depth = 0
+
+    def __enter__(self) -> SubmitLock:
+        if self.depth == 0:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(self.path, "a+")  # noqa: SIM115
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            self.fh = fh
+        self.depth += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.depth -= 1
+        if self.depth == 0 and self.fh is not None:
+            self.fh.close()  # closing the file releases the flock
             self.fh = None

@@ -30,7 +30,7 @@ from ratchet.driver.config import Config, load_config
 from ratchet.driver.integrity import Guard, check_commands, committed_config, pin_protected
 from ratchet.driver.jobs import Jobs
 from ratchet.driver.ledger import Candidate, Incumbent, Ledger, LedgerError
-from ratchet.driver.lock import StudyLock
+from ratchet.driver.lock import StudyLock, SubmitLock
 from ratchet.driver.notify import Notifier
 from ratchet.driver.proposals import Proposals
 from ratchet.driver.rolling import Rolling
@@ -117,6 +117,7 @@ class Study:
         self._start_checked: set[str] = set()  # start commits whose input was checked
         self._best: tuple[tuple, float | None] = ((), None)  # (status counts, best so far)
         self.lock = StudyLock(self.state_dir / "lock")
+        self.submitting = SubmitLock(self.state_dir / "submit.lock")
         self.jobs = Jobs(self.repo, self.state_dir, self.config, self.ledger, self.backend_kind,
                          log=log, on_trouble=self._show_trouble)
         self.guard = Guard(self.repo, self.ledger, self.name, self.branch, log, self.config)
@@ -377,25 +378,31 @@ class Study:
             return budgets.Reached("candidates", made, float(self.config.budget.candidates or 0))
         return budgets.check(self.config.budget, spend.summary(self.ledger), cands, 1)
 
-    def submit_commit(self, commit: str, description: str,
-                      proposer: str = "submit") -> list[Candidate]:
-        """Record `commit` (on a started study) as a candidate by `proposer` and start its
-        job at once, with the study's baseline first when it has none yet."""
+    def _refuse_over_budget(self) -> None:
         reached = self.over_budget()
         if reached is not None:
             raise StudyError(f"{reached.field} reached, nothing was submitted: "
                              f"{reached.line().removeprefix(f'stopped at {reached.field}: ')}"
                              .replace("run `ratchet run` to resume", "submit again"))
+
+    def submit_commit(self, commit: str, description: str,
+                      proposer: str = "submit") -> list[Candidate]:
+        """Record `commit` (on a started study) as a candidate by `proposer` and start its
+        job at once, with the study's baseline first when it has none yet."""
+        self._refuse_over_budget()  # before a long prep
         if self.config.prep:
             self.prepare()
             self._check_reach(proposer=False)
-        incumbent, round_no = self.ledger.get("incumbent"), self.ledger.get("round")
-        rows = self._loop().fixed_rows(incumbent)[:1]
-        rows = [r for r in rows if r["kind"] == Kind.BASELINE]
-        # submitting the start commit itself before anything ran makes it the baseline
-        proposals = [] if rows and commit == incumbent else [
-            Proposal(description=description, commit=commit)]
-        made = self.proposals.record(round_no, incumbent, proposals, rows, proposer=proposer)
+        with self.submitting:  # the budget checked and the row recorded as one step
+            self._refuse_over_budget()
+            incumbent, round_no = self.ledger.get("incumbent"), self.ledger.get("round")
+            rows = self._loop().fixed_rows(incumbent)[:1]
+            rows = [r for r in rows if r["kind"] == Kind.BASELINE]
+            # submitting the start commit itself before anything ran makes it the baseline
+            proposals = [] if rows and commit == incumbent else [
+                Proposal(description=description, commit=commit)]
+            made = self.proposals.record(round_no, incumbent, proposals, rows,
+                                         proposer=proposer)
         for cand in made:
             if cand.status == Status.COMMITTED:
                 with _as_study_errors():

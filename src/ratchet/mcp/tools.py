@@ -216,13 +216,17 @@ class StudyTools:
             if earlier:
                 raise ToolInputError("files", f"the same files as {earlier} (see `show "
                                      f"{earlier}`): a repeat is not run")
-            reached = study.over_budget()  # before the study is started by this submission
-            if reached is not None:
-                raise UserError(f"{reached.field} reached, nothing was submitted: "
-                                f"{reached.line()}")
-            if not study.started:
-                study.ensure_started("HEAD")
-            made = study.submit_commit(commit, description, proposer=PROPOSER)
+            # one submission at a time across processes (other agents' servers, `ratchet
+            # submit`): a flood from several clients cannot pass a budget together, nor
+            # two first submissions start the study twice
+            with study.submitting:
+                reached = study.over_budget()  # before this submission starts the study
+                if reached is not None:
+                    raise UserError(f"{reached.field} reached, nothing was submitted: "
+                                    f"{reached.line()}")
+                if not study.started:
+                    study.ensure_started("HEAD")
+                made = study.submit_commit(commit, description, proposer=PROPOSER)
             metric = config.metric.name
             rows = [audit.verdict(c, metric) for c in made]
             cand = next(r for r in rows if r["commit"] == commit)
