@@ -210,9 +210,45 @@ def test_a_flood_from_several_servers_at_once_stops_at_the_budget(tmp_path):
 
 
 def test_text_that_is_no_unicode_at_all_is_refused_before_the_study(tmp_path):
-    """JSON's \\ud800 escape reaches the server as a lone surrogate (the SDK's client cannot
-    even send it, a raw one can): refused naming the file, not a crash in git."""
+    """JSON's \\ud800 escape decodes to a lone surrogate, which no file, git argument or
+    ledger row can hold. Over stdio the SDK drops such a line before any tool (and a line
+    of no JSON at all): the server goes on answering, records nothing, prints no
+    traceback. Called directly (another front, a future transport), every tool refuses
+    it naming the field, never a crash in git or the ledger."""
+    from mcp_kit import raw_stdio
+
     repo = hostile_repo(tmp_path / "r")
-    with pytest.raises(ToolInputError, match=r"^files\['solution.py'\]: is not valid UTF-8"):
-        StudyTools(repo).submit({"solution.py": "a\ud800b"}, "surrogate")
-    assert not (repo / ".ratchet").exists()
+    ok = edited(repo, "X = 3.0", "X = 1.5")["solution.py"]
+    with open(tmp_path / "server.log", "w+") as errlog:
+        with raw_stdio(repo, errlog) as raw:
+            raw.send('{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": '
+                     '"submit", "arguments": {"files": {"solution.py": "a\\ud800"}, '
+                     '"description": "d"}}}')
+            raw.send("this is no JSON")
+            raw.send('{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": '
+                     '"idea", "arguments": {"text": "x\\udfff"}}}')
+            raw.request(3, "tools/call", {"name": "history", "arguments": {"n": 5}})
+            history = json.loads(raw.answer(3)["result"]["content"][0]["text"])
+        errlog.seek(0)
+        log = errlog.read()
+    assert history["candidates"] == [] and "Traceback" not in log, log[-3000:]
+    tools = StudyTools(repo)
+    cases = [  # (the error's start, the call)
+        ("files['solution.py']: is not valid UTF-8",
+         lambda: tools.submit({"solution.py": "a\ud800b"}, "d")),
+        ("files['lib/\\ud800.py']: the path is not valid UTF-8",
+         lambda: tools.submit({"lib/\ud800.py": "x = 1\n"}, "d")),
+        ("description: is not valid UTF-8", lambda: tools.submit({"solution.py": ok}, "d\ud800")),
+        ("base: 'c\\ud800' is not an id",
+         lambda: tools.submit({"solution.py": ok}, "d", base="c\ud800")),
+        ("paths[0]: 'lib/\\ud800.py' is not valid UTF-8", lambda: tools.files(["lib/\ud800.py"])),
+        ("ids[0]: 'c\\ud800' is not an id", lambda: tools.wait(["c\ud800"], 1)),
+        ("id: 'c\\ud800' is not an id", lambda: tools.show("c\ud800")),
+        ("text: is not valid UTF-8", lambda: tools.idea("x\ud800")),
+    ]
+    for start, attempt in cases:
+        with pytest.raises(ToolInputError) as refused_with:
+            attempt()
+        assert str(refused_with.value).startswith(start), (start, str(refused_with.value))
+    assert not (repo / ".ratchet" / "ledger.db").exists() or not Ledger(
+        repo / ".ratchet" / "ledger.db").candidates()

@@ -160,7 +160,7 @@ class StudyTools:
             out: dict[str, str | None] = {}
             size = 0
             for i, path in enumerate(wanted):
-                why = unsafe(path) if isinstance(path, str) else "is not a string"
+                why = _bad_path(path)
                 if why:
                     raise ToolInputError(f"paths[{i}]", f"{path!r} {why}")
                 if path not in readable:
@@ -345,10 +345,29 @@ def _judged(status: str) -> bool:
     return Status(status).is_verdict
 
 
+def _not_unicode(text: str) -> bool:
+    """A lone surrogate: JSON's "\\ud800" escape decodes to one, and no file, git
+    argument or ledger row can hold it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _bad_path(path: object) -> str | None:
+    """Why a path the agent names is no repository path (paths.unsafe, and text)."""
+    if not isinstance(path, str):
+        return "is not a string"
+    if _not_unicode(path):
+        return "is not valid UTF-8 text (a lone surrogate)"
+    return unsafe(path)
+
+
 def _bad_ref(ref: object) -> str | None:
     if not isinstance(ref, str) or not ref.strip():
         return "an empty id (ids look like c0003)"
-    if len(ref) > 80 or any(ord(ch) < 32 for ch in ref):
+    if len(ref) > 80 or any(ord(ch) < 32 for ch in ref) or _not_unicode(ref):
         return f"{ref[:80]!r} is not an id (ids look like c0003)"
     return None
 
@@ -358,6 +377,8 @@ def _checked_text(field: str, value: str, limit: int) -> str:
         raise ToolInputError(field, "is empty; say in a line what it is")
     if "\0" in value:
         raise ToolInputError(field, "contains a NUL character")
+    if _not_unicode(value):
+        raise ToolInputError(field, "is not valid UTF-8 text (a lone surrogate)")
     if len(value) > limit:
         raise ToolInputError(field, f"{len(value):,} characters; at most {limit:,}")
     return value.strip()
@@ -374,7 +395,7 @@ def _checked_files(files: dict[str, str | None]) -> dict[str, bytes | None]:
     out: dict[str, bytes | None] = {}
     total = 0
     for path, content in files.items():
-        why = unsafe(path)
+        why = _bad_path(path)
         if why:
             raise ToolInputError(_file_field(path), f"the path {why}; name a file of the "
                                  "repository by its relative path")
