@@ -30,7 +30,7 @@ from ratchet.driver.config import Config, load_config
 from ratchet.driver.integrity import Guard, check_commands, committed_config, pin_protected
 from ratchet.driver.jobs import Jobs
 from ratchet.driver.ledger import Candidate, Incumbent, Ledger, LedgerError
-from ratchet.driver.lock import StudyLock, SubmitLock
+from ratchet.driver.lock import StudyLock
 from ratchet.driver.notify import Notifier
 from ratchet.driver.proposals import Proposals
 from ratchet.driver.rolling import Rolling
@@ -117,12 +117,14 @@ class Study:
         self._start_checked: set[str] = set()  # start commits whose input was checked
         self._best: tuple[tuple, float | None] = ((), None)  # (status counts, best so far)
         self.lock = StudyLock(self.state_dir / "lock")
-        self.submitting = SubmitLock(self.state_dir / "submit.lock")
         self.jobs = Jobs(self.repo, self.state_dir, self.config, self.ledger, self.backend_kind,
                          log=log, on_trouble=self._show_trouble)
         self.guard = Guard(self.repo, self.ledger, self.name, self.branch, log, self.config)
         self.proposals = Proposals(self.repo, self.state_dir, self.config, self.ledger,
                                    self.proposer_kind)
+        # one submission at a time across processes (lock.SubmitLock), the lock recording
+        # takes: a submission holds it from its budget check to its record
+        self.submitting = self.proposals.submitting
         self.notifier = Notifier(self.config.notify, self.name, self.config.metric.name,
                                  self.config.metric.goal, log)
 
