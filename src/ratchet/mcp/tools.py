@@ -268,8 +268,12 @@ class StudyTools:
                     study.lock.acquire()
                     break
                 except StudyLocked as exc:
-                    note = (f"the study is held by a ratchet run ({exc}); the candidates "
-                            "stay queued and are judged once it ends: wait again")
+                    # the lock's own text tells a person to stop the holder: not for
+                    # an agent, which only waits
+                    holder = str(exc).split(";")[0]
+                    note = (f"the study is held by a ratchet run or another wait judging "
+                            f"({holder}); the candidates stay queued and are judged once it "
+                            "ends: wait again")
                     if time.monotonic() >= deadline:
                         break
                     time.sleep(min(LOCK_RETRY_S, max(0.0, deadline - time.monotonic())))
