@@ -444,6 +444,8 @@ def status(
                                        study.config.acceptance.noise == "ignore").as_dict(),
             "false_keep_rate": study.config.acceptance.rate,
             "counts": counts,
+            # the candidates by who proposed them: `mcp` for an agent's MCP submissions
+            "proposers": ledger.proposer_counts(),
             "running": ledger.ids(Status.SUBMITTED),
             "job_hours": round(spent.slot_hours, 4),
             "cost_usd": round(spent.usd, 4),
@@ -470,13 +472,15 @@ def status(
             return
         rows = [(cand.id, str(cand.round), cand.short, cand.status, views.fmt(cand.metric)
                  if cand.metric is not None else "",
-                 f"{by_row[cand.id].usd:.4f}", cand.description or "")
+                 f"{by_row[cand.id].usd:.4f}", cand.proposer or "", cand.description or "")
                 for cand in shown]
         if rows:
             table = Table(show_edge=False)
             # the short columns keep their width; the description takes the rest on one
-            # line. A row's cost is its proposer calls' and its jobs' (`show` splits it)
-            for i, col in enumerate(("id", "round", "commit", "status", metric, "cost $")):
+            # line. A row's cost is its proposer calls' and its jobs' (`show` splits it);
+            # `by` is its proposer (mcp: an agent's submission through `ratchet mcp`)
+            for i, col in enumerate(("id", "round", "commit", "status", metric, "cost $",
+                                     "by")):
                 table.add_column(col, no_wrap=True,
                                  min_width=max([len(col), *(len(row[i]) for row in rows)]))
             table.add_column("description", no_wrap=True, overflow="ellipsis", ratio=1)
@@ -490,6 +494,10 @@ def status(
              f"study {study.name} round {summary['round']}: incumbent "
              f"{str(summary['incumbent'])[:7]} {metric}={'—' if best is None else f'{best:.6g}'}; "
              + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        if summary["proposers"]:
+            emit(console, "by proposer: " + ", ".join(
+                f"{name} {sum(n.values())} ({', '.join(f'{k} {v}' for k, v in n.items())})"
+                for name, n in summary["proposers"].items()))
         line = views.headline(ledger, metric, study.config.metric.goal).line()
         if line:
             emit(console, line)

@@ -80,6 +80,12 @@ class Kind(StrEnum):
         return self in (Kind.BASELINE, Kind.INCUMBENT)
 
 
+# The proposers whose candidates are recorded from outside a `ratchet run`: a person's
+# `ratchet submit`, and their agent's `submit` tool (`ratchet mcp`). A row of theirs that
+# appears while a run drives the study is a legitimate act, queued, never tampering.
+SUBMITTED_FROM_OUTSIDE: frozenset[str] = frozenset({"submit", "mcp"})
+
+
 class JobState(StrEnum):
     """Where a backend's job is (the same four words for every engine)."""
 

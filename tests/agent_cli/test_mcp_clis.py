@@ -2,7 +2,8 @@
 `ratchet mcp` (issue 37): the agent-driven mode where the person runs the agent.
 
 Each CLI runs in an empty directory of its own (no repository, no .git, no .ratchet), is
-configured with the line `ratchet mcp --print-config` prints, and talks to a scripted
+configured with what `ratchet mcp --print-config` prints (Claude Code: the `claude mcp
+add` line, run there; Codex: the table, in its config.toml), and talks to a scripted
 model on loopback in its own API (tests/agent_server.py). The script calls the tools as an
 agent following program.md would: `study`, `files`, `submit` of 2 candidates (X = 1.25,
 the quadratic's minimum, and X = 5.0, worse), `wait`, `history`. The study must record
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -92,13 +94,6 @@ def script(turn: Turn) -> Say | Call:
     return Say("Kept the better candidate; the history is read. Next round would follow.")
 
 
-def server_entry(repo: Path) -> dict:
-    """`--print-config cursor`'s entry (Claude Code's --mcp-config reads the same shape),
-    with this checkout's ratchet on PYTHONPATH."""
-    entry = json.loads(config_text(Client.CURSOR, repo))["mcpServers"]["ratchet"]
-    return {**entry, "env": {"PYTHONPATH": str(ROOT / "src")}}
-
-
 def check_study(repo: Path, agent_dir: Path, start: str, results: list[str]) -> None:
     assert len(results) == 6, results
     verdicts = {v["id"]: v for v in json.loads(results[4])["verdicts"]}
@@ -142,17 +137,21 @@ def run_cli(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Compl
 def test_claude_code_drives_the_study_through_mcp(tmp_path, test_ca: LoopbackCA):
     claude = cli("claude")
     repo, agent_dir, start, home = setup(tmp_path)
-    config = tmp_path / "mcp.json"
-    config.write_text(json.dumps({"mcpServers": {"ratchet": server_entry(repo)}}))
+    env = {"HOME": str(home), "ANTHROPIC_API_KEY": "sk-ant-test",
+           "NODE_EXTRA_CA_CERTS": str(test_ca.ca), "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+           "MCP_TIMEOUT": "60000", "MCP_TOOL_TIMEOUT": "360000"}
+    # the line `ratchet mcp --print-config claude` prints, run where the agent will run,
+    # with this checkout's ratchet on PYTHONPATH (`-e` is claude mcp add's own option)
+    line = shlex.split(config_text(Client.CLAUDE, repo))
+    assert line[:4] == ["claude", "mcp", "add", "ratchet"], line
+    added = run_cli([str(claude), *line[1:4], "-e", f"PYTHONPATH={ROOT / 'src'}", *line[4:]],
+                    agent_dir, env)
+    assert "ratchet" in added.stdout + added.stderr
     with AgentServer(script, tls=(test_ca.cert, test_ca.key)) as server:
         tools = ",".join(f"mcp__ratchet__{t}" for t in ("study", "files", "submit", "wait",
                                                          "history"))
-        run_cli([str(claude), "-p", PROMPT, "--mcp-config", str(config), "--strict-mcp-config",
-                 f"--allowedTools={tools}"], agent_dir, {
-            "HOME": str(home), "ANTHROPIC_API_KEY": "sk-ant-test",
-            "ANTHROPIC_BASE_URL": server.url, "NODE_EXTRA_CA_CERTS": str(test_ca.ca),
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "MCP_TIMEOUT": "60000", "MCP_TOOL_TIMEOUT": "360000"})
+        run_cli([str(claude), "-p", PROMPT, f"--allowedTools={tools}"], agent_dir,
+                {**env, "ANTHROPIC_BASE_URL": server.url})
     main = server.main_turns
     check_study(repo, agent_dir, start, tool_json(main[-1].tool_results))
 

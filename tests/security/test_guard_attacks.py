@@ -11,12 +11,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 from helpers import GIT_ENV, ROOT, git, ratchet, score_repo
@@ -110,17 +113,19 @@ def test_a_swapped_commit_in_the_ledger_is_caught_and_never_reaches_the_branch(t
     assert forged not in git(repo, "rev-list", "ratchet/demo")
 
 
-def test_submit_during_a_run_is_not_tampering(tmp_path):
-    repo = score_repo(tmp_path / "r", search='[search]\nproposer = "tune"\nparallel = 2\n'
+def slow_tune_repo(path):
+    """A `ratchet run` of 2 rounds of 2 slow candidates (1.5 s each): long enough for a
+    person, or their agent, to submit beside it."""
+    return score_repo(path, search='[search]\nproposer = "tune"\nparallel = 2\n'
                       'rounds = 2\n',
                       knobs='[tune.knobs]\n"solution.py:SLEEP" = { choices = [1.5] }\n'
                             '"solution.py:X" = { choices = [2.0, 1.5, 1.0, 0.5] }\n')
-    head = git(repo, "rev-parse", "HEAD")
-    git(repo, "checkout", "-q", "-b", "mine")
-    (repo / "solution.py").write_text((repo / "solution.py").read_text()
-                                      .replace("X = 3.0", "X = 1.25"))
-    git(repo, "commit", "-qam", "the exact answer")
-    git(repo, "checkout", "-q", "main")
+
+
+@contextlib.contextmanager
+def run_in_flight(repo) -> Iterator[subprocess.Popen]:
+    """A real `ratchet run` of REPO, once its first job runs; killed if still running at
+    the end (the body lets it end with `communicate`)."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     runner = subprocess.Popen([sys.executable, "-m", "ratchet.cli", "run", "--repo", str(repo)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -131,12 +136,25 @@ def test_submit_during_a_run_is_not_tampering(tmp_path):
                 c.status == "submitted" for c in _cands(repo)):
             assert time.monotonic() < deadline and runner.poll() is None
             time.sleep(0.1)
-        submitted = ratchet(repo, "submit", "mine", "-m", "a person's try", "--base", head)
-        assert submitted.returncode == 0, submitted.stderr
-        out, err = runner.communicate(timeout=200)
+        yield runner
     finally:
         if runner.poll() is None:
             runner.kill()
+            runner.communicate()
+
+
+def test_submit_during_a_run_is_not_tampering(tmp_path):
+    repo = slow_tune_repo(tmp_path / "r")
+    head = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", "-b", "mine")
+    (repo / "solution.py").write_text((repo / "solution.py").read_text()
+                                      .replace("X = 3.0", "X = 1.25"))
+    git(repo, "commit", "-qam", "the exact answer")
+    git(repo, "checkout", "-q", "main")
+    with run_in_flight(repo) as runner:
+        submitted = ratchet(repo, "submit", "mine", "-m", "a person's try", "--base", head)
+        assert submitted.returncode == 0, submitted.stderr
+        out, err = runner.communicate(timeout=200)
     assert runner.returncode == 0, out + err
     assert "tampering" not in out + err and "Traceback" not in out + err
     cand = submitted.stdout.split()[-1]
@@ -145,6 +163,52 @@ def test_submit_during_a_run_is_not_tampering(tmp_path):
     rows = _cands(repo)
     assert not [c for c in rows if "tampering" in (c.reasons or "")]
     assert {c.id: c.status for c in rows}[cand] in ("keep", "discard")
+
+
+def test_an_mcp_submission_during_a_run_is_queued_never_tampering(tmp_path):
+    """Issue 37: an agent's `submit` through `ratchet mcp` while `ratchet run` drives the
+    study is recorded and runs at once; its `wait` says the run holds the study; once the
+    run ends, `wait` judges it. The run sees no tampering and rejects nothing."""
+    pytest.importorskip("mcp", reason="the mcp extra is not installed")
+    from mcp_kit import call, edited, in_process
+
+    repo = slow_tune_repo(tmp_path / "r")
+    exact = edited(repo, "X = 3.0", "X = 1.25")
+
+    async def beside(client):
+        sub = await call(client, "submit", files=exact, description="the exact answer")
+        return sub, await call(client, "wait", ids=[sub["id"]], timeout=1)
+
+    async def after(client, cand):
+        stale = await call(client, "wait", ids=[cand], timeout=200)
+        # the agent goes on from the incumbent the run left, as program.md says
+        source = (await call(client, "files", paths=["solution.py"]))["files"]["solution.py"]
+        again = re.sub(r"(?m)^X = .*$", "X = 1.25", re.sub(r"(?m)^SLEEP = .*$", "SLEEP = 0.0",
+                                                          source))
+        sub = await call(client, "submit", files={"solution.py": again},
+                         description="the exact answer, on the incumbent")
+        return stale, sub, await call(client, "wait", ids=[sub["id"]], timeout=200)
+
+    with run_in_flight(repo) as runner:
+        sub, held = in_process(repo, beside)
+        out, err = runner.communicate(timeout=200)
+    assert runner.returncode == 0, out + err
+    assert "tampering" not in out + err and "Traceback" not in out + err
+    assert sub["status"] == "submitted"  # running at once, beside the run's own jobs
+    assert held["done"] is False and "held by a ratchet run" in held["next"]
+    rows = _cands(repo)
+    mine = {c.id: c for c in rows}[sub["id"]]
+    assert mine.proposer == "mcp" and mine.kind == "candidate"
+    assert not [c for c in rows if "tampering" in (c.reasons or "") or c.status == "rejected"]
+    stale, again, kept = in_process(repo, lambda client: after(client, sub["id"]))
+    # judged by the judge like any candidate: the run kept a change meanwhile, so this one,
+    # made on the baseline, is discarded as not based on the incumbent; made again on the
+    # incumbent, the exact answer is kept
+    (verdict,) = stale["verdicts"]
+    assert (verdict["status"], verdict["code"]) == ("discard", "not-based-on-incumbent")
+    (verdict,) = kept["verdicts"]
+    assert verdict["status"] == "keep", (verdict["reasons"], verdict["code"])
+    assert git(repo, "rev-parse", "ratchet/demo") == again["commit"]
 
 
 def _cands(repo):

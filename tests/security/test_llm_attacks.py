@@ -121,6 +121,9 @@ def attacker(cands: list):
     ("lib/../../evaluate.py", "climbs out of the repository"),
     (".git/hooks/post-commit.py", "is inside .git"),
     ("/tmp/evil.py", "is an absolute path"),
+    # no checkout could hold these: they would crash in the worker, charged to the study
+    ("lib/" + "n" * 300 + ".py", "a file or directory name may have at most 255"),
+    ("d/" * 70 + "x.py", "is 71 directories deep"),
 ])
 def test_a_path_out_of_the_repository_is_refused(tmp_path, server, path, why):
     server.respond_with(lambda r: edit(path, "escape") if attempt(r) == 1 else HONEST)

@@ -20,7 +20,7 @@ from ratchet.driver.paths import protected_by
 from ratchet.errors import UserError
 from ratchet.job import gitrepo
 from ratchet.job.jobspec import PinnedFile
-from ratchet.vocab import Kind, Status
+from ratchet.vocab import SUBMITTED_FROM_OUTSIDE, Kind, Status
 
 
 class IntegrityError(UserError):
@@ -250,8 +250,8 @@ class Guard:
 
         Rolling search snapshots again after each of the driver's own changes, so a
         window is always "since the driver last wrote". A `ratchet submit` made meanwhile
-        (a new row by the `submit` proposer whose ref names its commit and whose change
-        is in scope) is a person's legitimate act, never tampering.
+        (a new row by the `submit` or `mcp` proposer whose ref names its commit and whose
+        change is in scope) is a person's legitimate act, never tampering.
         """
         after = self.snapshot()
         submitted = self._submissions(before, after)
@@ -310,8 +310,9 @@ class Guard:
         return True
 
     def _submissions(self, before: dict, after: dict) -> dict[str, str]:
-        """New rows made by `ratchet submit` meanwhile: {id: its ref}. Each is checked as
-        its own submission would be: its ref names its commit, its change is in scope."""
+        """New rows made by `ratchet submit` or `ratchet mcp` meanwhile: {id: its ref}. Each
+        is checked as its own submission would be: its ref names its commit, its change is
+        in scope."""
         from ratchet.driver.candidate import scope_violations, study_ref
 
         found = {}
@@ -319,7 +320,8 @@ class Guard:
             if cand_id in before.get("rows", {}):
                 continue
             fields = dict(zip(ROW_FIELDS, key, strict=True))
-            if fields["proposer"] != "submit" or fields["kind"] != Kind.CANDIDATE:
+            if fields["proposer"] not in SUBMITTED_FROM_OUTSIDE or \
+                    fields["kind"] != Kind.CANDIDATE:
                 continue
             ref = study_ref(self.study, cand_id)
             commit, parent = fields["commit_sha"], fields["parent"]

@@ -543,6 +543,18 @@ class Ledger:
                                "GROUP BY status", args)
         return {row["status"]: row["n"] for row in rows}
 
+    def proposer_counts(self) -> dict[str, dict[str, int]]:
+        """{proposer: {status: candidates}}: who proposed what and how it fared (`status`
+        names an agent's MCP submissions `mcp`, a person's `submit`), in SQL."""
+        rows = self.db.execute("SELECT COALESCE(proposer, '') AS proposer, status, "
+                               "COUNT(*) AS n FROM candidates WHERE kind = ? "
+                               "GROUP BY proposer, status ORDER BY proposer, status",
+                               (Kind.CANDIDATE.value,))
+        out: dict[str, dict[str, int]] = {}
+        for row in rows:
+            out.setdefault(row["proposer"] or "(unknown)", {})[row["status"]] = row["n"]
+        return out
+
     def count(self, kind: str | None = None, judged: bool = False,
               confirmations: bool = False) -> int:
         """How many rows (of `kind`; with a verdict only, when `judged`)."""

@@ -1,9 +1,11 @@
-"""One driver per study: an flock on .ratchet/lock, so a dead holder never blocks us."""
+"""One driver per study: an flock on .ratchet/lock, so a dead holder never blocks us. And
+one submission at a time: an flock on .ratchet/submit.lock, held for a moment."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,3 +60,39 @@ class StudyLock:
         if self.fh:
             self.fh.close()
             self.fh = None
+
+
+class SubmitLock:
+    """One submission at a time, across processes: `ratchet submit`, any number of
+    `ratchet mcp` servers (one per agent) and a `ratchet run` beside them. Held while a
+    submission's budget is checked and its row recorded, so a flood from several clients
+    cannot pass a `[budget]` limit together, nor a run's predicted candidate ids be taken
+    meanwhile. Blocking (a submission takes milliseconds), an flock (a dead holder
+    releases it), re-entrant in the thread that holds it, and one thread at a time."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fh: TextIO | None = None
+        self.depth = 0
+        self._thread = threading.RLock()
+
+    def __enter__(self) -> SubmitLock:
+        self._thread.acquire()
+        try:
+            if self.depth == 0:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fh = open(self.path, "a+")  # noqa: SIM115
+                fcntl.flock(fh, fcntl.LOCK_EX)
+                self.fh = fh
+        except BaseException:
+            self._thread.release()
+            raise
+        self.depth += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.depth -= 1
+        if self.depth == 0 and self.fh is not None:
+            self.fh.close()  # closing the file releases the flock
+            self.fh = None
+        self._thread.release()

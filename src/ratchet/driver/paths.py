@@ -18,12 +18,19 @@ import sys
 # that imports them from its own directory (sys.path[0]).
 _MODULE_SUFFIXES = (".py", ".pyc", ".pyw", ".so", ".pyd", ".pth")
 _STARTUP = frozenset({"sitecustomize", "usercustomize", "__main__"})
+# A path the job's checkout can hold: a name within NAME_MAX (255 bytes on Linux file
+# systems), the whole well within PATH_MAX (4,096) under the job's own directory, and not
+# so deep that a walk of the tree recurses past Python's limit. Past these the candidate
+# would crash in the worker, unpacking its tree, before anything of it ran.
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 1024
+MAX_DEPTH = 64
 
 
 def unsafe(path: str) -> str | None:
     """Why `path` may not be written by a proposer, or None if it may."""
     if not path:
-        return "an empty path"
+        return "is empty"
     if "\0" in path:
         return "contains a NUL character"
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in path):
@@ -39,6 +46,15 @@ def unsafe(path: str) -> str | None:
         return "is not a normal relative path (empty or '.' segment)"
     if any(part.lower() == ".git" for part in parts):
         return "is inside .git"
+    size = len(path.encode("utf-8", "surrogatepass"))
+    if size > MAX_PATH_BYTES:
+        return f"is {size:,} bytes long; a path may have at most {MAX_PATH_BYTES:,}"
+    if len(parts) > MAX_DEPTH:
+        return f"is {len(parts)} directories deep; at most {MAX_DEPTH}"
+    longest = max(len(part.encode("utf-8", "surrogatepass")) for part in parts)
+    if longest > MAX_NAME_BYTES:
+        return (f"has a name of {longest:,} bytes; a file or directory name may have at "
+                f"most {MAX_NAME_BYTES}")
     return None
 
 

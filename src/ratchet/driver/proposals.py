@@ -30,6 +30,7 @@ from ratchet.driver.candidate import (
 from ratchet.driver.config import Config
 from ratchet.driver.judge import Reason
 from ratchet.driver.ledger import Candidate, Ledger
+from ratchet.driver.lock import SubmitLock
 from ratchet.job import gitrepo
 from ratchet.job.faults import fault_point
 from ratchet.proposers import ProposalContext, Proposer, make_proposer
@@ -78,6 +79,9 @@ class Proposals:
         # asked from two threads): a repair never waits behind a new proposal's request
         self._repair_pool = ThreadPoolExecutor(max_workers=1,
                                                thread_name_prefix="ratchet-repair")
+        # recording takes the study's submission lock: the ids predicted below are the ids
+        # recorded, whatever `ratchet submit` or `ratchet mcp` records at the same moment
+        self.submitting = SubmitLock(state_dir / "submit.lock")
         self._ahead: dict[object, tuple[str, Future]] = {}  # key -> (base commit, proposals)
         self._checked: dict[tuple[str, str], list[str]] = {}  # (parent, commit) -> problems
         self._trees: dict[str, str] = {}  # commit -> its tree (a commit's tree never changes)
@@ -295,6 +299,12 @@ class Proposals:
         """Commit every proposal on the incumbent (`stale` ones on the older commit they
         were made on), then record them and `rows` (baseline or reference) in one
         transaction: a crash between leaves no half-proposed batch."""
+        with self.submitting:
+            return self._record(round_no, incumbent, proposals, rows, proposer, stale)
+
+    def _record(self, round_no: int, incumbent: str, proposals: list[Proposal],
+                rows: list[dict], proposer: str | None,
+                stale: tuple[str, list[Proposal]] | None) -> list[Candidate]:
         base_seq = next_seq(self.ledger) + len(rows)
         items = [(incumbent, p) for p in proposals] + (
             [(stale[0], p) for p in stale[1]] if stale else [])

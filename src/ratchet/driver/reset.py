@@ -25,10 +25,10 @@ from ratchet.vocab import Kind, Status
 STATE_DIR = ".ratchet"  # study.STATE_DIR (not imported: the study front is heavy)
 ARCHIVE = "archive"
 ARCHIVE_REFS = "refs/ratchet-archive"
-# what stays in .ratchet: the lock (held now), earlier archives, and what any study may
-# reuse (prepared data and build caches are keyed by their inputs; slot locks are the
-# machine's, not the study's)
-KEEP = frozenset({"lock", ARCHIVE, "cache", "slots"})
+# what stays in .ratchet: the locks (held now, or by a submission), earlier archives, and
+# what any study may reuse (prepared data and build caches are keyed by their inputs; slot
+# locks are the machine's, not the study's)
+KEEP = frozenset({"lock", "submit.lock", ARCHIVE, "cache", "slots"})
 VIEWS = ("results.tsv", "progress.png")  # the old study's views, beside the repository
 
 

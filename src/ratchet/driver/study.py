@@ -122,6 +122,9 @@ class Study:
         self.guard = Guard(self.repo, self.ledger, self.name, self.branch, log, self.config)
         self.proposals = Proposals(self.repo, self.state_dir, self.config, self.ledger,
                                    self.proposer_kind)
+        # one submission at a time across processes (lock.SubmitLock), the lock recording
+        # takes: a submission holds it from its budget check to its record
+        self.submitting = self.proposals.submitting
         self.notifier = Notifier(self.config.notify, self.name, self.config.metric.name,
                                  self.config.metric.goal, log)
 
@@ -377,25 +380,31 @@ class Study:
             return budgets.Reached("candidates", made, float(self.config.budget.candidates or 0))
         return budgets.check(self.config.budget, spend.summary(self.ledger), cands, 1)
 
-    def submit_commit(self, commit: str, description: str,
-                      proposer: str = "submit") -> list[Candidate]:
-        """Record `commit` (on a started study) as a candidate by `proposer` and start its
-        job at once, with the study's baseline first when it has none yet."""
+    def _refuse_over_budget(self) -> None:
         reached = self.over_budget()
         if reached is not None:
             raise StudyError(f"{reached.field} reached, nothing was submitted: "
                              f"{reached.line().removeprefix(f'stopped at {reached.field}: ')}"
                              .replace("run `ratchet run` to resume", "submit again"))
+
+    def submit_commit(self, commit: str, description: str,
+                      proposer: str = "submit") -> list[Candidate]:
+        """Record `commit` (on a started study) as a candidate by `proposer` and start its
+        job at once, with the study's baseline first when it has none yet."""
+        self._refuse_over_budget()  # before a long prep
         if self.config.prep:
             self.prepare()
             self._check_reach(proposer=False)
-        incumbent, round_no = self.ledger.get("incumbent"), self.ledger.get("round")
-        rows = self._loop().fixed_rows(incumbent)[:1]
-        rows = [r for r in rows if r["kind"] == Kind.BASELINE]
-        # submitting the start commit itself before anything ran makes it the baseline
-        proposals = [] if rows and commit == incumbent else [
-            Proposal(description=description, commit=commit)]
-        made = self.proposals.record(round_no, incumbent, proposals, rows, proposer=proposer)
+        with self.submitting:  # the budget checked and the row recorded as one step
+            self._refuse_over_budget()
+            incumbent, round_no = self.ledger.get("incumbent"), self.ledger.get("round")
+            rows = self._loop().fixed_rows(incumbent)[:1]
+            rows = [r for r in rows if r["kind"] == Kind.BASELINE]
+            # submitting the start commit itself before anything ran makes it the baseline
+            proposals = [] if rows and commit == incumbent else [
+                Proposal(description=description, commit=commit)]
+            made = self.proposals.record(round_no, incumbent, proposals, rows,
+                                         proposer=proposer)
         for cand in made:
             if cand.status == Status.COMMITTED:
                 with _as_study_errors():

@@ -21,7 +21,7 @@ from typing import Annotated, Any, TypeVar
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from ratchet import __version__
 from ratchet.driver import infra
@@ -70,10 +70,38 @@ def _as_tool_errors(fn: F) -> F:
     return call  # type: ignore[return-value]
 
 
+def field_name(loc: tuple[int | str, ...]) -> str:
+    """Pydantic's location of a bad argument as our errors name a field: files['a.py'],
+    ids[0]."""
+    name = str(loc[0]) if loc else "arguments"
+    for part in loc[1:]:
+        name += f"[{part}]" if isinstance(part, int) else f"[{str(part)[:80]!r}]"
+    return name
+
+
+class StudyServer(MCPServer):
+    """The SDK's server, with arguments of the wrong shape said as our own errors are: one
+    line per field, naming it (the SDK's text is pydantic's report: several lines, a link,
+    the rejected value)."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if not isinstance(cause, ValidationError):
+                raise
+            said = "; ".join(f"{field_name(tuple(error['loc']))}: {error['msg']}"
+                             for error in cause.errors()[:5])
+            raise ToolError(f"Error executing tool {name}: {said} (see the tool's input "
+                            "schema)") from cause
+
+
 def build(repo: Path) -> MCPServer:
     """The server for the study in `repo`."""
     tools = StudyTools(repo)
-    server: MCPServer = MCPServer(name="ratchet", title="ratchet study", version=__version__,
+    server: MCPServer = StudyServer(name="ratchet", title="ratchet study", version=__version__,
                                   instructions=INSTRUCTIONS, log_level="WARNING")
     reading = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 

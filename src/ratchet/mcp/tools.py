@@ -34,7 +34,7 @@ from ratchet.proposers.context import context_settings, hardware_text
 from ratchet.proposers.scratch import MAX_FILE_BYTES, MAX_TOTAL_BYTES
 from ratchet.vocab import Status
 
-PROPOSER = "mcp"  # the proposer its candidates are recorded with
+PROPOSER = "mcp"  # its candidates are recorded with it (in vocab.SUBMITTED_FROM_OUTSIDE)
 MAX_FILES = 100  # files in one submission
 MAX_DESCRIPTION = 2000  # characters (stored cut to a line of 200, as every description)
 MAX_IDEA = 2000
@@ -160,7 +160,7 @@ class StudyTools:
             out: dict[str, str | None] = {}
             size = 0
             for i, path in enumerate(wanted):
-                why = unsafe(path) if isinstance(path, str) else "is not a string"
+                why = _bad_path(path)
                 if why:
                     raise ToolInputError(f"paths[{i}]", f"{path!r} {why}")
                 if path not in readable:
@@ -191,7 +191,7 @@ class StudyTools:
             config = study.config
             protected = [*config.task.protected, CONFIG_FILE]
             for path in contents:  # the cheap checks first, each naming its file
-                field = f"files[{path!r}]"
+                field = _file_field(path)
                 if protected_by(path, protected):
                     raise ToolInputError(field, "is protected (the evaluator's files and "
                                          f"{CONFIG_FILE} may not change)")
@@ -204,6 +204,7 @@ class StudyTools:
                 raise UserError(f"{study.repo}: the repository has no commits; commit the "
                                 "task's files first")
             on = self._base(study, base, incumbent)
+            _check_shapes(study, on, contents)
             commit = gitrepo.commit_files(study.repo, on, contents,
                                           f"ratchet mcp: {description}"[:200])
             # the scope check an LLM's edit passes (candidate.materialise), made here so
@@ -215,13 +216,17 @@ class StudyTools:
             if earlier:
                 raise ToolInputError("files", f"the same files as {earlier} (see `show "
                                      f"{earlier}`): a repeat is not run")
-            reached = study.over_budget()  # before the study is started by this submission
-            if reached is not None:
-                raise UserError(f"{reached.field} reached, nothing was submitted: "
-                                f"{reached.line()}")
-            if not study.started:
-                study.ensure_started("HEAD")
-            made = study.submit_commit(commit, description, proposer=PROPOSER)
+            # one submission at a time across processes (other agents' servers, `ratchet
+            # submit`): a flood from several clients cannot pass a budget together, nor
+            # two first submissions start the study twice
+            with study.submitting:
+                reached = study.over_budget()  # before this submission starts the study
+                if reached is not None:
+                    raise UserError(f"{reached.field} reached, nothing was submitted: "
+                                    f"{reached.line()}")
+                if not study.started:
+                    study.ensure_started("HEAD")
+                made = study.submit_commit(commit, description, proposer=PROPOSER)
             metric = config.metric.name
             rows = [audit.verdict(c, metric) for c in made]
             cand = next(r for r in rows if r["commit"] == commit)
@@ -263,8 +268,12 @@ class StudyTools:
                     study.lock.acquire()
                     break
                 except StudyLocked as exc:
-                    note = (f"the study is held by a ratchet run ({exc}); the candidates "
-                            "stay queued and are judged once it ends: wait again")
+                    # the lock's own text tells a person to stop the holder: not for
+                    # an agent, which only waits
+                    holder = str(exc).split(";")[0]
+                    note = (f"the study is held by a ratchet run or another wait judging "
+                            f"({holder}); the candidates stay queued and are judged once it "
+                            "ends: wait again")
                     if time.monotonic() >= deadline:
                         break
                     time.sleep(min(LOCK_RETRY_S, max(0.0, deadline - time.monotonic())))
@@ -329,14 +338,40 @@ class StudyTools:
 # -- checks on what the agent sends --------------------------------------------------------
 
 
+def _file_field(path: str) -> str:
+    """The field a file of a submission is named by; a path past 120 characters is cut
+    (the error says how long it is), so that the error stays a line."""
+    shown = path if len(path) <= 120 else path[:120] + "…"
+    return f"files[{shown!r}]"
+
+
 def _judged(status: str) -> bool:
     return Status(status).is_verdict
+
+
+def _not_unicode(text: str) -> bool:
+    """A lone surrogate: JSON's "\\ud800" escape decodes to one, and no file, git
+    argument or ledger row can hold it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _bad_path(path: object) -> str | None:
+    """Why a path the agent names is no repository path (paths.unsafe, and text)."""
+    if not isinstance(path, str):
+        return "is not a string"
+    if _not_unicode(path):
+        return "is not valid UTF-8 text (a lone surrogate)"
+    return unsafe(path)
 
 
 def _bad_ref(ref: object) -> str | None:
     if not isinstance(ref, str) or not ref.strip():
         return "an empty id (ids look like c0003)"
-    if len(ref) > 80 or any(ord(ch) < 32 for ch in ref):
+    if len(ref) > 80 or any(ord(ch) < 32 for ch in ref) or _not_unicode(ref):
         return f"{ref[:80]!r} is not an id (ids look like c0003)"
     return None
 
@@ -346,6 +381,8 @@ def _checked_text(field: str, value: str, limit: int) -> str:
         raise ToolInputError(field, "is empty; say in a line what it is")
     if "\0" in value:
         raise ToolInputError(field, "contains a NUL character")
+    if _not_unicode(value):
+        raise ToolInputError(field, "is not valid UTF-8 text (a lone surrogate)")
     if len(value) > limit:
         raise ToolInputError(field, f"{len(value):,} characters; at most {limit:,}")
     return value.strip()
@@ -362,11 +399,11 @@ def _checked_files(files: dict[str, str | None]) -> dict[str, bytes | None]:
     out: dict[str, bytes | None] = {}
     total = 0
     for path, content in files.items():
-        why = unsafe(path)
+        why = _bad_path(path)
         if why:
-            raise ToolInputError(f"files[{path!r}]", f"the path {why}; name a file of the "
+            raise ToolInputError(_file_field(path), f"the path {why}; name a file of the "
                                  "repository by its relative path")
-        field = f"files[{path!r}]"
+        field = _file_field(path)
         if content is None:
             out[path] = None
             continue
@@ -388,6 +425,38 @@ def _checked_files(files: dict[str, str | None]) -> dict[str, bytes | None]:
             raise ToolInputError("files", f"more than {MAX_TOTAL_BYTES:,} bytes in all")
         out[path] = data
     return out
+
+
+def _check_shapes(study: Study, base: str, contents: dict[str, bytes | None]) -> None:
+    """A file where BASE has a directory, or under a path that is a file there (or in this
+    submission), is no tree git can build: said naming the file, not as git's error."""
+    written = [path for path, data in contents.items() if data is not None]
+    parents = {path: ["/".join(path.split("/")[:i]) for i in range(1, path.count("/") + 1)]
+               for path in written}
+    for path in written:
+        both = next((up for up in parents[path] if up in contents), None)
+        if both is not None:
+            raise ToolInputError(_file_field(path), f"is under {both!r}, which this "
+                                 "submission also writes or deletes: a path is a file or a "
+                                 "directory, not both (delete the file in a submission of "
+                                 "its own first)")
+    asked = sorted({*written, *(up for ups in parents.values() for up in ups)})
+    if not asked:
+        return
+    # one git process for every path and parent: each line is its object type or "missing"
+    listing = gitrepo.git(study.repo, "cat-file", "--batch-check=%(objecttype)",
+                          input="".join(f"{base}:{path}\n" for path in asked).encode())
+    kinds = {path: line.rsplit(" ", 1)[-1] for path, line in zip(asked, listing.splitlines(),
+                                                                  strict=True)}
+    for path in written:
+        if kinds.get(path) == "tree":
+            raise ToolInputError(_file_field(path), "is a directory in the incumbent; name "
+                                 "a file in it")
+        up = next((up for up in parents[path] if kinds.get(up) not in ("tree", "missing")),
+                  None)
+        if up is not None:
+            raise ToolInputError(_file_field(path), f"{up!r} is a file in the incumbent, "
+                                 "not a directory")
 
 
 def _same_tree(study: Study, commit: str) -> str | None:
