@@ -21,9 +21,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ratchet import __version__, backends, proposers
-from ratchet.driver import audit, budget, infra, opening, spend, views
+from ratchet.driver import audit, budget, infra, opening, results, spend, views
 from ratchet.driver.ledger import Candidate, Ledger
 from ratchet.driver.study import Progress, Study
+from ratchet.driver.tally import Tally
 from ratchet.errors import UserError
 from ratchet.job import gitrepo
 from ratchet.vocab import Kind, Status
@@ -333,12 +334,8 @@ def _print_summary(study: Study) -> None:
     from ratchet.driver.ledger import Ledger
 
     ledger = Ledger(study.state_dir / "ledger.db")
-    cands = ledger.candidates()
-    counts: dict[str, int] = {}
-    for cand in cands:
-        counts[cand.status] = counts.get(cand.status, 0) + 1
-    emit(console, f"study {study.name}: {len(cands)} candidates "
-         + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    # the same count, in the same words, as status, progress.png and the report (tally.py)
+    emit(console, f"study {study.name}: {Tally.of(ledger).line()}")
     # pooled estimates with their intervals (views.headline), never one re-measure
     head = views.headline(ledger, study.config.metric.name, study.config.metric.goal,
                           study.config.acceptance.noise == "ignore")
@@ -444,6 +441,9 @@ def status(
                                        study.config.acceptance.noise == "ignore").as_dict(),
             "false_keep_rate": study.config.acceptance.rate,
             "counts": counts,
+            # candidates and their fates, as the end line, progress.png and the report
+            # count them (tally.py): the baseline and re-measures apart
+            "tally": Tally.of(ledger).as_dict(),
             "running": ledger.ids(Status.SUBMITTED),
             "job_hours": round(spent.slot_hours, 4),
             "cost_usd": round(spent.usd, 4),
@@ -468,8 +468,12 @@ def status(
         if not study.started:
             console.print(f"study {study.name}: not started (run `ratchet run`)")
             return
-        rows = [(cand.id, str(cand.round), cand.short, cand.status, views.fmt(cand.metric)
-                 if cand.metric is not None else "",
+        # each row's own estimate (its commit's evaluations pooled), as results.tsv has it
+        groups = ledger.evaluations()
+        noise = views.study_noise(ledger, metric, groups)
+        ests = {cand.id: results.estimate_of(cand, groups, noise) for cand in shown}
+        rows = [(cand.id, str(cand.round), cand.short, cand.status,
+                 views.fmt(est.mean) if (est := ests[cand.id]) is not None else "",
                  f"{by_row[cand.id].usd:.4f}", cand.description or "")
                 for cand in shown]
         if rows:
@@ -488,8 +492,9 @@ def status(
         best = summary["incumbent_metric"]
         emit(console,
              f"study {study.name} round {summary['round']}: incumbent "
-             f"{str(summary['incumbent'])[:7]} {metric}={'—' if best is None else f'{best:.6g}'}; "
-             + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+             f"{summary['incumbent_id'] or ''} {str(summary['incumbent'])[:7]} "
+             f"{metric}={'—' if best is None else f'{best:.6g}'}")
+        emit(console, Tally.of(ledger).line())
         line = views.headline(ledger, metric, study.config.metric.goal).line()
         if line:
             emit(console, line)

@@ -459,6 +459,13 @@ def incumbent_path(snap: Snapshot) -> list[tuple[int, float]]:
     return out
 
 
+def tally(study: StudyLike) -> str:
+    """The count the end line, `status` and progress.png give, in their words (tally.py)."""
+    from ratchet.driver.tally import Tally
+
+    return f'<p id="tally">{_e(Tally.of(study.ledger).line())}</p>'
+
+
 def counts(cands: list[Candidate]) -> str:
     by: dict[str, int] = {}
     for c in cands:
@@ -609,6 +616,7 @@ def overview_sections(study: StudyLike, snap: Snapshot, site: Site) -> list[str]
         machine_warning(snap.hosts),
         "<h2>Metric over candidates</h2>",
         metric_chart(snap, site),
+        tally(study),
         counts(snap.cands),
         running_now(study, snap, site),
         costs(study, snap),

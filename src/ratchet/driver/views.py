@@ -1,17 +1,14 @@
-"""Views of the ledger: `results.tsv` (karpathy's columns) and the status summary."""
+"""Views of the ledger: the status summary and what the CLI prints (`results.tsv` is
+results.py)."""
 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from ratchet import stats
 from ratchet.driver.ledger import Ledger, Status
 from ratchet.vocab import Kind
-
-TSV_STATUSES = ("keep", "discard", "crash", "rejected")
 
 
 def _clean(text: str) -> str:
@@ -29,41 +26,6 @@ def shorten(text: str, width: int) -> str:
     if space > width // 2:  # a word boundary not too far back
         cut = cut[:space]
     return cut.rstrip(" ,;:") + "…"
-
-
-def results_rows(ledger: Ledger, metric: str) -> list[list[str]]:
-    """karpathy's columns, then each candidate's spend (spend.py): its proposer calls'
-    tokens, and the dollars of those calls and of its jobs (its confirmation pairs
-    included), in all and split into proposer and compute."""
-    from ratchet.driver.spend import per_candidate
-
-    rows = [["commit", metric, "memory_gb", "status", "description", "tokens", "cost_usd",
-             "proposer_usd", "compute_usd"]]
-    spent = per_candidate(ledger)
-    for cand in ledger.candidates():
-        if cand.status not in TSV_STATUSES:
-            continue
-        value = cand.metric if cand.metric is not None and cand.status != Status.CRASH else 0.0
-        memory = (cand.extra or {}).get("memory_gb", 0.0)
-        memory = memory if isinstance(memory, int | float) else 0.0
-        description = _clean(cand.description)
-        if cand.status in (Status.CRASH, Status.REJECTED) and cand.reasons:
-            description = f"{description} [{shorten(cand.reasons, 160)}]"
-        mine = spent.get(cand.id)
-        rows.append([cand.short or "-------", f"{value:.6f}", f"{memory:.1f}", cand.status,
-                     description, str(mine.tokens if mine else 0),
-                     f"{mine.usd if mine else 0.0:.6f}",
-                     f"{mine.proposer_usd if mine else 0.0:.6f}",
-                     f"{mine.compute_usd if mine else 0.0:.6f}"])
-    return rows
-
-
-def write_results_tsv(path: Path, ledger: Ledger, metric: str) -> None:
-    """Rewritten whole and renamed into place, so a reader never sees half a file."""
-    text = "".join("\t".join(row) + "\n" for row in results_rows(ledger, metric))
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 # ---------------------------------------------------------------------------------------
