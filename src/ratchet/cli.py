@@ -10,6 +10,7 @@ import sqlite3
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -24,7 +25,7 @@ from ratchet import __version__, backends, proposers
 from ratchet.driver import audit, budget, infra, opening, results, spend, views
 from ratchet.driver.ledger import Candidate, Ledger
 from ratchet.driver.study import Progress, Study
-from ratchet.driver.tally import Tally
+from ratchet.driver.tally import Tally, sandboxes_text
 from ratchet.errors import UserError
 from ratchet.job import gitrepo
 from ratchet.vocab import Kind, Status
@@ -135,6 +136,23 @@ def prep(
     console.print(f"data ready at {data} (exposed to jobs as $RATCHET_DATA)")
 
 
+PROGRESS_EVERY_S = 30.0
+
+
+def progress_line(p: Progress, metric: str) -> str:
+    """The live view in one line, for output that is not a terminal: the round, what
+    runs (the longest-running job), what the study waits for, the best so far."""
+    now = time.strftime("%H:%M:%S")
+    what = f"{len(p.running)} job{'s' * (len(p.running) != 1)} running"
+    if p.running:
+        cand_id, _, elapsed, state = max(p.running, key=lambda r: r[2])
+        what += f" (longest {cand_id} {state} {elapsed:.0f}s)"
+    elif p.waiting:
+        what = p.waiting
+    best = "" if p.best is None else f", best {metric} {views.fmt(p.best)}"
+    return f"{now} round {min(p.round, p.rounds)}/{p.rounds}: {what}{best}"
+
+
 class RunView:
     """What `ratchet run` shows while it runs.
 
@@ -157,6 +175,10 @@ class RunView:
         self.trouble = ""
         self.rolling = False
         self.printed: set[str] = set()  # rolling: the verdicts on screen
+        # not on a terminal (a pipe, nohup, a log file): a progress line this often, so a
+        # long round is not silent until it is judged
+        self.every = float(os.environ.get("RATCHET_PROGRESS_EVERY", PROGRESS_EVERY_S))
+        self.last_line = time.monotonic()
 
     def attach(self, study: Study, rounds: int | None) -> None:
         self.study = study
@@ -197,10 +219,14 @@ class RunView:
         self.print_judged(before=p.round)
         if self.live is not None:
             self.live.update(self.renderable(p))
-        elif p.message != self.trouble:
+            return
+        if p.message != self.trouble:
             self.trouble = p.message
             if p.message:
                 err.print(p.message)
+        if time.monotonic() - self.last_line >= self.every:
+            self.last_line = time.monotonic()
+            emit(err, progress_line(p, self.metric))
 
     def print_judged(self, before: int | None = None) -> None:
         """Print every round that is fully judged and not printed yet."""
@@ -247,6 +273,8 @@ def run(
     study = open_study(repo, backend=backend, proposer=proposer, parallel=parallel,
                        progress=view.update, log=view.note)
     view.attach(study, rounds)
+    if rounds is not None and (line := _rounds_done_note(study, rounds)):
+        emit(err, line)
     stopped_by: list[int] = []  # the signals that stopped the study
 
     def on_signal(signum, frame) -> None:  # noqa: ARG001
@@ -296,6 +324,19 @@ def run(
         if study.stop.hard:
             _leave_at_once(128 + stopped_by[0])
         raise typer.Exit(128 + stopped_by[0])
+
+
+def _rounds_done_note(study: Study, rounds: int) -> str | None:
+    """`--rounds N` is the study's total: at or below what is done, nothing runs, so say it."""
+    if study.config.search.mode != "rounds":
+        return None
+    ledger = study.ledger
+    done = ledger.rounds_done()
+    if not done or rounds > done or any(
+            not c.is_judged for c in ledger.candidates(round=done)):
+        return None
+    return (f"the study has run {done} rounds and --rounds {rounds} is the total: nothing "
+            f"to run (--rounds {done + rounds} runs {rounds} more)")
 
 
 def _leave_at_once(code: int) -> NoReturn:
@@ -457,7 +498,8 @@ def status(
             "limit_per_hour": busy.limit_per_hour,  # slots x 3600 / mean run time
             "confirming_share": busy.confirming_share,  # of slot time, confirmation pairs
             "idle_share": busy.idle_share,  # of slot time, no job (1 - duty)
-            "sandbox": study.sandbox_status(),
+            "sandbox": study.sandbox_status(),  # what a job started here now runs under
+            "sandbox_ran": ledger.sandboxes(),  # {sandbox: jobs}: what the jobs ran under
             "network": study.network_status(),
             "agent_sandbox": study.agent_sandbox_status(),
             "backend": study.backend_kind,
@@ -504,7 +546,12 @@ def status(
         emit(console, spent.line())
         for line in budget.lines(summary["budget"]):
             emit(console, line)
-        emit(console, f"sandbox: {summary['sandbox']}")
+        ran = sandboxes_text(summary["sandbox_ran"])
+        if ran:  # the jobs' own word, which may differ from what this machine gives now
+            emit(console, f"sandbox: the jobs ran under {ran}")
+            emit(console, f"sandbox now: {summary['sandbox']}")
+        else:
+            emit(console, f"sandbox: {summary['sandbox']}")
         emit(console, f"network: {summary['network']}")
         if summary["agent_sandbox"]:
             emit(console, f"agents: {summary['agent_sandbox']}")
@@ -567,6 +614,11 @@ def idea(
     with open_study(repo) as study:
         added = study.ledger.add_idea(text)
         console.print("queued" if added else "already queued")
+        kind = study.proposer_kind
+        known = proposers.proposer_kinds().get(kind)
+        if known is not None and not known.load().takes_ideas:
+            emit(err, f"note: the {kind} proposer does not read ideas; it stays pending "
+                 "until the study runs with one that does (`--proposer llm` or `agent`)")
 
 
 @app.command()
@@ -635,13 +687,16 @@ def serve(
 ) -> None:
     """A live, read-only dashboard of the study in your browser (the report's views)."""
 
-    from ratchet.driver.serve import TOKEN_ENV, make_server, serve_forever, url_of
+    from ratchet.driver.serve import TOKEN_ENV, check_bind, make_server, serve_forever, url_of
 
     repo = repo.resolve()
     top = gitrepo.work_tree(repo) if repo.is_dir() else None
     if top is None:
         fail(f"{repo}: not a git repository with a study (check --repo / -C)")
-    server, app = make_server(top, host, port, token or os.environ.get(TOKEN_ENV) or None)
+    token = token or os.environ.get(TOKEN_ENV) or None
+    check_bind(host, token)  # a wrong address is said now, not once a study appears
+    _wait_for_study(top)
+    server, app = make_server(top, host, port, token)
     # the address on stdout (a script reads it); flushed: the server runs until stopped
     print(f"serving {url_of(app)} (read-only; Ctrl-C to stop)", flush=True)
     def stop(signum, frame) -> None:  # noqa: ARG001
@@ -650,6 +705,34 @@ def serve(
     signal.signal(signal.SIGTERM, stop)
     with contextlib.suppress(KeyboardInterrupt):
         serve_forever(server, app)
+
+
+def _wait_for_study(top: Path) -> None:
+    """Serving before the first `ratchet run`: wait for the study's ledger to appear
+    (read-only: nothing is created here), saying so once."""
+    from ratchet.driver.ledger import Ledger, LedgerError
+
+    db = top / ".ratchet" / "ledger.db"
+    said = False
+    while True:
+        if db.is_file():
+            ready = False
+            with contextlib.suppress(LedgerError, sqlite3.Error):  # still being made
+                ledger = Ledger.readonly(db)
+                try:
+                    ready = ledger.get("config") is not None  # the study pinned its start
+                finally:
+                    ledger.close()
+            if ready:
+                return
+        if not said:
+            print(f"waiting for a study in {top} (start one with `ratchet run`; Ctrl-C "
+                  "to stop)", flush=True)
+            said = True
+        time.sleep(SERVE_WAIT_S)
+
+
+SERVE_WAIT_S = 0.5
 
 
 # -- hand-off: progress.png, log, diff, export (logic in progress / history / export) ------

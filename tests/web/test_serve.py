@@ -241,16 +241,6 @@ def test_serving_never_writes_the_ledger(study, tmp_path):
     readonly.close()
 
 
-def test_serve_without_a_study_is_one_line(tmp_path):
-    repo = make_repo(tmp_path / "empty", {"ratchet.toml": config_text(task=TASK),
-                                          "evaluate.py": EVALUATOR, "solution.py": SOLUTION})
-    proc = ratchet(repo, "serve", "--port", "0", timeout=60)
-    assert proc.returncode == 2
-    assert "no study here yet" in proc.stderr and "ratchet run" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
-    assert not (repo / ".ratchet" / "ledger.db").exists()  # serving created nothing
-
-
 def test_a_bind_beyond_loopback_needs_a_token(study):
     proc = ratchet(study, "serve", "--host", "0.0.0.0", "--port", "0", timeout=60)
     assert proc.returncode == 2

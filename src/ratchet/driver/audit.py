@@ -36,6 +36,8 @@ def verdict(cand: Candidate, metric: str) -> dict[str, Any]:
 def measurement_lines(result: dict) -> list[str]:
     """Where the worker took the metrics and the memory figure from (its own record)."""
     lines = []
+    if result.get("sandbox"):  # the worker's own word for what confined this job
+        lines.append(f"sandbox: ran under {result['sandbox']}")
     source = result.get("metrics_source")
     if source:
         lines.append("metrics from: " + ("trusted channel" if source == "channel" else

@@ -460,10 +460,13 @@ def incumbent_path(snap: Snapshot) -> list[tuple[int, float]]:
 
 
 def tally(study: StudyLike) -> str:
-    """The count the end line, `status` and progress.png give, in their words (tally.py)."""
-    from ratchet.driver.tally import Tally
+    """The count the end line, `status` and progress.png give, in their words (tally.py),
+    and the sandbox the jobs ran under (their own word)."""
+    from ratchet.driver.tally import Tally, sandboxes_text
 
-    return f'<p id="tally">{_e(Tally.of(study.ledger).line())}</p>'
+    ran = sandboxes_text(study.ledger.sandboxes())
+    return (f'<p id="tally">{_e(Tally.of(study.ledger).line())}</p>'
+            + (f'<p class="note" id="sandbox">the jobs ran under {_e(ran)}</p>' if ran else ""))
 
 
 def counts(cands: list[Candidate]) -> str:

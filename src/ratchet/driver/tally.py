@@ -78,3 +78,10 @@ class Tally:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+def sandboxes_text(ran: dict[str, int]) -> str | None:
+    """'bwrap (12 jobs)', or 'pidns (3 jobs), bwrap (1 job)': what the jobs ran under."""
+    if not ran:
+        return None
+    return ", ".join(f"{name} ({n} job{'s' * (n != 1)})" for name, n in ran.items())
