@@ -168,6 +168,8 @@ class RunView:
 
     def __init__(self) -> None:
         self.metric = ""
+        self.goal = "minimize"
+        self.hinted = False  # a crash's cause and fix said (once a run)
         self.live: Live | None = None
         self.study: Study | None = None
         self.next_round: int | None = None  # the first round not yet printed
@@ -184,6 +186,7 @@ class RunView:
         self.study = study
         self.rounds = rounds or study.config.search.rounds
         self.metric = study.config.metric.name
+        self.goal = study.config.metric.goal
         self.next_round = study.ledger.get("round") or 1
         self.rolling = study.config.search.mode == "rolling"
         if self.rolling:  # a resumed study: what was judged before is not news
@@ -243,9 +246,26 @@ class RunView:
             if not cands or not all(c.is_judged for c in cands):
                 return
             rounds = max(self.rounds, self.next_round)
-            for line in views.round_lines(cands, self.next_round, rounds, self.metric):
+            for line in views.round_lines(cands, self.next_round, rounds, self.metric,
+                                          self.goal):
                 emit(out, line)
+            self.hint(cands, out)
             self.next_round += 1
+
+    def hint(self, cands: list[Candidate], out: Console) -> None:
+        """A crash's cause and fix where ratchet knows them (an import under `python -P`),
+        said once a run."""
+        from ratchet.driver.words import module_hint
+
+        if self.hinted or self.study is None:
+            return
+        evaluate = self.study.config.task.evaluate
+        for cand in cands:
+            line = module_hint(cand.reasons, evaluate) if cand.status == Status.CRASH else None
+            if line:
+                emit(out, line)
+                self.hinted = True
+                return
 
     def _print_verdicts(self) -> None:
         """Rolling: every verdict not printed yet (those judged together: by id)."""
@@ -254,9 +274,11 @@ class RunView:
         fresh = [c for c in self.study.ledger.candidates()
                  if c.is_judged and c.id not in self.printed]
         for cand in fresh:  # the ledger's order: by id
-            for line in views.round_lines([cand], cand.round, cand.round, self.metric)[1:]:
+            for line in views.round_lines([cand], cand.round, cand.round, self.metric,
+                                          self.goal)[1:]:
                 emit(out, line)  # [1:]: a verdict line without its round header
             self.printed.add(cand.id)
+        self.hint(fresh, out)
 
 
 @app.command()
@@ -574,8 +596,18 @@ def logs(
             fail(f"no candidate {candidate!r} in this study")
         if not cand.job_id:
             fail(f"{cand.id} never ran ({cand.status}: {cand.reasons or 'no job'})")
-        text = study.backend.logs(cand.job_id)
+        text = without_result_lines(study.backend.logs(cand.job_id), cand.id)
         sys.stdout.write(text + ("\n" if text and not text.endswith("\n") else ""))
+
+
+def without_result_lines(text: str, cand_id: str) -> str:
+    """A job's logs as a person reads them: the worker's sealed result (JSON and its MAC,
+    the driver's to check) is said in a line, its numbers are `ratchet show`'s."""
+    from ratchet.job.jobspec import RESULT_MARKER
+
+    return "\n".join(
+        f"(the worker reported its result: `ratchet show {cand_id}`)"
+        if line.startswith(RESULT_MARKER) else line for line in text.split("\n"))
 
 
 @app.command()

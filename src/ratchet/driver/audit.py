@@ -49,6 +49,27 @@ def measurement_lines(result: dict) -> list[str]:
     return lines
 
 
+def plain_lines(study: Study, cand: Candidate) -> list[str]:
+    """The verdict in plain words, the candidate's pooled estimate (results.tsv's), and a
+    ModuleNotFoundError's cause under `python -P`."""
+    from ratchet.driver import results, words
+
+    metric = study.config.metric
+    out = []
+    plain = words.verdict(cand, metric.goal)
+    if plain:
+        out.append(f"verdict: {plain}")
+    groups = study.ledger.evaluations()
+    est = results.estimate_of(cand, groups, views.study_noise(study.ledger, metric.name, groups))
+    if est is not None and est.n > 1:
+        out.append(f"estimate: {metric.name} {est.text()}, every evaluation of its commit "
+                   "pooled (95% interval)")
+    hint = words.module_hint(cand.reasons, study.config.task.evaluate)
+    if hint:
+        out.append(hint)
+    return out
+
+
 def row_of(study: Study, ref: str) -> Candidate:
     """The candidate a user means by REF. A commit is measured again after it is kept
     (co-runs, confirmations: rows of their own with the same commit), so a commit names
@@ -76,6 +97,7 @@ def trail(study: Study, cand: Candidate) -> tuple[list[str], str]:
     else:
         parent = cand.parent
     lines = views.show_lines(cand, study.config.metric.name, parent)
+    lines[3:3] = plain_lines(study, cand)  # after the status and its recorded reasons
     lines += measurement_lines(cand.result or {})
     lines += spend.candidate_lines(study.ledger, cand.id)  # its calls and compute
     if cand.context_path:

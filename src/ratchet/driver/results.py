@@ -22,6 +22,7 @@ from pathlib import Path
 from ratchet import stats
 from ratchet.driver.ledger import Candidate, Ledger, Status
 from ratchet.driver.views import shorten, study_noise
+from ratchet.driver.words import gist
 
 TSV_STATUSES = ("keep", "discard", "crash", "rejected")
 COLUMNS = ["commit", "{metric}", "memory_gb", "status", "description", "tokens", "cost_usd",
@@ -72,7 +73,7 @@ def results_rows(ledger: Ledger, metric: str) -> list[list[str]]:
         if stopped:
             description = f"{description} [stopped early: {shorten(cand.reasons or '', 160)}]"
         elif cand.status in (Status.CRASH, Status.REJECTED) and cand.reasons:
-            description = f"{description} [{shorten(cand.reasons, 160)}]"
+            description = f"{description} [{gist(cand.reasons, 160)}]"
         mine = spent.get(cand.id)
         low = high = ""
         if est is not None and est.low is not None and est.high is not None:

@@ -10,6 +10,8 @@ from ratchet import stats
 from ratchet.driver.ledger import Ledger, Status
 from ratchet.vocab import Kind
 
+LINE_WIDTH = 80  # what `ratchet run` prints fits a terminal's default width
+
 
 def _clean(text: str) -> str:
     return " ".join(text.replace("\t", " ").split())
@@ -30,6 +32,18 @@ def shorten(text: str, width: int) -> str:
 
 # ---------------------------------------------------------------------------------------
 # what the CLI prints: plain strings, so they are tested without a terminal
+
+
+def fit(line: str, width: int) -> str:
+    """A line laid out with spaces, cut at a space to `width` and marked with an ellipsis
+    when it is longer (its own spacing kept, unlike `shorten`)."""
+    if len(line) <= width:
+        return line
+    cut = line[:width - 1]
+    space = cut.rfind(" ")
+    if space > width // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:") + "…"
 
 
 def fmt(value: object) -> str:
@@ -55,20 +69,22 @@ def status_line(round_no: int, rounds: int, best: float | None, metric: str,
     )
 
 
-def round_lines(cands: list, round_no: int, rounds: int, metric: str) -> list[str]:
-    """A judged round as it stays on screen: its number once, then one line per verdict."""
+def round_lines(cands: list, round_no: int, rounds: int, metric: str,
+                goal: str = "minimize") -> list[str]:
+    """A judged round as it stays on screen: its number once, then one line per verdict
+    and, under it, why in plain words (words.py), each within 80 columns."""
+    from ratchet.driver.words import reason
+
     lines = [f"round {round_no}/{max(rounds, round_no)}"]
     width = max((len(c.id) for c in cands), default=5)
     for cand in cands:
         what = cand.description or cand.kind
         value = f"{metric} {fmt(cand.metric)}" if cand.metric is not None else ""
-        why = ""
-        if cand.reasons and cand.status != Status.KEEP:
-            reasons = _clean(cand.reasons)
-            if len(reasons) > 100:
-                reasons = f"{shorten(reasons, 100)} (ratchet show {cand.id})"
-            why = f"  ({reasons})"
-        lines.append(f"  {cand.id:<{width}} {cand.status:<9} {value:<22} {what}{why}")
+        lines.append(fit(f"  {cand.id:<{width}} {cand.status:<9} {value:<18} {_clean(what)}",
+                         LINE_WIDTH))
+        why = reason(cand, goal, LINE_WIDTH - width - 5)
+        if why:
+            lines.append(f"  {'':<{width}}   {why}")
     return lines
 
 
@@ -105,7 +121,9 @@ def show_lines(cand, metric: str, parent: str | None) -> list[str]:
                 numbers.append(f"{name} {fmt(value)}")
         lines.append("  ".join(numbers))
     for phase in cand.phases or []:
-        lines.append(f"  phase {phase['name']:10} exit {phase['exit_code']}  "
+        code = phase["exit_code"]  # None: killed by the worker (a timeout, a stop)
+        ended = f"exit {code}" if code is not None else "killed"
+        lines.append(f"  phase {phase['name']:10} {ended}  "
                      f"{phase['seconds']:.2f}s" + ("  TIMED OUT" if phase["timed_out"] else ""))
     return lines
 
