@@ -63,6 +63,18 @@ def emit(out: Console, line: str) -> None:
     out.print(line)
 
 
+def emit_parts(out: Console, line: str, width: int = views.LINE_WIDTH) -> None:
+    """A summary of `a; b; c` parts: one line where it fits `width`, else a line a part,
+    the rest indented under the first."""
+    if len(line) <= width:
+        emit(out, line)
+        return
+    first, *rest = line.split("; ")
+    emit(out, first)
+    for part in rest:
+        emit(out, f"  {part}")
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     err.print(Text.assemble(("error:", "bold red"), " ", message))
     raise typer.Exit(code)
@@ -398,17 +410,20 @@ def _print_summary(study: Study) -> None:
 
     ledger = Ledger(study.state_dir / "ledger.db")
     # the same count, in the same words, as status, progress.png and the report (tally.py)
-    emit(console, f"study {study.name}: {Tally.of(ledger).line()}")
+    tally = Tally.of(ledger)
+    emit(console, f"study {study.name}: {tally.text()}")
+    if tally.apart():
+        emit(console, f"  {tally.apart()}")
     # pooled estimates with their intervals (views.headline), never one re-measure
     head = views.headline(ledger, study.config.metric.name, study.config.metric.goal,
                           study.config.acceptance.noise == "ignore")
     line = head.line()
     if line:
-        emit(console, f"{line} (branch ratchet/{study.name} at "
-             f"{str(ledger.get('incumbent'))[:7]})")
+        emit(console, line)
+        emit(console, f"  branch ratchet/{study.name} at {str(ledger.get('incumbent'))[:7]}")
     if head.noise_ignored:
         emit(console, "warning: acceptance.noise = \"ignore\": keeps rest on one measurement")
-    emit(console, spend.summary(ledger).line())  # every call and job, as recorded
+    emit_parts(console, spend.summary(ledger).line())  # every call and job, as recorded
     from ratchet.driver.ledger import throughput
 
     shares = throughput(ledger.candidates(confirmations=True), study.busy_slots,
@@ -558,14 +573,17 @@ def status(
              f"study {study.name} round {summary['round']}: incumbent "
              f"{summary['incumbent_id'] or ''} {str(summary['incumbent'])[:7]} "
              f"{metric}={'—' if best is None else f'{best:.6g}'}")
-        emit(console, Tally.of(ledger).line())
+        tally = Tally.of(ledger)
+        emit(console, tally.text())
+        if tally.apart():
+            emit(console, f"  {tally.apart()}")
         line = views.headline(ledger, metric, study.config.metric.goal).line()
         if line:
             emit(console, line)
         if study.config.acceptance.noise == "ignore":
             emit(console, "warning: acceptance.noise = \"ignore\": a keep rests on one "
                  "measurement, not on a confirmation beyond the noise")
-        emit(console, spent.line())
+        emit_parts(console, spent.line())
         for line in budget.lines(summary["budget"]):
             emit(console, line)
         ran = sandboxes_text(summary["sandbox_ran"])

@@ -34,6 +34,7 @@ from helpers import RATCHET, ROOT, SCORE_SOLUTION, config_text, git, make_repo, 
 
 from ratchet.driver import views
 from ratchet.driver.ledger import Ledger
+from ratchet.driver.tally import Tally
 from web.browser import Browser, needs_chromium
 
 # The evaluator takes a moment, so a running job can be seen on the page: its phase passes
@@ -281,7 +282,7 @@ def test_the_open_page_follows_a_running_study(study, tmp_path):
     """Last in this file: it runs another round of the shared study."""
     shots = shots_dir(tmp_path)
     before = headline(study)
-    n_before = len(ledger_of(study).candidates())
+    n_before = Tally.of(ledger_of(study)).candidates  # as the end line counts (tally.py)
     with serving(study) as url, Browser(tmp_path / "profile") as browser:
         browser.goto(url)
         browser.wait_for("document.getElementById('live-state').textContent.startsWith('live')")
@@ -312,7 +313,7 @@ def test_the_open_page_follows_a_running_study(study, tmp_path):
                 run.kill()
         assert run.returncode == 0, err
         after = headline(study)
-        n_after = len(ledger_of(study).candidates())
+        n_after = Tally.of(ledger_of(study)).candidates
         assert n_after > n_before
         browser.wait_for(f"document.querySelector('[data-card=\"candidates\"] .v').textContent"
                          f" === '{n_after}'", timeout=20)

@@ -345,17 +345,18 @@ def header(study: StudyLike, snap: Snapshot, title: str) -> str:
     """The title line and the headline cards: pooled estimates, 95% intervals."""
     ledger, metric, goal, head = study.ledger, snap.metric, snap.goal, snap.head
     inc = head.incumbent
-    cards = [card("candidates", str(len(snap.cands)), "candidates")]
+    from ratchet.driver import words
+    from ratchet.driver.tally import Tally
+
+    # proposed changes, as the end line, status and progress.png count them (tally.py)
+    cards = [card("candidates", str(Tally.of(ledger).candidates), "candidates")]
     if head.baseline is not None:
         cards.append(card(f"baseline {metric}", _e(head.baseline.text()), "baseline"))
     cards.append(card(f"incumbent {metric} ({goal})", _e(inc.text()) if inc else "—",
                       "incumbent"))
     if head.change is not None:  # + is better, whatever the goal
-        cards.append(card("change vs baseline", f"{head.change * 100:+.2f}% "
-                          f"({'better' if head.change >= 0 else 'worse'})", "change"))
-    noise = head.noise
-    cards.append(card("noise (1 evaluation)", "not measured" if not noise.known
-                      else f"σ {noise.sigma:.3g} ({_e(noise.source)})", "noise"))
+        cards.append(card("change vs baseline", _e(words.change(head)), "change"))
+    cards.append(card("noise (1 evaluation)", _e(words.noise(head)), "noise"))
     cards.append(card("false-keep rate", f"{study.config.acceptance.rate:.3g}"
                       + (' <b class="warn">noise ignored</b>' if head.noise_ignored else ""),
                       "rate"))

@@ -69,12 +69,17 @@ class Tally:
         noun = "candidate" if self.candidates == 1 else "candidates"
         return f"{self.candidates} {noun}: " + ", ".join(parts)
 
-    def line(self) -> str:
-        """The text, the baseline and the re-measures said apart (they are not candidates)."""
+    def apart(self) -> str | None:
+        """What was measured besides the candidates: '+ the baseline and 6 re-measures'."""
         apart = ["the baseline"] if self.baseline else []
         if self.remeasures:
             apart.append(f"{self.remeasures} re-measure{'s' * (self.remeasures != 1)}")
-        return f"{self.text()} (+ {' and '.join(apart)})" if apart else self.text()
+        return f"+ {' and '.join(apart)}" if apart else None
+
+    def line(self) -> str:
+        """The text, the baseline and the re-measures said apart (they are not candidates)."""
+        apart = self.apart()
+        return f"{self.text()} ({apart})" if apart else self.text()
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

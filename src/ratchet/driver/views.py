@@ -162,6 +162,7 @@ class Headline:
             return None
         change = self.change
         better = "" if change is None else (
+            ", nothing kept yet" if self.baseline == self.incumbent else
             f", {abs(change) * 100:.1f}% {'better' if change >= 0 else 'worse'}")
         return (f"{self.metric}: baseline {self.baseline.text()} -> incumbent "
                 f"{self.incumbent.text()}{better}")

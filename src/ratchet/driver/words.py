@@ -17,7 +17,7 @@ import re
 import shlex
 
 from ratchet.driver.ledger import Candidate
-from ratchet.driver.views import shorten
+from ratchet.driver.views import Headline, shorten
 from ratchet.vocab import Status
 
 # an exception's line in a traceback's tail: `ModuleNotFoundError: No module named 'x'`
@@ -135,3 +135,32 @@ def module_hint(reasons: str | None, evaluate: str | None) -> str | None:
             "evaluator's own modules. Call the candidate's code in a sandboxed child: "
             f"`with CandidateProcess(\"{name.split('.')[0]}.py\") as cand: cand.call(...)` "
             "(docs/evaluator-imports.md)")
+
+
+def nothing_kept(head: Headline) -> bool:
+    """The incumbent is still the study's start (its estimate is the baseline's)."""
+    return head.baseline is not None and head.baseline == head.incumbent
+
+
+def change(head: Headline) -> str:
+    """The headline change: '+23.7% (better)', or that nothing was kept (never -0.00%)."""
+    if head.change is None:
+        return "—"
+    if nothing_kept(head):
+        return "nothing kept yet"
+    return f"{head.change * 100:+.2f}% ({'better' if head.change >= 0 else 'worse'})"
+
+
+def noise(head: Headline) -> str:
+    """The spread of one evaluation in the metric's units, and as a % where the study
+    pools it relative to the value (a time, a loss): 'σ 2.1% of the value (≈ 0.31
+    time_ms at the incumbent), relative (repeated measurements)'."""
+    n = head.noise
+    if not n.known or n.sigma is None:
+        return "not measured"
+    at = head.incumbent.mean if head.incumbent is not None else None
+    if n.relative:
+        units = f" (≈ {n.sigma * abs(at):.3g} {head.metric} at the incumbent)" if at else ""
+        return f"σ {pct(n.sigma)} of the value{units}, relative ({n.source})"
+    share = f" ({pct(n.sigma / at)} of the incumbent)" if at else ""
+    return f"σ {n.sigma:.3g} {head.metric}{share} ({n.source})"
