@@ -227,7 +227,8 @@ class RunView:
         which prints them above it; a write to the terminal behind its back would leave
         copies of the live area on screen."""
         self.print_judged()  # the verdicts a line such as `keep c0003` speaks of come first
-        emit(self.live.console if self.live is not None else err, message)
+        for line in message.split("\n"):  # each line wrapped on its own
+            emit(self.live.console if self.live is not None else err, line)
 
     def update(self, p: Progress) -> None:
         self.rounds = p.rounds or self.rounds
