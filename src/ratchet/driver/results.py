@@ -20,9 +20,9 @@ import os
 from pathlib import Path
 
 from ratchet import stats
+from ratchet.driver import words
 from ratchet.driver.ledger import Candidate, Ledger, Status
-from ratchet.driver.views import shorten, study_noise
-from ratchet.driver.words import gist
+from ratchet.driver.views import study_noise
 
 TSV_STATUSES = ("keep", "discard", "crash", "rejected")
 COLUMNS = ["commit", "{metric}", "memory_gb", "status", "description", "tokens", "cost_usd",
@@ -71,9 +71,9 @@ def results_rows(ledger: Ledger, metric: str) -> list[list[str]]:
         mem = f"{memory:.1f}" if isinstance(memory, int | float) else "" if stopped else "0.0"
         description = _clean(cand.description)
         if stopped:
-            description = f"{description} [stopped early: {shorten(cand.reasons or '', 160)}]"
+            description = f"{description} [stopped early: {words.stopped(cand)}]"
         elif cand.status in (Status.CRASH, Status.REJECTED) and cand.reasons:
-            description = f"{description} [{gist(cand.reasons, 160)}]"
+            description = f"{description} [{words.gist(cand.reasons, 160)}]"
         mine = spent.get(cand.id)
         low = high = ""
         if est is not None and est.low is not None and est.high is not None:

@@ -54,7 +54,7 @@ def verdict(cand: Candidate, goal: str) -> str | None:
     code, gain, noise, margin = cand.code, cand.gain, cand.noise, cand.margin
     ref = _incumbent_at(cand, goal)
     if code == Reason.STOPPED_EARLY:
-        return "stopped early: clearly worse than the incumbent at the same step"
+        return f"stopped early: {stopped(cand)}"
     if code == Reason.NO_GAIN and gain is not None:
         if gain == 0:
             return "not kept: no better than the incumbent"
@@ -77,6 +77,19 @@ def verdict(cand: Candidate, goal: str) -> str | None:
         beyond = f", beyond the noise (±{_amount(noise, ref)})" if noise else ""
         return f"kept: {_amount(gain, ref)} better than the incumbent{beyond}"
     return None
+
+
+def stopped(cand: Candidate) -> str:
+    """Why a run was stopped, with its numbers where the worker recorded them. The point
+    is the run's own progress axis (a step, or seconds for a run on a time budget such
+    as tinygpt's), so it is not called a step."""
+    extra = cand.extra or {}
+    x, value, level = (extra.get(k) for k in ("stopped_at_step", "stopped_value",
+                                                "incumbent_value"))
+    if all(isinstance(v, int | float) for v in (x, value, level)):
+        return (f"clearly worse than the incumbent at the same point of the run "
+                f"({value:.4g} vs {level:.4g} at {x:g})")
+    return "clearly worse than the incumbent at the same point"
 
 
 def reason(cand: Candidate, goal: str, width: int) -> str:
