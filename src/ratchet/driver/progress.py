@@ -113,9 +113,9 @@ def progress_figure(Figure: Any, cands: list[Candidate], metric: str, goal: str,
                color=KEEP_COLOR, edgecolors="black", linewidths=0.6,
                label=f"kept ({len(changes)})", zorder=4)
     if start:
-        ax.scatter([number[c.id] for c in start], [c.metric for c in start], s=70,
-                   color="white", edgecolors=KEEP_COLOR, linewidths=1.4, label="baseline",
-                   zorder=4)
+        ax.scatter([number[c.id] for c in start], [c.metric for c in start], s=70, marker="s",
+                   color=KEEP_COLOR, edgecolors="black", linewidths=0.6, label="baseline",
+                   zorder=4)  # the start: where the running best begins, not a keep
     if kept:
         def value(c: Candidate) -> float | None:
             est = pooled.get(c.id)
