@@ -96,6 +96,8 @@ def test_the_noise_is_given_in_the_metrics_units_and_as_a_share(study):
     # score is positive: its noise is pooled relative to the value (a noiseless metric)
     assert ("σ 0% of the value (≈ 0 score at the incumbent), relative (repeated "
             "measurements)") in index
+    assert ("  noise of one evaluation: σ 0% of the value (≈ 0 score at the incumbent), "
+            "relative (repeated measurements)") in ratchet(repo, "status").stdout.splitlines()
 
 
 def test_an_import_under_python_P_names_the_cause_and_the_fix(tmp_path):

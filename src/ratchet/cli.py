@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ratchet import __version__, backends, proposers
-from ratchet.driver import audit, budget, infra, opening, results, spend, views
+from ratchet.driver import audit, budget, infra, opening, results, spend, views, words
 from ratchet.driver.ledger import Candidate, Ledger
 from ratchet.driver.study import Progress, Study
 from ratchet.driver.tally import Tally, sandboxes_text
@@ -578,9 +578,12 @@ def status(
         emit(console, tally.text())
         if tally.apart():
             emit(console, f"  {tally.apart()}")
-        line = views.headline(ledger, metric, study.config.metric.goal).line()
+        head = views.headline(ledger, metric, study.config.metric.goal)
+        line = head.line()
         if line:
             emit(console, line)
+            # the spread of one evaluation, in the metric's units (words.noise)
+            emit(console, f"  noise of one evaluation: {words.noise(head)}")
         if study.config.acceptance.noise == "ignore":
             emit(console, "warning: acceptance.noise = \"ignore\": a keep rests on one "
                  "measurement, not on a confirmation beyond the noise")
