@@ -467,9 +467,9 @@ def wait(
 ) -> None:
     """Wait for candidates, judge them like the loop does, promote the best improving one."""
     with open_study(repo) as study:
-        results = study.wait_ids(ids)
+        judged = study.wait_ids(ids)
         metric = study.config.metric.name
-        for cand in results:
+        for cand in judged:
             if as_json:
                 print(json.dumps(audit.verdict(cand, metric)))
             else:
