@@ -343,11 +343,11 @@ def read_tail(path: Path, limit: int) -> tuple[str, int]:
 
 def header(study: StudyLike, snap: Snapshot, title: str) -> str:
     """The title line and the headline cards: pooled estimates, 95% intervals."""
-    ledger, metric, goal, head = study.ledger, snap.metric, snap.goal, snap.head
-    inc = head.incumbent
     from ratchet.driver import words
     from ratchet.driver.tally import Tally
 
+    ledger, metric, goal, head = study.ledger, snap.metric, snap.goal, snap.head
+    inc = head.incumbent
     # proposed changes, as the end line, status and progress.png count them (tally.py)
     cards = [card("candidates", str(Tally.of(ledger).candidates), "candidates")]
     if head.baseline is not None:
