@@ -506,6 +506,10 @@ def status(
         # duty cycle and the limit, from the ledger; the confirmation pairs' jobs held
         # slots too: their share is said apart
         busy = ledger.throughput(study.busy_slots)
+        # every evaluation of every commit, read once: the headline and the table's rows
+        groups = ledger.evaluations()
+        head = views.headline(ledger, metric, study.config.metric.goal,
+                              study.config.acceptance.noise == "ignore", groups)
         summary = {
             "study": study.name,
             "started": study.started,
@@ -516,8 +520,7 @@ def status(
             "goal": study.config.metric.goal,
             "incumbent_metric": ledger.get("incumbent_metric"),
             # baseline -> incumbent as pooled estimates with 95% intervals (views.headline)
-            "headline": views.headline(ledger, metric, study.config.metric.goal,
-                                       study.config.acceptance.noise == "ignore").as_dict(),
+            "headline": head.as_dict(),
             "false_keep_rate": study.config.acceptance.rate,
             "counts": counts,
             # candidates and their fates, as the end line, progress.png and the report
@@ -549,9 +552,7 @@ def status(
             console.print(f"study {study.name}: not started (run `ratchet run`)")
             return
         # each row's own estimate (its commit's evaluations pooled), as results.tsv has it
-        groups = ledger.evaluations()
-        noise = views.study_noise(ledger, metric, groups)
-        ests = {cand.id: results.estimate_of(cand, groups, noise) for cand in shown}
+        ests = {cand.id: results.estimate_of(cand, groups, head.noise) for cand in shown}
         rows = [(cand.id, str(cand.round), cand.short, cand.status,
                  views.fmt(est.mean) if (est := ests[cand.id]) is not None else "",
                  f"{by_row[cand.id].usd:.4f}", cand.description or "")
@@ -578,7 +579,6 @@ def status(
         emit(console, tally.text())
         if tally.apart():
             emit(console, f"  {tally.apart()}")
-        head = views.headline(ledger, metric, study.config.metric.goal)
         line = head.line()
         if line:
             emit(console, line)
