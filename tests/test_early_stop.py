@@ -101,7 +101,8 @@ def test_a_training_run_clearly_worse_than_the_incumbents_is_stopped_early(tmp_p
         if x > incumbent_x:  # clearly worse at every step: stopped, and only discarded
             assert stopped, (cand.id, x, cand.status, cand.reasons)
             assert cand.status == "discard" and cand.code == "stopped-early"
-            assert "run stopped at step" in cand.reasons
+            assert "run stopped at " in cand.reasons and " on its progress axis: " in \
+                cand.reasons
             step = cand.extra["stopped_at_step"]
             assert 8 <= step < 39  # past the first fifth of the run, well before its end
             ran = next(p["seconds"] for p in cand.result["phases"] if p["name"] == "run")
