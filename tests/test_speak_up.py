@@ -142,3 +142,12 @@ def test_serve_waits_for_a_study_then_serves_it(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_serve_where_no_study_can_appear_is_one_line(tmp_path):
+    repo = make_repo(tmp_path / "plain", {"README": "no task here\n"})
+    proc = ratchet(repo, "serve", "--port", "0")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"error: {repo}: no ratchet.toml here, so no study will "
+                                   "appear to serve (`ratchet init` writes one; or -C the "
+                                   "study's repository)")

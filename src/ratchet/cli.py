@@ -767,6 +767,9 @@ def _wait_for_study(top: Path) -> None:
     from ratchet.driver.ledger import Ledger, LedgerError
 
     db = top / ".ratchet" / "ledger.db"
+    if not db.is_file() and not (top / "ratchet.toml").is_file():
+        fail(f"{top}: no ratchet.toml here, so no study will appear to serve (`ratchet init` "
+             "writes one; or -C the study's repository)")
     said = False
     while True:
         if db.is_file():
