@@ -51,8 +51,8 @@ def test_an_exhausted_search_space_ends_the_study_and_says_so(tmp_path):
     assert len(tried) == 11  # 6 x 2 settings, less the baseline's
     last = max(c.round for c in tried)
     said = [line for line in proc.stderr.splitlines() if "nothing new to try" in line]
-    assert said == [f"round {last + 1}: the proposer has nothing new to try (its search "
-                    f"space is exhausted); the study ends after {last} of 9 rounds"], said
+    assert said == [f"round {last + 1} of 9: the proposer has nothing new to try (its "
+                    "search space is exhausted); the study ends here"], said
     # no round of re-measures alone after the space ran out (at most the one started
     # while the proposer was asked)
     alone = {c.round for c in cands if c.kind == Kind.INCUMBENT and c.round > last}

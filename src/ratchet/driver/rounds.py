@@ -108,11 +108,8 @@ class Rounds:
         loop.proposals.finish_ahead(wait=not loop.stop.hard)  # a speculation left is billed
 
     def say_exhausted(self, round_no: int) -> None:
-        led = self.loop.ledger
-        done = max((c.round for c in led.candidates() if c.kind == Kind.CANDIDATE), default=0)
-        self.loop.log(f"round {round_no}: the proposer has nothing new to try (its search "
-                      f"space is exhausted); the study ends after {done} of {self.target} "
-                      "rounds")
+        self.loop.log(f"round {round_no} of {self.target}: the proposer has nothing new to "
+                      "try (its search space is exhausted); the study ends here")
 
     def over_budget(self, round_no: int, stop: bool = True) -> bool:
         """Would round `round_no` cross a limit (a mean round's wall time, and K more

@@ -67,8 +67,7 @@ def verdict(cand: Candidate, goal: str) -> str | None:
         return (f"not kept: the gain ({_amount(gain, ref)}) is below min_improvement"
                 + (f" ({_amount(margin, ref)})" if margin is not None else ""))
     if code == Reason.NOT_CONFIRMED and gain is not None:
-        return (f"not kept: the gain ({_amount(gain, ref)}) did not hold up on fresh paired "
-                "measurements")
+        return f"not kept: the gain ({_amount(gain, ref)}) did not hold up on fresh pairs"
     if code == Reason.NO_NOISE:
         return "not kept: no noise estimate yet to confirm the gain against"
     if code == Reason.BEATEN:
@@ -98,8 +97,8 @@ def reason(cand: Candidate, goal: str, width: int) -> str:
     plain = verdict(cand, goal)
     if plain is not None:
         return shorten(plain, width)
-    if cand.status in (Status.KEEP,) or not cand.reasons:
-        return ""
+    if cand.status in (Status.KEEP, Status.REFERENCE) or not cand.reasons:
+        return ""  # a keep says it above; a re-measure's reason repeats its value
     return gist(cand.reasons, width)
 
 
