@@ -10,6 +10,7 @@ import pytest
 from helpers import RATCHET, ROOT, git, ratchet, score_repo
 from terminal import run_on_tty, screen
 
+from ratchet.driver import words
 from ratchet.driver.study import Study
 
 
@@ -109,11 +110,11 @@ def test_at_80_columns_no_word_is_cut_across_lines(tmp_path):
         assert code == 0, raw
         screens[command] = screen(raw, 80)
     with Study(repo) as study:
-        # the reasons a round's block shows: why a candidate was not kept
-        reasons = [c.reasons for c in study.ledger.candidates()
+        # the reasons a round's block shows: why a candidate was not kept, in plain words
+        reasons = [words.verdict(c, "minimize") for c in study.ledger.candidates()
                    if c.reasons and c.status == "discard"]
         sandbox = study.sandbox_status()
-    expected = {"run": reasons, "status": [f"sandbox: {sandbox}"]}
+    expected = {"run": reasons, "status": [f"sandbox now: {sandbox}"]}
     for command, lines in screens.items():
         assert all(len(line) <= 80 for line in lines), lines
         joined = " ".join(line.strip() for line in lines)  # each wrapped line joined again

@@ -35,7 +35,7 @@ def test_final_screen_keeps_every_round_once_with_its_verdicts(tty_run):
     verdicts = [line for line in lines if re.match(r"  c000\d ", line)]
     assert [v.split()[0] for v in verdicts] == [f"c000{i}" for i in range(6)], lines
     assert all(v.split()[1] in ("keep", "discard") for v in verdicts)
-    assert any(line.startswith("study demo: 6 candidates") for line in lines)
+    assert any(line.startswith("study demo: 5 candidates: ") for line in lines)  # + baseline
 
 
 def test_live_area_leaves_nothing_behind(tty_run):

@@ -155,7 +155,10 @@ def test_a_noiseless_metric_confirms_on_one_pair_and_says_so(tmp_path):
     assert keeps
     for keep in keeps:
         assert len([p for p in pairs if p.confirms == keep.id]) == 2  # one pair
-    assert "confirmed on 1 fresh pair: the metric is noiseless" in run.stdout + run.stderr
+    # the run says how in a line; `ratchet show` has the test's words and numbers
+    assert f"confirmed on 1 fresh pair (`ratchet show {keeps[0].id}`)" in run.stderr
+    shown = ratchet(repo, "show", keeps[0].id).stdout
+    assert "confirmed on 1 fresh pair: the metric is noiseless" in shown
 
 
 # -- the decision code alone: one differing value, and grouped looks ---------------------

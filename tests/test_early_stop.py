@@ -5,7 +5,7 @@ result is recorded so a resumed study reaches the same verdict."""
 
 from __future__ import annotations
 
-from helpers import SCORE_SOLUTION, config_text, make_repo, ratchet
+from helpers import SCORE_SOLUTION, config_text, make_repo, ratchet, results_tsv
 
 from ratchet.driver.ledger import Ledger
 
@@ -101,7 +101,8 @@ def test_a_training_run_clearly_worse_than_the_incumbents_is_stopped_early(tmp_p
         if x > incumbent_x:  # clearly worse at every step: stopped, and only discarded
             assert stopped, (cand.id, x, cand.status, cand.reasons)
             assert cand.status == "discard" and cand.code == "stopped-early"
-            assert "run stopped at step" in cand.reasons
+            assert "run stopped at " in cand.reasons and " on its progress axis: " in \
+                cand.reasons
             step = cand.extra["stopped_at_step"]
             assert 8 <= step < 39  # past the first fifth of the run, well before its end
             ran = next(p["seconds"] for p in cand.result["phases"] if p["name"] == "run")
@@ -115,6 +116,18 @@ def test_a_training_run_clearly_worse_than_the_incumbents_is_stopped_early(tmp_p
         if cand.status == "keep":
             incumbent_x = x
     assert seen["stopped"] and seen["ran"], seen
+    # results.tsv: a stopped run is blank and says so with its numbers, never a 0 (its
+    # point is the run's own progress axis, a step here, seconds for tinygpt)
+    tsv = {r["commit"]: r for r in results_tsv(repo)}
+    for cand in rows[1:]:
+        if (cand.extra or {}).get("stopped_early"):
+            row = tsv[cand.short]
+            assert row["score"] == "" and row["evals"] == "0", row
+            x = cand.extra["stopped_at_step"]
+            assert row["description"].endswith(
+                f"[stopped early: clearly worse than the incumbent at the same point of the "
+                f"run ({cand.extra['stopped_value']:.4g} vs "
+                f"{cand.extra['incumbent_value']:.4g} at {x:g})]"), row
     # recorded in the ledger: a resumed (finished) study reads the same verdicts
     assert ratchet(repo, "run").returncode == 0
     again = Ledger(repo / ".ratchet" / "ledger.db")

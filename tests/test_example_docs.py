@@ -73,3 +73,17 @@ def test_minus_c_into_a_study_inside_another_repository_is_one_line(tmp_path):
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert f"is inside the git repository {outer}" in lines[0]
     assert "git init" in lines[0]
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_a_config_runs_the_examples_evaluator_as_the_example_does(name):
+    """examples/configs/*.toml run the kernel-cpu example's evaluator: with `python -P`,
+    as its own ratchet.toml does (docs/evaluator-imports.md), never importable from the
+    candidate's tree."""
+    import tomllib
+
+    example = tomllib.loads((ROOT / "examples" / "kernel-cpu" / "ratchet.toml").read_text())
+    config = tomllib.loads((ROOT / "examples" / "configs" / f"{name}.toml").read_text())
+    for command in ("evaluate", "holdout"):
+        assert config["task"][command] == example["task"][command], (name, command)
+        assert config["task"][command].startswith("python -P "), (name, command)

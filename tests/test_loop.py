@@ -57,7 +57,8 @@ def test_study_keeps_only_improvements_and_refs_every_candidate(tmp_path):
     assert 0 < status["duty_cycle"] <= 1 and status["limit_per_hour"] > 0
     assert "duty" in ratchet(repo, "status").stdout
     assert list(rows[0]) == ["commit", "score", "memory_gb", "status", "description",
-                             "tokens", "cost_usd", "proposer_usd", "compute_usd"]
+                             "tokens", "cost_usd", "proposer_usd", "compute_usd", "evals",
+                             "ci95_low", "ci95_high"]
 
 
 def test_crashing_candidate_is_recorded_as_crash(tmp_path):

@@ -117,6 +117,9 @@ def test_every_tool_on_a_real_study_and_an_improvement_is_kept(tmp_path):
     status = json.loads(ratchet(repo, "status", "--json", check=True).stdout)
     assert status["counts"] == after["counts"] and status["incumbent_id"] == better["id"]
     assert status["proposers"] == {"mcp": {"discard": 1, "keep": 1}}
+    # the same count of candidates as the CLI's (tally.py): the baseline apart
+    assert status["tally"] == after["tally"]
+    assert (after["tally"]["candidates"], after["tally"]["kept"]) == (2, 1)
     shown = ratchet(repo, "show", better["id"], check=True).stdout
     assert shown.startswith(f"{better['id']} candidate") and "+X = 1.5" in shown
     watched_like_any_study(repo, {better["id"]: "keep", worse["id"]: "discard"})

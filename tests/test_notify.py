@@ -17,7 +17,7 @@ from pathlib import Path
 
 from helpers import SCORE_SOLUTION, config_text, make_repo, ratchet
 
-from ratchet.driver import views
+from ratchet.driver import views, words
 from ratchet.driver.ledger import Ledger
 
 EVALUATOR = '''
@@ -158,9 +158,10 @@ def test_a_crash_streak_is_one_notice(tmp_path):
     told = read_command_log(log)
     assert [e for e, _, _ in told] == ["crash", "end"]  # one notice for the streak, not each
     assert told[0][1].startswith(f"ratchet demo: 3 crashes in a row, the last {crashed[2].id}: ")
-    assert told[0][1].endswith(views.shorten(crashed[2].reasons or "", 200))  # its reasons
+    # its reasons, cut keeping the exception at their end (words.gist)
+    assert told[0][1].endswith(words.gist(crashed[2].reasons or "", 200))
     assert told[0][2]["streak"] == 3
-    assert f"crash {len(crashed)}" in told[1][1]
+    assert f", {len(crashed)} crashed" in told[1][1]  # the end line's count (tally.py)
 
 
 def test_failing_receivers_cost_a_warning_never_the_study(tmp_path):

@@ -10,6 +10,7 @@ import sqlite3
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -21,9 +22,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ratchet import __version__, backends, proposers
-from ratchet.driver import audit, budget, infra, opening, spend, views
+from ratchet.driver import audit, budget, infra, opening, results, spend, views, words
 from ratchet.driver.ledger import Candidate, Ledger
 from ratchet.driver.study import Progress, Study
+from ratchet.driver.tally import Tally, sandboxes_text
 from ratchet.errors import UserError
 from ratchet.job import gitrepo
 from ratchet.vocab import Kind, Status
@@ -59,6 +61,18 @@ def emit(out: Console, line: str) -> None:
                                        subsequent_indent=" " * min(lead + 4, out.width // 2),
                                        break_long_words=False, break_on_hyphens=False))
     out.print(line)
+
+
+def emit_parts(out: Console, line: str, width: int = views.LINE_WIDTH) -> None:
+    """A summary of `a; b; c` parts: one line where it fits `width`, else a line a part,
+    the rest indented under the first."""
+    if len(line) <= width:
+        emit(out, line)
+        return
+    first, *rest = line.split("; ")
+    emit(out, first)
+    for part in rest:
+        emit(out, f"  {part}")
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -134,6 +148,23 @@ def prep(
     console.print(f"data ready at {data} (exposed to jobs as $RATCHET_DATA)")
 
 
+PROGRESS_EVERY_S = 30.0
+
+
+def progress_line(p: Progress, metric: str) -> str:
+    """The live view in one line, for output that is not a terminal: the round, what
+    runs (the longest-running job), what the study waits for, the best so far."""
+    now = time.strftime("%H:%M:%S")
+    what = f"{len(p.running)} job{'s' * (len(p.running) != 1)} running"
+    if p.running:
+        cand_id, _, elapsed, state = max(p.running, key=lambda r: r[2])
+        what += f" (longest {cand_id} {state} {elapsed:.0f}s)"
+    elif p.waiting:
+        what = p.waiting
+    best = "" if p.best is None else f", best {metric} {views.fmt(p.best)}"
+    return f"{now} round {min(p.round, p.rounds)}/{p.rounds}: {what}{best}"
+
+
 class RunView:
     """What `ratchet run` shows while it runs.
 
@@ -149,6 +180,8 @@ class RunView:
 
     def __init__(self) -> None:
         self.metric = ""
+        self.goal = "minimize"
+        self.hinted = False  # a crash's cause and fix said (once a run)
         self.live: Live | None = None
         self.study: Study | None = None
         self.next_round: int | None = None  # the first round not yet printed
@@ -156,11 +189,16 @@ class RunView:
         self.trouble = ""
         self.rolling = False
         self.printed: set[str] = set()  # rolling: the verdicts on screen
+        # not on a terminal (a pipe, nohup, a log file): a progress line this often, so a
+        # long round is not silent until it is judged
+        self.every = float(os.environ.get("RATCHET_PROGRESS_EVERY", PROGRESS_EVERY_S))
+        self.last_line = time.monotonic()
 
     def attach(self, study: Study, rounds: int | None) -> None:
         self.study = study
         self.rounds = rounds or study.config.search.rounds
         self.metric = study.config.metric.name
+        self.goal = study.config.metric.goal
         self.next_round = study.ledger.get("round") or 1
         self.rolling = study.config.search.mode == "rolling"
         if self.rolling:  # a resumed study: what was judged before is not news
@@ -189,17 +227,22 @@ class RunView:
         which prints them above it; a write to the terminal behind its back would leave
         copies of the live area on screen."""
         self.print_judged()  # the verdicts a line such as `keep c0003` speaks of come first
-        emit(self.live.console if self.live is not None else err, message)
+        for line in message.split("\n"):  # each line wrapped on its own
+            emit(self.live.console if self.live is not None else err, line)
 
     def update(self, p: Progress) -> None:
         self.rounds = p.rounds or self.rounds
         self.print_judged(before=p.round)
         if self.live is not None:
             self.live.update(self.renderable(p))
-        elif p.message != self.trouble:
+            return
+        if p.message != self.trouble:
             self.trouble = p.message
             if p.message:
                 err.print(p.message)
+        if time.monotonic() - self.last_line >= self.every:
+            self.last_line = time.monotonic()
+            emit(err, progress_line(p, self.metric))
 
     def print_judged(self, before: int | None = None) -> None:
         """Print every round that is fully judged and not printed yet."""
@@ -216,9 +259,26 @@ class RunView:
             if not cands or not all(c.is_judged for c in cands):
                 return
             rounds = max(self.rounds, self.next_round)
-            for line in views.round_lines(cands, self.next_round, rounds, self.metric):
+            for line in views.round_lines(cands, self.next_round, rounds, self.metric,
+                                          self.goal):
                 emit(out, line)
+            self.hint(cands, out)
             self.next_round += 1
+
+    def hint(self, cands: list[Candidate], out: Console) -> None:
+        """A crash's cause and fix where ratchet knows them (an import under `python -P`),
+        said once a run."""
+        from ratchet.driver.words import module_hint
+
+        if self.hinted or self.study is None:
+            return
+        evaluate = self.study.config.task.evaluate
+        for cand in cands:
+            line = module_hint(cand.reasons, evaluate) if cand.status == Status.CRASH else None
+            if line:
+                emit(out, line)
+                self.hinted = True
+                return
 
     def _print_verdicts(self) -> None:
         """Rolling: every verdict not printed yet (those judged together: by id)."""
@@ -227,9 +287,11 @@ class RunView:
         fresh = [c for c in self.study.ledger.candidates()
                  if c.is_judged and c.id not in self.printed]
         for cand in fresh:  # the ledger's order: by id
-            for line in views.round_lines([cand], cand.round, cand.round, self.metric)[1:]:
+            for line in views.round_lines([cand], cand.round, cand.round, self.metric,
+                                          self.goal)[1:]:
                 emit(out, line)  # [1:]: a verdict line without its round header
             self.printed.add(cand.id)
+        self.hint(fresh, out)
 
 
 @app.command()
@@ -246,6 +308,8 @@ def run(
     study = open_study(repo, backend=backend, proposer=proposer, parallel=parallel,
                        progress=view.update, log=view.note)
     view.attach(study, rounds)
+    if rounds is not None and (line := _rounds_done_note(study, rounds)):
+        emit(err, line)
     stopped_by: list[int] = []  # the signals that stopped the study
 
     def on_signal(signum, frame) -> None:  # noqa: ARG001
@@ -297,6 +361,19 @@ def run(
         raise typer.Exit(128 + stopped_by[0])
 
 
+def _rounds_done_note(study: Study, rounds: int) -> str | None:
+    """`--rounds N` is the study's total: at or below what is done, nothing runs, so say it."""
+    if study.config.search.mode != "rounds":
+        return None
+    ledger = study.ledger
+    done = ledger.rounds_done()
+    if not done or rounds > done or any(
+            not c.is_judged for c in ledger.candidates(round=done)):
+        return None
+    return (f"the study has run {done} rounds and --rounds {rounds} is the total: nothing "
+            f"to run (--rounds {done + rounds} runs {rounds} more)")
+
+
 def _leave_at_once(code: int) -> NoReturn:
     """Stopped at once (Ctrl-C twice): the study is recorded and closed, the proposer
     calls in flight billed as interrupted. A proposer thread may still wait on a reply
@@ -333,22 +410,21 @@ def _print_summary(study: Study) -> None:
     from ratchet.driver.ledger import Ledger
 
     ledger = Ledger(study.state_dir / "ledger.db")
-    cands = ledger.candidates()
-    counts: dict[str, int] = {}
-    for cand in cands:
-        counts[cand.status] = counts.get(cand.status, 0) + 1
-    emit(console, f"study {study.name}: {len(cands)} candidates "
-         + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    # the same count, in the same words, as status, progress.png and the report (tally.py)
+    tally = Tally.of(ledger)
+    emit(console, f"study {study.name}: {tally.text()}")
+    if tally.apart():
+        emit(console, f"  {tally.apart()}")
     # pooled estimates with their intervals (views.headline), never one re-measure
     head = views.headline(ledger, study.config.metric.name, study.config.metric.goal,
                           study.config.acceptance.noise == "ignore")
     line = head.line()
     if line:
-        emit(console, f"{line} (branch ratchet/{study.name} at "
-             f"{str(ledger.get('incumbent'))[:7]})")
+        emit(console, line)
+        emit(console, f"  branch ratchet/{study.name} at {str(ledger.get('incumbent'))[:7]}")
     if head.noise_ignored:
         emit(console, "warning: acceptance.noise = \"ignore\": keeps rest on one measurement")
-    emit(console, spend.summary(ledger).line())  # every call and job, as recorded
+    emit_parts(console, spend.summary(ledger).line())  # every call and job, as recorded
     from ratchet.driver.ledger import throughput
 
     shares = throughput(ledger.candidates(confirmations=True), study.busy_slots,
@@ -391,9 +467,9 @@ def wait(
 ) -> None:
     """Wait for candidates, judge them like the loop does, promote the best improving one."""
     with open_study(repo) as study:
-        results = study.wait_ids(ids)
+        judged = study.wait_ids(ids)
         metric = study.config.metric.name
-        for cand in results:
+        for cand in judged:
             if as_json:
                 print(json.dumps(audit.verdict(cand, metric)))
             else:
@@ -430,6 +506,10 @@ def status(
         # duty cycle and the limit, from the ledger; the confirmation pairs' jobs held
         # slots too: their share is said apart
         busy = ledger.throughput(study.busy_slots)
+        # every evaluation of every commit, read once: the headline and the table's rows
+        groups = ledger.evaluations()
+        head = views.headline(ledger, metric, study.config.metric.goal,
+                              study.config.acceptance.noise == "ignore", groups)
         summary = {
             "study": study.name,
             "started": study.started,
@@ -440,12 +520,14 @@ def status(
             "goal": study.config.metric.goal,
             "incumbent_metric": ledger.get("incumbent_metric"),
             # baseline -> incumbent as pooled estimates with 95% intervals (views.headline)
-            "headline": views.headline(ledger, metric, study.config.metric.goal,
-                                       study.config.acceptance.noise == "ignore").as_dict(),
+            "headline": head.as_dict(),
             "false_keep_rate": study.config.acceptance.rate,
             "counts": counts,
             # the candidates by who proposed them: `mcp` for an agent's MCP submissions
             "proposers": ledger.proposer_counts(),
+            # candidates and their fates, as the end line, progress.png and the report
+            # count them (tally.py): the baseline and re-measures apart
+            "tally": Tally.of(ledger).as_dict(),
             "running": ledger.ids(Status.SUBMITTED),
             "job_hours": round(spent.slot_hours, 4),
             "cost_usd": round(spent.usd, 4),
@@ -459,7 +541,8 @@ def status(
             "limit_per_hour": busy.limit_per_hour,  # slots x 3600 / mean run time
             "confirming_share": busy.confirming_share,  # of slot time, confirmation pairs
             "idle_share": busy.idle_share,  # of slot time, no job (1 - duty)
-            "sandbox": study.sandbox_status(),
+            "sandbox": study.sandbox_status(),  # what a job started here now runs under
+            "sandbox_ran": ledger.sandboxes(),  # {sandbox: jobs}: what the jobs ran under
             "network": study.network_status(),
             "agent_sandbox": study.agent_sandbox_status(),
             "backend": study.backend_kind,
@@ -470,8 +553,10 @@ def status(
         if not study.started:
             console.print(f"study {study.name}: not started (run `ratchet run`)")
             return
-        rows = [(cand.id, str(cand.round), cand.short, cand.status, views.fmt(cand.metric)
-                 if cand.metric is not None else "",
+        # each row's own estimate (its commit's evaluations pooled), as results.tsv has it
+        ests = {cand.id: results.estimate_of(cand, groups, head.noise) for cand in shown}
+        rows = [(cand.id, str(cand.round), cand.short, cand.status,
+                 views.fmt(est.mean) if (est := ests[cand.id]) is not None else "",
                  f"{by_row[cand.id].usd:.4f}", cand.proposer or "", cand.description or "")
                 for cand in shown]
         if rows:
@@ -492,22 +577,33 @@ def status(
         best = summary["incumbent_metric"]
         emit(console,
              f"study {study.name} round {summary['round']}: incumbent "
-             f"{str(summary['incumbent'])[:7]} {metric}={'—' if best is None else f'{best:.6g}'}; "
-             + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+             f"{summary['incumbent_id'] or ''} {str(summary['incumbent'])[:7]} "
+             f"{metric}={'—' if best is None else f'{best:.6g}'}")
+        tally = Tally.of(ledger)
+        emit(console, tally.text())
+        if tally.apart():
+            emit(console, f"  {tally.apart()}")
         if summary["proposers"]:
             emit(console, "by proposer: " + ", ".join(
                 f"{name} {sum(n.values())} ({', '.join(f'{k} {v}' for k, v in n.items())})"
                 for name, n in summary["proposers"].items()))
-        line = views.headline(ledger, metric, study.config.metric.goal).line()
+        line = head.line()
         if line:
             emit(console, line)
+            # the spread of one evaluation, in the metric's units (words.noise)
+            emit(console, f"  noise of one evaluation: {words.noise(head)}")
         if study.config.acceptance.noise == "ignore":
             emit(console, "warning: acceptance.noise = \"ignore\": a keep rests on one "
                  "measurement, not on a confirmation beyond the noise")
-        emit(console, spent.line())
+        emit_parts(console, spent.line())
         for line in budget.lines(summary["budget"]):
             emit(console, line)
-        emit(console, f"sandbox: {summary['sandbox']}")
+        ran = sandboxes_text(summary["sandbox_ran"])
+        if ran:  # the jobs' own word, which may differ from what this machine gives now
+            emit(console, f"sandbox: the jobs ran under {ran}")
+            emit(console, f"sandbox now: {summary['sandbox']}")
+        else:
+            emit(console, f"sandbox: {summary['sandbox']}")
         emit(console, f"network: {summary['network']}")
         if summary["agent_sandbox"]:
             emit(console, f"agents: {summary['agent_sandbox']}")
@@ -530,8 +626,18 @@ def logs(
             fail(f"no candidate {candidate!r} in this study")
         if not cand.job_id:
             fail(f"{cand.id} never ran ({cand.status}: {cand.reasons or 'no job'})")
-        text = study.backend.logs(cand.job_id)
+        text = without_result_lines(study.backend.logs(cand.job_id), cand.id)
         sys.stdout.write(text + ("\n" if text and not text.endswith("\n") else ""))
+
+
+def without_result_lines(text: str, cand_id: str) -> str:
+    """A job's logs as a person reads them: the worker's sealed result (JSON and its MAC,
+    the driver's to check) is said in a line, its numbers are `ratchet show`'s."""
+    from ratchet.job.jobspec import RESULT_MARKER
+
+    return "\n".join(
+        f"(the worker reported its result: `ratchet show {cand_id}`)"
+        if line.startswith(RESULT_MARKER) else line for line in text.split("\n"))
 
 
 @app.command()
@@ -570,6 +676,11 @@ def idea(
     with open_study(repo) as study:
         added = study.ledger.add_idea(text)
         console.print("queued" if added else "already queued")
+        kind = study.proposer_kind
+        known = proposers.proposer_kinds().get(kind)
+        if known is not None and not known.load().takes_ideas:
+            emit(err, f"note: the {kind} proposer does not read ideas; it stays pending "
+                 "until the study runs with one that does (`--proposer llm` or `agent`)")
 
 
 @app.command()
@@ -638,13 +749,16 @@ def serve(
 ) -> None:
     """A live, read-only dashboard of the study in your browser (the report's views)."""
 
-    from ratchet.driver.serve import TOKEN_ENV, make_server, serve_forever, url_of
+    from ratchet.driver.serve import TOKEN_ENV, check_bind, make_server, serve_forever, url_of
 
     repo = repo.resolve()
     top = gitrepo.work_tree(repo) if repo.is_dir() else None
     if top is None:
         fail(f"{repo}: not a git repository with a study (check --repo / -C)")
-    server, app = make_server(top, host, port, token or os.environ.get(TOKEN_ENV) or None)
+    token = token or os.environ.get(TOKEN_ENV) or None
+    check_bind(host, token)  # a wrong address is said now, not once a study appears
+    _wait_for_study(top)
+    server, app = make_server(top, host, port, token)
     # the address on stdout (a script reads it); flushed: the server runs until stopped
     print(f"serving {url_of(app)} (read-only; Ctrl-C to stop)", flush=True)
     def stop(signum, frame) -> None:  # noqa: ARG001
@@ -653,6 +767,37 @@ def serve(
     signal.signal(signal.SIGTERM, stop)
     with contextlib.suppress(KeyboardInterrupt):
         serve_forever(server, app)
+
+
+def _wait_for_study(top: Path) -> None:
+    """Serving before the first `ratchet run`: wait for the study's ledger to appear
+    (read-only: nothing is created here), saying so once."""
+    from ratchet.driver.ledger import Ledger, LedgerError
+
+    db = top / ".ratchet" / "ledger.db"
+    if not db.is_file() and not (top / "ratchet.toml").is_file():
+        fail(f"{top}: no ratchet.toml here, so no study will appear to serve (`ratchet init` "
+             "writes one; or -C the study's repository)")
+    said = False
+    while True:
+        if db.is_file():
+            ready = False
+            with contextlib.suppress(LedgerError, sqlite3.Error):  # still being made
+                ledger = Ledger.readonly(db)
+                try:
+                    ready = ledger.get("config") is not None  # the study pinned its start
+                finally:
+                    ledger.close()
+            if ready:
+                return
+        if not said:
+            print(f"waiting for a study in {top} (start one with `ratchet run`; Ctrl-C "
+                  "to stop)", flush=True)
+            said = True
+        time.sleep(SERVE_WAIT_S)
+
+
+SERVE_WAIT_S = 0.5
 
 
 # -- hand-off: progress.png, log, diff, export (logic in progress / history / export) ------

@@ -36,6 +36,8 @@ def verdict(cand: Candidate, metric: str) -> dict[str, Any]:
 def measurement_lines(result: dict) -> list[str]:
     """Where the worker took the metrics and the memory figure from (its own record)."""
     lines = []
+    if result.get("sandbox"):  # the worker's own word for what confined this job
+        lines.append(f"sandbox: ran under {result['sandbox']}")
     source = result.get("metrics_source")
     if source:
         lines.append("metrics from: " + ("trusted channel" if source == "channel" else
@@ -45,6 +47,27 @@ def measurement_lines(result: dict) -> list[str]:
         lines.append(f"memory_gb {result['memory_gb']:g}: {result.get('memory_source', '')}")
     lines.extend(f"note: {note}" for note in result.get("notes") or [])
     return lines
+
+
+def plain_lines(study: Study, cand: Candidate) -> list[str]:
+    """The verdict in plain words, the candidate's pooled estimate (results.tsv's), and a
+    ModuleNotFoundError's cause under `python -P`."""
+    from ratchet.driver import results, words
+
+    metric = study.config.metric
+    out = []
+    plain = words.verdict(cand, metric.goal)
+    if plain:
+        out.append(f"verdict: {plain}")
+    groups = study.ledger.evaluations()
+    est = results.estimate_of(cand, groups, views.study_noise(study.ledger, metric.name, groups))
+    if est is not None and est.n > 1:
+        out.append(f"estimate: {metric.name} {est.text()}, every evaluation of its commit "
+                   "pooled (95% interval)")
+    hint = words.module_hint(cand.reasons, study.config.task.evaluate)
+    if hint:
+        out.append(hint)
+    return out
 
 
 def row_of(study: Study, ref: str) -> Candidate:
@@ -74,6 +97,7 @@ def trail(study: Study, cand: Candidate) -> tuple[list[str], str]:
     else:
         parent = cand.parent
     lines = views.show_lines(cand, study.config.metric.name, parent)
+    lines[3:3] = plain_lines(study, cand)  # after the status and its recorded reasons
     lines += measurement_lines(cand.result or {})
     lines += spend.candidate_lines(study.ledger, cand.id)  # its calls and compute
     if cand.context_path:

@@ -22,7 +22,7 @@ from typing import Any
 from ratchet.driver.config import Budget, Config, matches_any
 from ratchet.driver.judge import Reason
 from ratchet.driver.ledger import Candidate, Ledger
-from ratchet.driver.spend import Spend
+from ratchet.driver.spend import Spend, duration
 from ratchet.job import gitrepo
 from ratchet.vocab import Kind
 
@@ -35,6 +35,8 @@ UNITS = {"usd": ("$", "{:.4f}"), "tokens": ("", "{:,.0f}"), "hours": ("", "{:.3f
 
 
 def show(limit: str, value: float) -> str:
+    if limit == "wall":  # `wall = "20s"` reads back as 20 s, not 0.006 h
+        return duration(value)
     prefix, form = UNITS[limit]
     return prefix + form.format(value) + (" tokens" if limit == "tokens" else "")
 

@@ -526,6 +526,15 @@ class Ledger:
                  json.loads(samples) if isinstance(samples, str) else samples, value)
                 for extra, samples, value in rows]
 
+    def sandboxes(self) -> dict[str, int]:
+        """{sandbox: jobs}: what each job that reported actually ran under (its worker's
+        own word, in its result), which may differ from what this machine gives now."""
+        rows = self.db.execute(
+            "SELECT json_extract(result, '$.sandbox') AS s, COUNT(*) FROM candidates "
+            "WHERE result IS NOT NULL AND json_valid(result) AND s IS NOT NULL "
+            "GROUP BY s ORDER BY COUNT(*) DESC, s")
+        return {str(name): int(n) for name, n in rows}
+
     def verdicts(self) -> dict[str, tuple[str, float | None]]:
         """{id: (status, metric)} of every judged candidate: two columns, read without
         decoding every candidate's result (the guard takes them before and after rounds)."""

@@ -31,9 +31,10 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
-from ratchet.driver import views
+from ratchet.driver import views, words
 from ratchet.driver.config import Notify
 from ratchet.driver.ledger import Ledger
+from ratchet.driver.tally import Tally
 from ratchet.vocab import Kind, Status
 
 STOP = object()  # tells the delivery thread to finish
@@ -115,7 +116,7 @@ class Notifier:
                     what = (f"{self.streak} crashes in a row, the last" if self.streak > 1
                             else "crash")
                     self._send(Notice(Event.CRASH, f"ratchet {self.study}: {what} {cand.id}: "
-                                      f"{views.shorten(cand.reasons or '', 200)}",
+                                      f"{words.gist(cand.reasons or '', 200)}",
                                       {"candidate": cand.id, "streak": self.streak,
                                        "reasons": cand.reasons}))
             else:
@@ -141,9 +142,10 @@ class Notifier:
         counts = ledger.status_counts()
         head = views.headline(ledger, self.metric, self.goal)
         line = head.line() or "no incumbent measured"
-        told = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-        data = {"why": why, "counts": counts, "headline": head.as_dict(),
-                "incumbent_id": head.incumbent_id}
+        tally = Tally.of(ledger)  # the end line's count, in its words
+        told = tally.line()
+        data = {"why": why, "counts": counts, "tally": tally.as_dict(),
+                "headline": head.as_dict(), "incumbent_id": head.incumbent_id}
         if budget is not None:
             self._send(Notice(Event.BUDGET, f"ratchet {self.study}: stopped by its budget "
                               f"({budget['kind']}); {line}", {**data, "budget": budget["kind"]}))

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ratchet.driver import budget as budgets
 from ratchet.driver.config import CONFIG_FILE, Config, load_config
 from ratchet.driver.study import Study
 from ratchet.errors import UserError
@@ -39,7 +40,7 @@ def open_study(repo: Path, **kwargs: Any) -> Study:
         # the budget limits the study, it is not part of what is measured: the file as it
         # is now is taken, so a higher limit resumes a study a limit stopped
         config = config.model_copy(update={"budget": on_disk.budget})
-        limits = ", ".join(f"{k} = {v:g}" for k, v in on_disk.budget.limits.items())
+        limits = ", ".join(f"{k} {budgets.show(k, v)}" for k, v in on_disk.budget.limits.items())
         log(f"budget from ratchet.toml as it is now: {limits or 'no limits'}")
     if source and config != on_disk:
         log(f"warning: ratchet.toml has changes that are not in the study's config; "

@@ -343,19 +343,20 @@ def read_tail(path: Path, limit: int) -> tuple[str, int]:
 
 def header(study: StudyLike, snap: Snapshot, title: str) -> str:
     """The title line and the headline cards: pooled estimates, 95% intervals."""
+    from ratchet.driver import words
+    from ratchet.driver.tally import Tally
+
     ledger, metric, goal, head = study.ledger, snap.metric, snap.goal, snap.head
     inc = head.incumbent
-    cards = [card("candidates", str(len(snap.cands)), "candidates")]
+    # proposed changes, as the end line, status and progress.png count them (tally.py)
+    cards = [card("candidates", str(Tally.of(ledger).candidates), "candidates")]
     if head.baseline is not None:
         cards.append(card(f"baseline {metric}", _e(head.baseline.text()), "baseline"))
     cards.append(card(f"incumbent {metric} ({goal})", _e(inc.text()) if inc else "—",
                       "incumbent"))
     if head.change is not None:  # + is better, whatever the goal
-        cards.append(card("change vs baseline", f"{head.change * 100:+.2f}% "
-                          f"({'better' if head.change >= 0 else 'worse'})", "change"))
-    noise = head.noise
-    cards.append(card("noise (1 evaluation)", "not measured" if not noise.known
-                      else f"σ {noise.sigma:.3g} ({_e(noise.source)})", "noise"))
+        cards.append(card("change vs baseline", _e(words.change(head)), "change"))
+    cards.append(card("noise (1 evaluation)", _e(words.noise(head)), "noise"))
     cards.append(card("false-keep rate", f"{study.config.acceptance.rate:.3g}"
                       + (' <b class="warn">noise ignored</b>' if head.noise_ignored else ""),
                       "rate"))
@@ -457,6 +458,16 @@ def incumbent_path(snap: Snapshot) -> list[tuple[int, float]]:
             if value is not None:
                 out.append((c.seq, value))
     return out
+
+
+def tally(study: StudyLike) -> str:
+    """The count the end line, `status` and progress.png give, in their words (tally.py),
+    and the sandbox the jobs ran under (their own word)."""
+    from ratchet.driver.tally import Tally, sandboxes_text
+
+    ran = sandboxes_text(study.ledger.sandboxes())
+    return (f'<p id="tally">{_e(Tally.of(study.ledger).line())}</p>'
+            + (f'<p class="note" id="sandbox">the jobs ran under {_e(ran)}</p>' if ran else ""))
 
 
 def counts(cands: list[Candidate]) -> str:
@@ -609,6 +620,7 @@ def overview_sections(study: StudyLike, snap: Snapshot, site: Site) -> list[str]
         machine_warning(snap.hosts),
         "<h2>Metric over candidates</h2>",
         metric_chart(snap, site),
+        tally(study),
         counts(snap.cands),
         running_now(study, snap, site),
         costs(study, snap),

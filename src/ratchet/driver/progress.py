@@ -15,6 +15,8 @@ from typing import Any
 
 from ratchet import stats
 from ratchet.driver.ledger import Candidate, Kind, Ledger, Status
+from ratchet.driver.results import stopped_early
+from ratchet.driver.tally import Tally
 from ratchet.driver.views import study_noise
 from ratchet.job import gitrepo
 
@@ -27,6 +29,19 @@ FAILED_COLOR = "#c62828"
 
 def write_progress_png(repo: Path, ledger: Ledger, metric: str, goal: str) -> Path | None:
     """Write `<repo>/progress.png`; None (nothing written) without matplotlib or metrics."""
+    fig = ledger_figure(ledger, metric, goal)
+    if fig is None:
+        return None
+    path = repo / PROGRESS_FILE
+    gitrepo.exclude_locally(repo, [f"/{PROGRESS_FILE}"])  # ignored by git, as results.tsv is
+    tmp = path.with_name(f".{PROGRESS_FILE}.{os.getpid()}.tmp")
+    fig.savefig(tmp, format="png", dpi=120)
+    tmp.replace(path)  # a viewer never sees half an image
+    return path
+
+
+def ledger_figure(ledger: Ledger, metric: str, goal: str) -> Any:
+    """progress.png's figure of this ledger; None without matplotlib or metrics."""
     try:
         from matplotlib.figure import Figure  # lazy: optional, and slow to import
     except ImportError:
@@ -41,22 +56,16 @@ def write_progress_png(repo: Path, ledger: Ledger, metric: str, goal: str) -> Pa
               for c in cands if c.status == Status.KEEP}
     remeasures = [c for c in ledger.candidates(confirmations=True)
                   if c.kind in (Kind.INCUMBENT, Kind.CONFIRM) and c.metric is not None]
-    fig = progress_figure(Figure, cands, metric, goal, pooled, remeasures)
-    path = repo / PROGRESS_FILE
-    gitrepo.exclude_locally(repo, [f"/{PROGRESS_FILE}"])  # ignored by git, as results.tsv is
-    tmp = path.with_name(f".{PROGRESS_FILE}.{os.getpid()}.tmp")
-    fig.savefig(tmp, format="png", dpi=120)
-    tmp.replace(path)  # a viewer never sees half an image
-    return path
+    return progress_figure(Figure, cands, metric, goal, pooled, remeasures, Tally.of(ledger))
 
 
 def progress_figure(Figure: Any, cands: list[Candidate], metric: str, goal: str,
                     pooled: dict[str, stats.Estimate | None] | None = None,
-                    remeasures: Sequence[Candidate] = ()) -> Any:
-    """The figure: x = experiment number (0 = baseline), y = the metric. The running best
+                    remeasures: Sequence[Candidate] = (), tally: Tally | None = None) -> Any:
+    """The figure: x = candidate number (0 = baseline), y = the metric. The running best
     is each kept commit's pooled estimate with its 95% interval; re-measures (co-runs,
-    the noise floor, confirmation pairs) are drawn as such, at the experiment they
-    measured again."""
+    the noise floor, confirmation pairs) are drawn as such, at the candidate they
+    measured again. Title and legend count as tally.py does (the end line's words)."""
     fig = Figure(figsize=(12, 5.5), layout="constrained")
     ax = fig.add_subplot()
     number = {c.id: i for i, c in enumerate(cands)}
@@ -74,9 +83,15 @@ def progress_figure(Figure: Any, cands: list[Candidate], metric: str, goal: str,
                    facecolors="none", edgecolors="#6d6d6d", linewidths=0.8, zorder=2,
                    label=f"re-measured (co-run, noise floor, confirmation) ({len(again)})")
 
-    others = [c for c in cands if c.status == Status.DISCARD and c.metric is not None]
+    discarded = [c for c in cands if c.status == Status.DISCARD and c.kind == Kind.CANDIDATE]
+    others = [c for c in discarded if c.metric is not None and not stopped_early(c)]
     ax.scatter([number[c.id] for c in others], [c.metric for c in others], s=22,
-               color=DISCARD_COLOR, label=f"discarded ({len(others)})", zorder=2)
+               color=DISCARD_COLOR, label=f"discarded ({len(discarded)})", zorder=2)
+    stopped = [c for c in discarded if stopped_early(c)]
+    if stopped:  # nothing measured: marks along the bottom edge, never a value of 0
+        ax.scatter([number[c.id] for c in stopped], [0.02] * len(stopped), s=30, marker="v",
+                   color=DISCARD_COLOR, transform=ax.get_xaxis_transform(), zorder=2,
+                   label=f"of them stopped early, not measured ({len(stopped)})")
     # A measured candidate can still be refused (hold-out overfit, constraint, tampering):
     # drawn apart, so a point better than the running best never reads as "discarded".
     refused = [c for c in cands if c.id not in kept_ids and c.status != Status.DISCARD
@@ -92,8 +107,15 @@ def progress_figure(Figure: Any, cands: list[Candidate], metric: str, goal: str,
                    label=f"crashed or rejected, no {metric} ({len(failed)})")
 
     kept = [c for c in cands if c.id in kept_ids and c.metric is not None]
-    ax.scatter([number[c.id] for c in kept], [c.metric for c in kept], s=70, color=KEEP_COLOR,
-               edgecolors="black", linewidths=0.6, label=f"kept ({len(kept)})", zorder=4)
+    changes = [c for c in kept if c.kind == Kind.CANDIDATE]
+    start = [c for c in kept if c.kind != Kind.CANDIDATE]
+    ax.scatter([number[c.id] for c in changes], [c.metric for c in changes], s=70,
+               color=KEEP_COLOR, edgecolors="black", linewidths=0.6,
+               label=f"kept ({len(changes)})", zorder=4)
+    if start:
+        ax.scatter([number[c.id] for c in start], [c.metric for c in start], s=70, marker="s",
+                   color=KEEP_COLOR, edgecolors="black", linewidths=0.6, label="baseline",
+                   zorder=4)  # the start: where the running best begins, not a keep
     if kept:
         def value(c: Candidate) -> float | None:
             est = pooled.get(c.id)
@@ -116,10 +138,11 @@ def progress_figure(Figure: Any, cands: list[Candidate], metric: str, goal: str,
                     textcoords="offset points", fontsize=8, rotation=20, color="#1b5e20",
                     zorder=5)
 
-    tried = sum(1 for c in cands if c.kind == Kind.CANDIDATE)
-    improved = sum(1 for c in kept if c.kind == Kind.CANDIDATE)
-    ax.set_title(f"{tried} experiments, {improved} kept improvement{'s' * (improved != 1)}")
-    ax.set_xlabel("experiment #")
+    tally = tally or Tally(candidates=sum(1 for c in cands if c.kind == Kind.CANDIDATE),
+                           kept=len(changes))
+    ax.set_title(f"{tally.candidates} candidate{'s' * (tally.candidates != 1)}, "
+                 f"{tally.kept} kept")
+    ax.set_xlabel("candidate # (0 = baseline)")
     ax.set_ylabel(f"{metric} ({'lower' if goal == 'minimize' else 'higher'} is better)")
     values = [c.metric for c in cands if c.metric is not None]
     if min(values) > 0 and max(values) / min(values) > 20:

@@ -57,6 +57,9 @@ class Rounds:
         loop.target = target
         self.ahead = loop.config.search.ahead  # speculation: asked before the verdicts
         self.trusted: dict | None = None  # set while a round's baseline runs before it
+        # the proposer had nothing new for a round (a tuner's knobs all tried): the study
+        # ends after that round, and says so, instead of re-measuring the incumbent alone
+        self.exhausted = False
         # the next round beside a confirmation (driver/beside.py), when it can be
         self.beside: Beside | None = Beside(self) if Beside.wanted(self) else None
         if self.beside is not None:
@@ -85,7 +88,7 @@ class Rounds:
                     break  # the limit is said, and what ran is judged
                 cands = self.propose(round_no)
                 if not cands:
-                    loop.log(f"round {round_no}: the proposer has nothing new to try; stopping")
+                    self.say_exhausted(round_no)
                     break
             else:
                 loop.ensure_refs(cands)
@@ -99,7 +102,14 @@ class Rounds:
                 if self.trusted is not None:  # the next round started beside: ours too
                     self.trusted = loop.guard.expect(self.trusted,
                                                      meta={"round": round_no + 1})
+            if self.exhausted:  # its re-measures, started before the proposer said, ran
+                self.say_exhausted(round_no)
+                break
         loop.proposals.finish_ahead(wait=not loop.stop.hard)  # a speculation left is billed
+
+    def say_exhausted(self, round_no: int) -> None:
+        self.loop.log(f"round {round_no} of {self.target}: the proposer has nothing new to "
+                      "try (its search space is exhausted); the study ends here")
 
     def over_budget(self, round_no: int, stop: bool = True) -> bool:
         """Would round `round_no` cross a limit (a mean round's wall time, and K more
@@ -256,6 +266,13 @@ class Rounds:
                 loop.proposals.drop(left[len(stale[1]):], f"dropped: made ahead on "
                                     f"{base[:7]}, conflicts with the incumbent "
                                     f"{incumbent[:7]}")
+        if k and not proposals and not (stale and stale[1]) and not any(
+                r["kind"] == Kind.BASELINE for r in rows) and not any(
+                c.kind == Kind.BASELINE for c in early):
+            # nothing new: no re-measure of the incumbent with nothing to compare it to
+            # (one started while the proposer was asked runs, and the study ends)
+            self.exhausted = True
+            return early
         created = loop.proposals.record(round_no, incumbent, proposals, rows,
                                         stale=stale)
         loop.write_views()

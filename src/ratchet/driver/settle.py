@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
-from ratchet.driver import budget, judge, spend
+from ratchet.driver import budget, judge, spend, views
 from ratchet.driver.candidate import (
     study_ref,
 )
@@ -158,8 +158,7 @@ class Loop:
         if stop and not self.stop.soft:
             self.ledger.set(budget_stop={**reached.as_dict(), "line": reached.line()})
             self.ledger.event("budget-stop", None, **reached.as_dict())
-            self.stop.request()
-            self.log(reached.line())
+            self.stop.request()  # its line is said once, at the end (`budget_stop`)
         return True
 
     def affordable(self, want: int, fresh: bool = False) -> int:
@@ -298,8 +297,9 @@ class Loop:
         for cand_id, verdict in decision.verdicts.items():
             if verdict.code in (judge.Reason.NOT_CONFIRMED, judge.Reason.NO_NOISE):
                 # it looked better once; the fresh pairs say the gain is inside the noise
+                # (the test's numbers are `ratchet show`'s: a line fits 80 columns)
                 self.held.append(f"{cand_id} not kept: its gain is inside the measured noise "
-                                 f"({verdict.reasons[-1]})")
+                                 f"({verdict.reasons[-1].split(': ')[0]})")
         problems = [f"study state in the ledger changed ({', '.join(moved)})"] if moved else []
         if not self.guard.move_branch(led.get("incumbent"), held):
             problems.append("the study branch was moved")
@@ -308,8 +308,11 @@ class Loop:
         if decision.winner is not None:
             winner = led.row(decision.winner)
             test = decision.verdicts[winner.id].confirmation
-            why = f" ({test.reason})" if test is not None else ""
-            self.held.append(f"keep {winner.id} {winner.short}: {winner.description}{why}")
+            line = views.fit(f"keep {winner.id} {winner.short}: {winner.description}",
+                             views.LINE_WIDTH)
+            if test is not None:  # how it was confirmed; the test's numbers: `ratchet show`
+                line += f"\n  {test.reason.split(': ')[0]} (`ratchet show {winner.id}`)"
+            self.held.append(line)
         self.write_views()
         return decision.winner
 

@@ -278,7 +278,7 @@ class Spend:
             parts.append(f"wasted ${self.wasted_usd:.4f}, {_held(self.wasted_slot_hours)} "
                          f"({self.unused_calls} unused call"
                          f"{'s' * (self.unused_calls != 1)}{cut})")
-        parts.append(f"wall {self.wall_hours:.3f} h")
+        parts.append(f"wall {duration(self.wall_hours)}")
         return "; ".join(parts)
 
 
@@ -507,3 +507,13 @@ def _count(values: Any) -> list[tuple[str, int]]:
     for value in values:
         counts[value] = counts.get(value, 0) + 1
     return sorted(counts.items())
+
+
+def duration(hours: float) -> str:
+    """Hours as a person says them: '20 s', '12.5 min', '3.00 h'."""
+    seconds = hours * 3600
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{hours:.2f} h"

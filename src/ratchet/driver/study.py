@@ -33,10 +33,10 @@ from ratchet.driver.ledger import Candidate, Incumbent, Ledger, LedgerError
 from ratchet.driver.lock import StudyLock
 from ratchet.driver.notify import Notifier
 from ratchet.driver.proposals import Proposals
+from ratchet.driver.results import write_results_tsv
 from ratchet.driver.rolling import Rolling
 from ratchet.driver.rounds import Rounds
 from ratchet.driver.settle import Loop, StopFlag
-from ratchet.driver.views import write_results_tsv
 from ratchet.errors import HardStop, UserError
 from ratchet.job import gitrepo, sandbox
 from ratchet.job.jobspec import JobSpec

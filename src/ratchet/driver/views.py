@@ -1,17 +1,16 @@
-"""Views of the ledger: `results.tsv` (karpathy's columns) and the status summary."""
+"""Views of the ledger: the status summary and what the CLI prints (`results.tsv` is
+results.py)."""
 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from ratchet import stats
 from ratchet.driver.ledger import Ledger, Status
 from ratchet.vocab import Kind
 
-TSV_STATUSES = ("keep", "discard", "crash", "rejected")
+LINE_WIDTH = 80  # what `ratchet run` prints fits a terminal's default width
 
 
 def _clean(text: str) -> str:
@@ -31,43 +30,20 @@ def shorten(text: str, width: int) -> str:
     return cut.rstrip(" ,;:") + "…"
 
 
-def results_rows(ledger: Ledger, metric: str) -> list[list[str]]:
-    """karpathy's columns, then each candidate's spend (spend.py): its proposer calls'
-    tokens, and the dollars of those calls and of its jobs (its confirmation pairs
-    included), in all and split into proposer and compute."""
-    from ratchet.driver.spend import per_candidate
-
-    rows = [["commit", metric, "memory_gb", "status", "description", "tokens", "cost_usd",
-             "proposer_usd", "compute_usd"]]
-    spent = per_candidate(ledger)
-    for cand in ledger.candidates():
-        if cand.status not in TSV_STATUSES:
-            continue
-        value = cand.metric if cand.metric is not None and cand.status != Status.CRASH else 0.0
-        memory = (cand.extra or {}).get("memory_gb", 0.0)
-        memory = memory if isinstance(memory, int | float) else 0.0
-        description = _clean(cand.description)
-        if cand.status in (Status.CRASH, Status.REJECTED) and cand.reasons:
-            description = f"{description} [{shorten(cand.reasons, 160)}]"
-        mine = spent.get(cand.id)
-        rows.append([cand.short or "-------", f"{value:.6f}", f"{memory:.1f}", cand.status,
-                     description, str(mine.tokens if mine else 0),
-                     f"{mine.usd if mine else 0.0:.6f}",
-                     f"{mine.proposer_usd if mine else 0.0:.6f}",
-                     f"{mine.compute_usd if mine else 0.0:.6f}"])
-    return rows
-
-
-def write_results_tsv(path: Path, ledger: Ledger, metric: str) -> None:
-    """Rewritten whole and renamed into place, so a reader never sees half a file."""
-    text = "".join("\t".join(row) + "\n" for row in results_rows(ledger, metric))
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 # ---------------------------------------------------------------------------------------
 # what the CLI prints: plain strings, so they are tested without a terminal
+
+
+def fit(line: str, width: int) -> str:
+    """A line laid out with spaces, cut at a space to `width` and marked with an ellipsis
+    when it is longer (its own spacing kept, unlike `shorten`)."""
+    if len(line) <= width:
+        return line
+    cut = line[:width - 1]
+    space = cut.rfind(" ")
+    if space > width // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:") + "…"
 
 
 def fmt(value: object) -> str:
@@ -93,20 +69,22 @@ def status_line(round_no: int, rounds: int, best: float | None, metric: str,
     )
 
 
-def round_lines(cands: list, round_no: int, rounds: int, metric: str) -> list[str]:
-    """A judged round as it stays on screen: its number once, then one line per verdict."""
+def round_lines(cands: list, round_no: int, rounds: int, metric: str,
+                goal: str = "minimize") -> list[str]:
+    """A judged round as it stays on screen: its number once, then one line per verdict
+    and, under it, why in plain words (words.py), each within 80 columns."""
+    from ratchet.driver.words import reason
+
     lines = [f"round {round_no}/{max(rounds, round_no)}"]
     width = max((len(c.id) for c in cands), default=5)
     for cand in cands:
         what = cand.description or cand.kind
         value = f"{metric} {fmt(cand.metric)}" if cand.metric is not None else ""
-        why = ""
-        if cand.reasons and cand.status != Status.KEEP:
-            reasons = _clean(cand.reasons)
-            if len(reasons) > 100:
-                reasons = f"{shorten(reasons, 100)} (ratchet show {cand.id})"
-            why = f"  ({reasons})"
-        lines.append(f"  {cand.id:<{width}} {cand.status:<9} {value:<22} {what}{why}")
+        lines.append(fit(f"  {cand.id:<{width}} {cand.status:<9} {value:<18} {_clean(what)}",
+                         LINE_WIDTH))
+        why = reason(cand, goal, LINE_WIDTH - width - 5)
+        if why:
+            lines.append(f"  {'':<{width}}   {why}")
     return lines
 
 
@@ -143,7 +121,9 @@ def show_lines(cand, metric: str, parent: str | None) -> list[str]:
                 numbers.append(f"{name} {fmt(value)}")
         lines.append("  ".join(numbers))
     for phase in cand.phases or []:
-        lines.append(f"  phase {phase['name']:10} exit {phase['exit_code']}  "
+        code = phase["exit_code"]  # None: killed by the worker (a timeout, a stop)
+        ended = f"exit {code}" if code is not None else "killed"
+        lines.append(f"  phase {phase['name']:10} {ended}  "
                      f"{phase['seconds']:.2f}s" + ("  TIMED OUT" if phase["timed_out"] else ""))
     return lines
 
@@ -182,6 +162,7 @@ class Headline:
             return None
         change = self.change
         better = "" if change is None else (
+            ", nothing kept yet" if self.baseline == self.incumbent else
             f", {abs(change) * 100:.1f}% {'better' if change >= 0 else 'worse'}")
         return (f"{self.metric}: baseline {self.baseline.text()} -> incumbent "
                 f"{self.incumbent.text()}{better}")

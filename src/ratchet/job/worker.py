@@ -741,8 +741,10 @@ class Job:
         self.result.outcome = "ok"
         self.result.extra = {"stopped_early": 1, "stopped_at_step": step,
                              "stopped_value": value, "incumbent_value": level}
-        self.result.reason = (f"run stopped at step {step:g}: {value:.4g} against the "
-                              f"incumbent's {level:.4g} at that step (clearly worse)")
+        # the run's own progress axis: a step, or seconds for a run on a time budget
+        # (tinygpt), so it is not called a step
+        self.result.reason = (f"run stopped at {step:g} on its progress axis: {value:.4g} "
+                              f"against the incumbent's {level:.4g} there (clearly worse)")
         return self.result
 
     def run_holdout(self) -> JobResult:

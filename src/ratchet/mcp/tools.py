@@ -28,6 +28,7 @@ from ratchet.driver.lock import StudyLocked
 from ratchet.driver.opening import open_study
 from ratchet.driver.paths import matches_any, protected_by, unsafe
 from ratchet.driver.study import Study
+from ratchet.driver.tally import Tally
 from ratchet.errors import UserError
 from ratchet.job import gitrepo
 from ratchet.proposers.context import context_settings, hardware_text
@@ -116,6 +117,8 @@ class StudyTools:
                 },
                 "parallel": study.parallel,
                 "counts": counts,
+                # candidates and their fates, as `ratchet status --json` has them
+                "tally": Tally.of(ledger).as_dict(),
                 "running": [c.id for c in cands if c.status == Status.SUBMITTED],
                 "budget": {**limits, "left": left},
                 "spend": spent.as_dict(),

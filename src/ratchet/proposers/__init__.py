@@ -47,6 +47,9 @@ class Proposer:
     # untrusted code outside a filesystem sandbox can; its proposals are then never made
     # while candidates run, and are checked in a window of their own (driver/proposals.py).
     contained: bool = True
+    # Does it read people's ideas (`ratchet idea`, ideas.md) from `ctx.ideas`? One that
+    # does not leaves them pending, and `ratchet idea` says so.
+    takes_ideas: bool = True
 
     def warm_up(self) -> None:
         """Called once, first, while the study starts its workers and pins its start:

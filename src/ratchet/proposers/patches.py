@@ -54,6 +54,7 @@ def item_of(cand: Candidate) -> str | None:
 
 class PatchesProposer(Proposer):
     name = "patches"
+    takes_ideas = False  # it tries the queued patches and branches, never text
 
     def __init__(self, config: Config, history: list[Candidate]) -> None:
         self.config = config
