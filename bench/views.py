@@ -138,9 +138,11 @@ def grow(repo: Path, rows: int) -> int:
         for i in range(need):
             tpl = templates[i % len(templates)]
             cand_id = f"c{first + i:04d}"
-            message = f"{tpl.description} (copy {i})"
+            # numbered by the row, not by this call: a second growth makes new commits
+            message = f"{tpl.description} (copy {first + i})"
             stream += [f"commit refs/ratchet/{study}/{cand_id}", f"mark :{i + 1}",
-                       f"committer bench <bench@example.invalid> {1_700_000_000 + i} +0000",
+                       f"committer bench <bench@example.invalid> {1_700_000_000 + first + i} "
+                       "+0000",
                        f"data {len(message.encode())}", message, f"from {tpl.parent}",
                        "deleteall"]
             for line in files[trees[tpl.commit_sha or ""]]:
@@ -168,7 +170,7 @@ def grow(repo: Path, rows: int) -> int:
                         fields[k] += shift + i  # later rows are later, one a second
                 cand = ledger.new_candidate(fields.pop("round"), fields.pop("kind"),
                                             Status.PROPOSED,
-                                            description=f"{tpl.description} (copy {i})")
+                                            description=f"{tpl.description} (copy {first + i})")
                 assert cand.id == cand_id, (cand.id, cand_id)
                 ledger.update(cand.id, event="judged", commit_sha=sha[i + 1], **fields)
         return need

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, ratchet
 
 from ratchet import stats
 from ratchet.driver import spend, views
@@ -140,3 +140,51 @@ def test_the_dashboard_draws_a_bounded_chart_and_pages_the_table(ledger, monkeyp
         assert "rows 201–400 of" in table
     finally:
         study.close()
+
+
+def test_the_report_pages_its_table_and_writes_only_what_is_new(ledger):
+    """Last in this file (it grows the study). The report's table comes in pages of
+    PAGE_ROWS by seq, each row on one; its candidates' diffs, asked of git in batches,
+    are `git diff`'s; after growth only the new rows' pages and the last table page are
+    written again."""
+    import html
+
+    from ratchet.driver import pages
+    from ratchet.job import gitrepo
+
+    repo = Path(ledger.path).parents[1]
+    out = repo / ".ratchet" / "report"
+    ratchet(repo, "report", check=True)
+    cands = ledger.candidates()
+    n_pages = -(-len(cands) // pages.PAGE_ROWS)
+    tables = [(out / f"candidates-{n}.html").read_text() for n in range(1, n_pages + 1)]
+    assert not (out / f"candidates-{n_pages + 1}.html").exists()
+    for cand in cands:  # each row on exactly one page, its own by seq
+        on = [n for n, text in enumerate(tables) if f'<span id="{cand.id}">' in text]
+        assert on == [cands.index(cand) // pages.PAGE_ROWS], cand.id
+    index = (out / "index.html").read_text()
+    assert 'id="pager"' in index and 'href="candidates-1.html"' in index
+    newest = cands[(n_pages - 1) * pages.PAGE_ROWS:]
+    assert all(f'<span id="{c.id}">' in index for c in newest)  # the newest page, inline
+    assert f'<span id="{cands[0].id}">' not in index
+
+    pairs = [(c.parent, c.commit_sha) for c in cands if c.parent and c.commit_sha
+             and c.parent != c.commit_sha]
+    batched = gitrepo.diff_texts(repo, pairs + [("0" * 40, pairs[0][1])])
+    for base, head in pairs[::10]:
+        assert batched[base, head] == gitrepo.diff_text(repo, base, head)
+    assert isinstance(batched["0" * 40, pairs[0][1]], gitrepo.GitError)  # its own fault
+    last = next(c for c in reversed(cands) if (c.parent, c.commit_sha) in batched)
+    page = (out / "c" / f"{last.id}.html").read_text()
+    diff = str(batched[last.parent, last.commit_sha])
+    assert html.escape(diff.splitlines()[-1], quote=True) in page
+
+    before = {p.name: p.stat().st_mtime_ns for p in out.rglob("*.html")}
+    bench.grow(repo, ledger.count(confirmations=True) + 10)
+    ratchet(repo, "report", check=True)
+    after = {p.name: p.stat().st_mtime_ns for p in out.rglob("*.html")}
+    new = [c.id for c in ledger.candidates()[len(cands):]]
+    assert len(new) == 10
+    written = {name for name, mtime in after.items() if before.get(name) != mtime}
+    last_page = f"candidates-{-(-(len(cands) + 10) // pages.PAGE_ROWS)}.html"
+    assert written == {*(f"{i}.html" for i in new), last_page, "index.html"}

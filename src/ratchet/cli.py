@@ -612,9 +612,10 @@ def report(repo: RepoOption = Path(".")) -> None:
     from ratchet.driver.report import write_report
 
     with open_study(repo) as study:
-        path = write_report(study)
+        rows = study.ledger.rows_since(None)  # read once for the pages and the chart
+        path = write_report(study, rows)
         console.print(f"wrote {path}")
-        _write_progress(study)
+        _write_progress(study, rows)
 
 
 @app.command()
@@ -650,7 +651,7 @@ def serve(
 # -- hand-off: progress.png, log, diff, export (logic in progress / history / export) ------
 
 
-def _write_progress(study: Study) -> None:
+def _write_progress(study: Study, rows: list[Candidate] | None = None) -> None:
     """progress.png next to results.tsv (a view of the ledger, like results.tsv)."""
     from ratchet.driver.ledger import Ledger
     from ratchet.driver.progress import write_progress_png
@@ -658,7 +659,7 @@ def _write_progress(study: Study) -> None:
     ledger = Ledger(study.state_dir / "ledger.db")
     try:
         path = write_progress_png(study.repo, ledger, study.config.metric.name,
-                                  study.config.metric.goal)
+                                  study.config.metric.goal, rows)
     finally:
         ledger.close()
     if path is not None:

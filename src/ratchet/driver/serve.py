@@ -388,9 +388,14 @@ class Dashboard:
     def render(self, view: View, fragment: bool) -> tuple[str, str, str]:
         """(html, version, policy) of a view: its live part alone, or the whole page."""
         with self.lock:
+            # the version first, then what it stands for: a phase or row that moves while
+            # the body is made leaves the page an older version than it shows, so the next
+            # event fetches again; read after, it could name a state the body never showed,
+            # and the page, thinking itself current, would skip that state (a job's
+            # `evaluate` phase never seen)
+            now = version(self.study)
             snap = pages.snapshot(self.study, self.rows.current())
             body = view.body(self.study, snap)
-            now = version(self.study)
             title = view.title(self.study, snap)
             above = view.above(snap)
         if fragment:
