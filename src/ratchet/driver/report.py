@@ -65,7 +65,8 @@ def write_report(study: StudyLike, rows: list[Candidate] | None = None) -> Path:
     hosts = _short(repr(sorted(snap.hosts.labels.items())))  # a row's machine cell
     for n, rows in enumerate(tables, 1):
         name = table_name(n)
-        key = f"{_key(snap, rows)}:{len(rows)}:{len(tables)}:{hosts}"
+        # a page links its neighbours only: a new page at the end writes its one before
+        key = f"{_key(snap, rows)}:{len(rows)}:{n < len(tables)}:{hosts}"
         if written.stale(name, key):
             _write(out_dir / name, render_table(study, snap, n, tables))
             written.done(name, key)
@@ -148,14 +149,22 @@ def table_name(n: int) -> str:
     return f"candidates-{n}.html"
 
 
-def pager(n: int, total: int) -> str:
-    """Links to every page of the table (a page's rows: candidates-N.html)."""
+def pager(total: int) -> str:
+    """index.html's links to every page of the table (candidates-N.html)."""
     if total <= 1:
         return ""
-    links = " ".join(f"<b>{i}</b>" if i == n else
-                     f'<a href="{table_name(i)}">{i}</a>' for i in range(1, total + 1))
+    links = " ".join(f'<a href="{table_name(i)}">{i}</a>' for i in range(1, total + 1))
     return (f'<p class="note" id="pager">{pages.PAGE_ROWS} candidates a page, oldest '
-            f"first: {links}</p>")
+            f"first: {links}; the newest below</p>")
+
+
+def neighbours(n: int, total: int) -> str:
+    """A table page's way to the pages beside it and to the index (which lists all)."""
+    links = [f'<a href="{table_name(n - 1)}">previous</a>'] if n > 1 else []
+    links.append('<a href="index.html#candidates-title">every page</a>')
+    if n < total:
+        links.append(f'<a href="{table_name(n + 1)}">next</a>')
+    return f'<p class="note" id="pager">page {n}: {" · ".join(links)}</p>'
 
 
 def render(study: StudyLike, snap: pages.Snapshot | None = None) -> str:
@@ -168,7 +177,7 @@ def render(study: StudyLike, snap: pages.Snapshot | None = None) -> str:
     body = [pages.nav(site), pages.header(study, snap, title),
             *pages.overview_sections(study, snap, site),
             '<h2 id="candidates-title">Candidates</h2>',
-            pager(len(tables), len(tables)),
+            pager(len(tables)),
             pages.candidate_table(study, snap, site, newest) if newest
             else '<p class="note">no candidates.</p>', _footer(study)]
     return pages.page(title, "\n".join(s for s in body if s), CSP)
@@ -178,8 +187,8 @@ def render_table(study: StudyLike, snap: pages.Snapshot, n: int,
                  tables: list[list[Candidate]]) -> str:
     """candidates-N.html: the Nth page of the candidate table."""
     site = Site(live=False)
-    title = f"candidates {n} of {len(tables)}: {study.name}"
-    body = [pages.nav(site), f"<h1>{pages._e(title)}</h1>", pager(n, len(tables)),
+    title = f"candidates, page {n}: {study.name}"
+    body = [pages.nav(site), f"<h1>{pages._e(title)}</h1>", neighbours(n, len(tables)),
             pages.candidate_table(study, snap, site, tables[n - 1]), _footer(study)]
     return pages.page(title, "\n".join(s for s in body if s), CSP)
 
