@@ -124,9 +124,11 @@ def grow(repo: Path, rows: int) -> int:
         need = max(0, rows - have)
         if not need:
             return 0
-        templates = [c for c in ledger.candidates()
+        # the real study's rows come first (the copies repeat them): the first 200 only,
+        # not 10,000 rows decoded and a git call each
+        templates = [c for c in ledger.page(0, 200)[0]
                      if c.kind == Kind.CANDIDATE and c.commit_sha
-                     and c.status in (Status.DISCARD, Status.CRASH, Status.REJECTED)]
+                     and c.status in (Status.DISCARD, Status.CRASH, Status.REJECTED)][:64]
         study = "views"  # [task] name in TOML
         trees = {c.commit_sha: git(repo, "rev-parse", f"{c.commit_sha}^{{tree}}")
                  for c in templates}
@@ -188,7 +190,7 @@ def one_verdict(repo: Path) -> str:
     grow(repo, have + 1)
     ledger = Ledger(repo / ".ratchet" / "ledger.db")
     try:
-        last: Candidate = ledger.candidates()[-1]
+        last: Candidate = ledger.last(1)[0]
         return last.id
     finally:
         ledger.close()
@@ -272,7 +274,7 @@ def main() -> None:
                 figures[name] = (took, len(body), CPU["last"])
                 print(f"{name}: {took:.2f} s, {len(body)} bytes", flush=True)
             _, page, headers = board.get("/")
-            since = headers.get("x-ratchet-version", "")
+            since = headers.get("x-ratchet-render", "")  # the render the page holds
             delta = live_paths(headers, page)
             one_verdict(repo)
             path = (delta.replace("{since}", since) if delta else "/?fragment=1")

@@ -176,7 +176,6 @@ class Snapshot:
     everything: list[Candidate]  # with the confirmation rows
     head: views.Headline
     groups: dict[str, list[float]]  # every judged evaluation, by commit
-    hosts: Machines
     metric: str
     goal: str
     now: float = field(default_factory=time.time)
@@ -191,6 +190,15 @@ class Snapshot:
     # candidates' pages read them once (the report); None: each page reads its own
     steps: dict[str, Any] | None = None
     row_spend: dict[str, Any] | None = None
+    _hosts: list[Machines] = field(default_factory=list)
+
+    @property
+    def hosts(self) -> Machines:
+        """The machines that measured the rows, made when a view first asks (a walk over
+        every row: the live overview's cheap parts do without it)."""
+        if not self._hosts:
+            self._hosts.append(Machines(self.cands))
+        return self._hosts[0]
 
     def spent(self, ledger: Ledger) -> Spend:
         """The study's spend (spend.summary), read once per look."""
@@ -240,7 +248,7 @@ def snapshot(study: StudyLike, rows: list[Candidate] | None = None) -> Snapshot:
     groups = ledger.evaluations()
     head = views.headline(ledger, metric, goal, study.config.acceptance.noise == "ignore",
                           groups)
-    return Snapshot(cands, everything, head, groups, Machines(cands), metric, goal)
+    return Snapshot(cands, everything, head, groups, metric, goal)
 
 
 # ---------------------------------------------------------------------------------------
@@ -628,28 +636,31 @@ def spend_facts(study: StudyLike, snap: Snapshot) -> list[tuple[str, str]]:
 
 def overview_sections(study: StudyLike, snap: Snapshot, site: Site) -> list[str]:
     """The overview page, for the report's index.html and the live "/" alike."""
+    return [make() for _name, _walks, make in overview_parts(study, snap, site)]
+
+
+def overview_parts(study: StudyLike, snap: Snapshot, site: Site
+                   ) -> list[tuple[str, bool, Callable[[], str]]]:
+    """The overview's parts in order: (name, whether it walks every row, how to make
+    it). The live page makes a part that walks every row less often on a large study
+    (serve.Parts); the others each time."""
     return [
-        candidate_network(study),
-        agent_sandbox(study),
-        machine_warning(snap.hosts),
-        "<h2>Metric over candidates</h2>",
-        metric_chart(snap, site),
-        counts(snap.cands),
-        running_now(study, snap, site),
-        costs(study, snap),
-        tuner_view(study, snap),
-        training_view(study, snap),
-        kernel_view(study, snap),
-        "<h2>Success shares</h2>",
-        shares(snap.cands),
-        roofline(study, snap),
-        "<h2>Phase durations</h2>",
-        phase_chart(snap.cands),
-        phase_table(snap.cands),
-        "<h2>Incumbent</h2>",
-        incumbent(study, snap),
-        "<h2>Machines</h2>",
-        machines(snap.hosts),
+        ("network", False, lambda: candidate_network(study)),
+        ("agents", False, lambda: agent_sandbox(study)),
+        ("machine-warning", True, lambda: machine_warning(snap.hosts)),
+        ("chart", True, lambda: "<h2>Metric over candidates</h2>" + metric_chart(snap, site)),
+        ("counts", False, lambda: counts(snap.cands)),
+        ("running", False, lambda: running_now(study, snap, site)),
+        ("costs", True, lambda: costs(study, snap)),
+        ("tuner", True, lambda: tuner_view(study, snap)),
+        ("training", False, lambda: training_view(study, snap)),
+        ("kernel", True, lambda: kernel_view(study, snap)),
+        ("shares", True, lambda: "<h2>Success shares</h2>" + shares(snap.cands)),
+        ("roofline", True, lambda: roofline(study, snap)),
+        ("phases", True, lambda: "<h2>Phase durations</h2>" + phase_chart(snap.cands)
+         + phase_table(snap.cands)),
+        ("incumbent", False, lambda: "<h2>Incumbent</h2>" + incumbent(study, snap)),
+        ("machines", True, lambda: "<h2>Machines</h2>" + machines(snap.hosts)),
     ]
 
 
