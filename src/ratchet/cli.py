@@ -12,12 +12,10 @@ import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
 from ratchet import __version__, backends, proposers
@@ -27,6 +25,9 @@ from ratchet.driver.study import Progress, Study
 from ratchet.errors import UserError
 from ratchet.job import gitrepo
 from ratchet.vocab import Kind, Status
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 # Every string we print is literal text: help, errors, descriptions and reasons often
 # hold brackets ("[prep] run", "[tune.knobs]") or colons that rich would read as markup
@@ -170,6 +171,8 @@ class RunView:
         parts: list = [Text(views.status_line(p.round, p.rounds, p.best, self.metric,
                                               p.counts), no_wrap=True, overflow="ellipsis")]
         if p.running:  # no job, no table: an empty table would leave a bare header
+            from rich.table import Table  # here: the read-only commands start without it
+
             table = Table(show_edge=False, box=None, pad_edge=False)
             table.add_column("candidate", no_wrap=True)
             table.add_column("state", no_wrap=True)
@@ -265,6 +268,8 @@ def run(
     problem: str | None = None
     with study:
         if console.is_terminal:
+            from rich.live import Live
+
             with Live(console=console, refresh_per_second=4, transient=True) as live_view:
                 view.live = live_view
                 try:
@@ -473,6 +478,8 @@ def status(
                  f"{by_row[cand.id].usd:.4f}", cand.description or "")
                 for cand in shown]
         if rows:
+            from rich.table import Table
+
             table = Table(show_edge=False)
             # the short columns keep their width; the description takes the rest on one
             # line. A row's cost is its proposer calls' and its jobs' (`show` splits it)

@@ -584,8 +584,10 @@ class Ledger:
                                     args).fetchone()[0])
         way = "DESC" if descending else "ASC"
         # a missing value sorts last either way, then by seq for a stable page
-        query = (f"SELECT * FROM candidates WHERE {where} ORDER BY {order} IS NULL, "
-                 f"{order} {way}, seq {way}")
+        # seq is never missing: ordered by it alone, SQLite walks its index and stops at
+        # the page (`log --last 50` reads 50 rows, not 10,000 sorted)
+        missing_last = "" if order == "seq" else f"{order} IS NULL, {order} {way}, "
+        query = f"SELECT * FROM candidates WHERE {where} ORDER BY {missing_last}seq {way}"
         if limit is not None:
             query += " LIMIT ? OFFSET ?"
             args += [limit, offset]
