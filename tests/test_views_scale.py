@@ -178,6 +178,49 @@ def test_a_phase_that_moves_while_a_page_is_made_is_shown_next(ledger):
         ledger.update(cand.id, status=cand.status, job_id=cand.job_id)
 
 
+def test_the_live_overview_sends_what_changed_since_the_pages_copy(ledger, monkeypatch):
+    """The open overview asks with the render it holds and gets the parts that differ;
+    the parts that walk every row are made again only when due (10x what they took),
+    and the page is told (the version's '+due') when a newer making is owed."""
+    import re
+
+    from ratchet.driver import serve
+
+    repo = Path(ledger.path).parents[1]
+    study = serve.ReadOnlyStudy(repo)
+    try:
+        app = serve.Dashboard(study, "x" * 24, "127.0.0.1", True)
+        page, _, _, extra = app.render(serve.overview_view(), False)
+        render = int(extra["X-Ratchet-Render"])
+        assert f'data-render="{render}"' in page and "data-delta=" in page
+        parts = re.findall(r'<div data-part="([a-z-]+)">', page)
+        assert {"header", "chart", "counts", "running", "machines"} <= set(parts)
+
+        def delta(since: int) -> tuple[set[str], str, dict[str, str]]:
+            body, _, _, extra = app.render(serve.overview_view(), True, since)
+            return set(re.findall(r'<div data-part="([a-z-]+)">', body)), body, extra
+
+        shown, _, extra = delta(render)
+        assert extra["X-Ratchet-Parts"] == "changed" and "header" not in shown
+        assert delta(10**9)[2]["X-Ratchet-Parts"] == "all"  # a render not remembered
+
+        monkeypatch.setattr(serve, "WALK_SHARE", 1e-9)  # the walking parts: never due
+        since = int(extra["X-Ratchet-Render"])
+        bench.grow(repo, ledger.count(confirmations=True) + 1)  # one more verdict
+        shown, body, extra = delta(since)
+        assert "header" in shown and "counts" in shown  # the cards and counts follow
+        assert not shown & {"chart", "shares", "machines", "costs", "phases"}
+        assert app.parts.due is not None and not app.version().endswith("+due")
+        monkeypatch.setattr(serve, "WALK_SHARE", 1e9)  # now owed at once
+        app.parts.due = 0.0
+        assert app.version().endswith("+due")  # the event stream tells the page
+        shown, _, extra = delta(int(extra["X-Ratchet-Render"]))
+        assert "chart" in shown  # made again, with the new row
+        assert app.parts.due is None
+    finally:
+        study.close()
+
+
 def test_the_report_pages_its_table_and_writes_only_what_is_new(ledger):
     """Last in this file (it grows the study). The report's table comes in pages of
     PAGE_ROWS by seq, each row on one; its candidates' diffs, asked of git in batches,

@@ -288,12 +288,12 @@ class Parts:
         self.made: dict[str, str] = {}  # the walking parts' html, as last made
         self.walked_at: float | None = None  # when they were made (monotonic)
         self.walk_took = 0.0  # and what they took, together
-        self.walk_rev: int | None = None  # the ledger's revision they show
+        self.walk_rev: str | None = None  # the study's state they show (version())
         self.sent: dict[int, dict[str, str]] = {}  # render: {part: digest}
         self.renders = 0
         self.due: float | None = None  # when walking parts older than the ledger are owed
 
-    def make(self, parts: list[tuple[str, bool, Callable[[], str]]], rev: int
+    def make(self, parts: list[tuple[str, bool, Callable[[], str]]], rev: str
              ) -> tuple[int, list[tuple[str, str]]]:
         now = time.monotonic()
         walk = (self.walked_at is None or now - self.walked_at >= self.walk_took / WALK_SHARE
@@ -483,7 +483,9 @@ class Dashboard:
             rows = self.rows.current()
             snap = pages.snapshot(self.study, rows)
             if view.parts is not None:
-                render, made = self.parts.make(view.parts(self.study, snap), self.rows.rev or 0)
+                # what the parts show moves with the version's structure (rows, events,
+                # phases): a ledger too old to number its rows changes it too
+                render, made = self.parts.make(view.parts(self.study, snap), now.split(":")[0])
                 changed = self.parts.changed(since, render) if fragment else None
                 shown = made if changed is None else [p for p in made if p[0] in changed]
                 body = "\n".join(f'<div data-part="{name}">{html}</div>' for name, html in shown)
