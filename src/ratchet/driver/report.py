@@ -63,10 +63,10 @@ def write_report(study: StudyLike, rows: list[Candidate] | None = None) -> Path:
         written.done(name, key)
     tables = table_pages(snap.cands)
     hosts = _short(repr(sorted(snap.hosts.labels.items())))  # a row's machine cell
-    for n, rows in enumerate(tables, 1):
+    for n, shown in enumerate(tables, 1):
         name = table_name(n)
         # a page links its neighbours only: a new page at the end writes its one before
-        key = f"{_key(snap, rows)}:{len(rows)}:{n < len(tables)}:{hosts}"
+        key = f"{_key(snap, shown)}:{len(shown)}:{n < len(tables)}:{hosts}"
         if written.stale(name, key):
             _write(out_dir / name, render_table(study, snap, n, tables))
             written.done(name, key)
