@@ -392,12 +392,18 @@ def test_new_sections_render_in_a_browser(handoff, tmp_path):
     assert "M1 (baseline's)" in by_first
 
 
-def test_candidate_pages_are_written_again_only_when_what_they_show_changed(tmp_path):
+def test_candidate_pages_are_written_once_and_again_only_when_their_rows_changed(tmp_path):
+    """A candidate's page is written at its verdict and never again, unless a row it shows
+    changed (its own, a confirmation pair, another measurement of its commit): a keep
+    elsewhere, which moves the incumbent, writes no earlier candidate's page again."""
     repo = study_repo(tmp_path / "r")
     assert ratchet(repo, "run", "--rounds", "1").returncode == 0
     assert ratchet(repo, "report").returncode == 0
     pages = repo / ".ratchet" / "report" / "c"
-    ids = [c.id for c in Ledger(repo / ".ratchet" / "ledger.db").candidates(confirmations=True)]
+    ledger = Ledger(repo / ".ratchet" / "ledger.db")
+    ids = [c.id for c in ledger.candidates(confirmations=True)]
+    seen = ledger.revision()
+    ledger.close()
     assert sorted(p.stem for p in pages.glob("*.html")) == sorted(ids)  # one page each
     first = {p.name: p.stat().st_mtime_ns for p in pages.glob("*.html")}
     time.sleep(0.05)
@@ -409,7 +415,19 @@ def test_candidate_pages_are_written_again_only_when_what_they_show_changed(tmp_
     assert ratchet(repo, "report").returncode == 0
     now = {p.name: p.stat().st_mtime_ns for p in pages.glob("*.html")}
     assert f"{kept}.html" in now
-    # the incumbent moved: every page that compares with it was made again
-    assert all(now[name] > mtime for name, mtime in first.items())
+    ledger = Ledger(repo / ".ratchet" / "ledger.db")
+    rows = ledger.candidates(confirmations=True)
+    ledger.close()
+
+    def changed(cand) -> bool:  # its row, or one measuring the same, written since
+        return any(r.rev > seen for r in rows if r.id == cand.id or r.confirms == cand.id
+                   or (cand.commit_sha and r.commit_sha == cand.commit_sha))
+
+    again = {f"{c.id}.html" for c in rows if f"{c.id}.html" in first and changed(c)}
+    assert {name for name, mtime in first.items() if now[name] != mtime} == again
+    assert len(again) < len(first)  # the incumbent moved; the discarded pages stayed
     page = (pages / f"{kept}.html").read_text()
-    assert "Diff against the incumbent" in page and "the same commit: no difference." in page
+    assert "Diff against its parent" in page and 'class="add">+X = 1.4' in page
+    # nothing on it moves with the incumbent later: the overview says what was kept since
+    against = page.split("<h2>Diff against the incumbent</h2>")[1].split("<h2>")[0]
+    assert 'id="against-incumbent"' in against and "<pre" not in against

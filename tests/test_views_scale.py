@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, ratchet
 
 from ratchet import stats
 from ratchet.driver import spend, views
@@ -132,11 +132,138 @@ def test_the_dashboard_draws_a_bounded_chart_and_pages_the_table(ledger, monkeyp
     study = serve.ReadOnlyStudy(repo)
     try:
         app = serve.Dashboard(study, "x" * 24, "127.0.0.1", True)
-        overview, _, _ = app.render(serve.overview_view(), True)
+        overview, _, _, _ = app.render(serve.overview_view(), True)
         assert overview.count('data-metric="') <= pages.CHART_POINTS + 50
         assert "points drawn" in overview
-        table, _, _ = app.render(serve.candidates_view(serve.TableQuery(page=2)), True)
+        table, _, _, _ = app.render(serve.candidates_view(serve.TableQuery(page=2)), True)
         assert table.count("<tr") <= pages.PAGE_ROWS + 1
         assert "rows 201–400 of" in table
     finally:
         study.close()
+
+
+def test_a_phase_that_moves_while_a_page_is_made_is_shown_next(ledger):
+    """The dashboard's version of a page is read before the page is made: a job that
+    moves from one phase to the next meanwhile leaves the page older than the study, so
+    the event stream's next version differs and the page fetches again. (Read after,
+    the version named the new phase the page never showed, and an open page skipped a
+    job's `evaluate` phase: the flaky test_the_open_page_follows_a_running_study.)"""
+    import json
+
+    from ratchet.driver import serve
+
+    repo = Path(ledger.path).parents[1]
+    cand = ledger.last(1)[0]
+    state = repo / ".ratchet" / "jobs" / "views-moving" / "state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps({"phase": "setup", "t": 1.0}))
+    ledger.update(cand.id, status=Status.SUBMITTED, job_id="views-moving")
+    study = serve.ReadOnlyStudy(repo)
+    try:
+        app = serve.Dashboard(study, "x" * 24, "127.0.0.1", True)
+
+        def moving(study_, snap):  # the worker writes its next phase while the page is made
+            shown = serve.overview_view().body(study_, snap)
+            state.write_text(json.dumps({"phase": "evaluate", "t": 2.0}))
+            return shown
+
+        view = serve.View(title=lambda *_: "t", body=moving)
+        body, given, _, _ = app.render(view, True)
+        assert "<td>setup</td>" in body and "<td>evaluate</td>" not in body
+        assert app.version() != given  # so the page is told, and fetches the new phase
+        body, again, _, _ = app.render(serve.overview_view(), True)
+        assert "<td>evaluate</td>" in body and app.version() == again
+    finally:
+        study.close()
+        ledger.update(cand.id, status=cand.status, job_id=cand.job_id)
+
+
+def test_the_live_overview_sends_what_changed_since_the_pages_copy(ledger, monkeypatch):
+    """The open overview asks with the render it holds and gets the parts that differ;
+    the parts that walk every row are made again only when due (10x what they took),
+    and the page is told (the version's '+due') when a newer making is owed."""
+    import re
+
+    from ratchet.driver import serve
+
+    repo = Path(ledger.path).parents[1]
+    study = serve.ReadOnlyStudy(repo)
+    try:
+        app = serve.Dashboard(study, "x" * 24, "127.0.0.1", True)
+        page, _, _, extra = app.render(serve.overview_view(), False)
+        render = int(extra["X-Ratchet-Render"])
+        assert f'data-render="{render}"' in page and "data-delta=" in page
+        parts = re.findall(r'<div data-part="([a-z-]+)">', page)
+        assert {"header", "chart", "counts", "running", "machines"} <= set(parts)
+
+        def delta(since: int) -> tuple[set[str], str, dict[str, str]]:
+            body, _, _, extra = app.render(serve.overview_view(), True, since)
+            return set(re.findall(r'<div data-part="([a-z-]+)">', body)), body, extra
+
+        shown, _, extra = delta(render)
+        assert extra["X-Ratchet-Parts"] == "changed" and "header" not in shown
+        assert delta(10**9)[2]["X-Ratchet-Parts"] == "all"  # a render not remembered
+
+        monkeypatch.setattr(serve, "WALK_SHARE", 1e-9)  # the walking parts: never due
+        since = int(extra["X-Ratchet-Render"])
+        bench.grow(repo, ledger.count(confirmations=True) + 1)  # one more verdict
+        shown, body, extra = delta(since)
+        assert "header" in shown and "counts" in shown  # the cards and counts follow
+        assert not shown & {"chart", "shares", "machines", "costs", "phases"}
+        assert app.parts.due is not None and not app.version().endswith("+due")
+        monkeypatch.setattr(serve, "WALK_SHARE", 1e9)  # now owed at once
+        app.parts.due = 0.0
+        assert app.version().endswith("+due")  # the event stream tells the page
+        shown, _, extra = delta(int(extra["X-Ratchet-Render"]))
+        assert "chart" in shown  # made again, with the new row
+        assert app.parts.due is None
+    finally:
+        study.close()
+
+
+def test_the_report_pages_its_table_and_writes_only_what_is_new(ledger):
+    """Last in this file (it grows the study). The report's table comes in pages of
+    PAGE_ROWS by seq, each row on one; its candidates' diffs, asked of git in batches,
+    are `git diff`'s; after growth only the new rows' pages and the last table page are
+    written again."""
+    import html
+
+    from ratchet.driver import pages
+    from ratchet.job import gitrepo
+
+    repo = Path(ledger.path).parents[1]
+    out = repo / ".ratchet" / "report"
+    ratchet(repo, "report", check=True)
+    cands = ledger.candidates()
+    n_pages = -(-len(cands) // pages.PAGE_ROWS)
+    tables = [(out / f"candidates-{n}.html").read_text() for n in range(1, n_pages + 1)]
+    assert not (out / f"candidates-{n_pages + 1}.html").exists()
+    for cand in cands:  # each row on exactly one page, its own by seq
+        on = [n for n, text in enumerate(tables) if f'<span id="{cand.id}">' in text]
+        assert on == [cands.index(cand) // pages.PAGE_ROWS], cand.id
+    index = (out / "index.html").read_text()
+    assert 'id="pager"' in index and 'href="candidates-1.html"' in index
+    newest = cands[(n_pages - 1) * pages.PAGE_ROWS:]
+    assert all(f'<span id="{c.id}">' in index for c in newest)  # the newest page, inline
+    assert f'<span id="{cands[0].id}">' not in index
+
+    pairs = [(c.parent, c.commit_sha) for c in cands if c.parent and c.commit_sha
+             and c.parent != c.commit_sha]
+    batched = gitrepo.diff_texts(repo, pairs + [("0" * 40, pairs[0][1])])
+    for base, head in pairs[::10]:
+        assert batched[base, head] == gitrepo.diff_text(repo, base, head)
+    assert isinstance(batched["0" * 40, pairs[0][1]], gitrepo.GitError)  # its own fault
+    last = next(c for c in reversed(cands) if (c.parent, c.commit_sha) in batched)
+    page = (out / "c" / f"{last.id}.html").read_text()
+    diff = str(batched[last.parent, last.commit_sha])
+    assert html.escape(diff.splitlines()[-1], quote=True) in page
+
+    before = {p.name: p.stat().st_mtime_ns for p in out.rglob("*.html")}
+    bench.grow(repo, ledger.count(confirmations=True) + 10)
+    ratchet(repo, "report", check=True)
+    after = {p.name: p.stat().st_mtime_ns for p in out.rglob("*.html")}
+    new = [c.id for c in ledger.candidates()[len(cands):]]
+    assert len(new) == 10
+    written = {name for name, mtime in after.items() if before.get(name) != mtime}
+    last_page = f"candidates-{-(-(len(cands) + 10) // pages.PAGE_ROWS)}.html"
+    assert written == {*(f"{i}.html" for i in new), last_page, "index.html"}

@@ -13,12 +13,10 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
 from ratchet import __version__, backends, proposers
@@ -29,6 +27,9 @@ from ratchet.driver.tally import Tally, sandboxes_text
 from ratchet.errors import UserError
 from ratchet.job import gitrepo
 from ratchet.vocab import Kind, Status
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 # Every string we print is literal text: help, errors, descriptions and reasons often
 # hold brackets ("[prep] run", "[tune.knobs]") or colons that rich would read as markup
@@ -208,6 +209,8 @@ class RunView:
         parts: list = [Text(views.status_line(p.round, p.rounds, p.best, self.metric,
                                               p.counts), no_wrap=True, overflow="ellipsis")]
         if p.running:  # no job, no table: an empty table would leave a bare header
+            from rich.table import Table  # here: the read-only commands start without it
+
             table = Table(show_edge=False, box=None, pad_edge=False)
             table.add_column("candidate", no_wrap=True)
             table.add_column("state", no_wrap=True)
@@ -329,6 +332,8 @@ def run(
     problem: str | None = None
     with study:
         if console.is_terminal:
+            from rich.live import Live
+
             with Live(console=console, refresh_per_second=4, transient=True) as live_view:
                 view.live = live_view
                 try:
@@ -560,6 +565,8 @@ def status(
                  f"{by_row[cand.id].usd:.4f}", cand.proposer or "", cand.description or "")
                 for cand in shown]
         if rows:
+            from rich.table import Table
+
             table = Table(show_edge=False)
             # the short columns keep their width; the description takes the rest on one
             # line. A row's cost is its proposer calls' and its jobs' (`show` splits it);
@@ -731,9 +738,10 @@ def report(repo: RepoOption = Path(".")) -> None:
     from ratchet.driver.report import write_report
 
     with open_study(repo) as study:
-        path = write_report(study)
+        rows = study.ledger.rows_since(None)  # read once for the pages and the chart
+        path = write_report(study, rows)
         console.print(f"wrote {path}")
-        _write_progress(study)
+        _write_progress(study, rows)
 
 
 @app.command()
@@ -803,7 +811,7 @@ SERVE_WAIT_S = 0.5
 # -- hand-off: progress.png, log, diff, export (logic in progress / history / export) ------
 
 
-def _write_progress(study: Study) -> None:
+def _write_progress(study: Study, rows: list[Candidate] | None = None) -> None:
     """progress.png next to results.tsv (a view of the ledger, like results.tsv)."""
     from ratchet.driver.ledger import Ledger
     from ratchet.driver.progress import write_progress_png
@@ -811,7 +819,7 @@ def _write_progress(study: Study) -> None:
     ledger = Ledger(study.state_dir / "ledger.db")
     try:
         path = write_progress_png(study.repo, ledger, study.config.metric.name,
-                                  study.config.metric.goal)
+                                  study.config.metric.goal, rows)
     finally:
         ledger.close()
     if path is not None:

@@ -16,12 +16,15 @@ the ones docs/watching.md shows), else to the test's temporary folder.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import re
 import sqlite3
 import subprocess
 import textwrap
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -29,6 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pytest
 from helpers import RATCHET, ROOT, SCORE_SOLUTION, config_text, git, make_repo, ratchet
 
@@ -209,6 +213,30 @@ def test_candidate_page_shows_verdict_reasons_diffs_and_keeps_hostile_text_inert
             assert xss.description in browser.eval("document.body.textContent")
 
 
+def hold_in_phase(study: Path, phase: str, timeout: float) -> list[psutil.Process]:
+    """Stop (SIGSTOP) the evaluator processes of the first job its worker says is in
+    `phase` (the local backend's state.json; pid.json names the worker), as a slow
+    evaluation would hold them there; returns them, to be resumed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for state in (study / ".ratchet" / "jobs").glob("*/state.json"):
+            try:
+                if json.loads(state.read_text()).get("phase") != phase:
+                    continue
+                worker = psutil.Process(json.loads((state.parent / "pid.json").read_text())["pid"])
+                procs = [p for p in worker.children(recursive=True)
+                         if "evaluate.py" in " ".join(p.cmdline())]
+            except (OSError, ValueError, KeyError, psutil.Error):
+                continue  # written meanwhile, or the job just ended
+            for proc in procs:
+                with contextlib.suppress(psutil.Error):
+                    proc.suspend()
+            if procs:
+                return procs
+        time.sleep(0.02)
+    raise AssertionError(f"no job reached its {phase} phase in {timeout:.0f} s")
+
+
 def digest(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
 
@@ -299,14 +327,23 @@ def test_the_open_page_follows_a_running_study(study, tmp_path):
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
         try:
-            # a job of the new round, seen running in its phase, on its slot
-            phase, slot = browser.wait_for(
-                "(() => { const r = Array.from(document.querySelectorAll('#running tbody tr'))"
-                ".find(r => r.cells[2].textContent === 'evaluate');"
-                " return r && [r.cells[2].textContent, r.cells[5].textContent]; })()",
-                timeout=120, interval=0.05)
-            assert phase == "evaluate" and re.fullmatch(r"cpu\d+", slot), (phase, slot)
-            browser.screenshot(shots / "overview-running.png")
+            # a job of the new round, held in its evaluate phase until the page shows it
+            # running there, on its slot: the page must follow the phase however long
+            # the machine's load delays its update (a 2 s phase could pass unseen)
+            held = hold_in_phase(study, "evaluate", timeout=120)
+            try:
+                phase, slot = browser.wait_for(
+                    "(() => { const r = Array.from(document.querySelectorAll('#running tbody tr'))"
+                    ".find(r => r.cells[2].textContent === 'evaluate');"
+                    " return r && [r.cells[2].textContent, r.cells[5].textContent]; })()",
+                    timeout=60, interval=0.05)
+                assert phase == "evaluate" and re.fullmatch(r"cpu\d+", slot), (phase, slot)
+                assert all(p.status() == psutil.STATUS_STOPPED for p in held)  # still held
+                browser.screenshot(shots / "overview-running.png")
+            finally:
+                for proc in held:
+                    with contextlib.suppress(psutil.Error):
+                        proc.resume()
             out, err = run.communicate(timeout=180)
         finally:
             if run.poll() is None:

@@ -39,8 +39,12 @@ if TYPE_CHECKING:
 __all__ = ["Backend", "BackendError", "BackendPlugin", "JobState", "backends", "make_backend",
            "register_backend"]
 
-# imported by `backends()`: each registers itself with `register_backend`
-BUILT_IN = ("ratchet.backends.local", "ratchet.backends.ray", "ratchet.backends.shell")
+# imported by `backends()`: each registers itself with `register_backend` under its
+# name, known here too so the config and the CLI's help need not import them (psutil,
+# the engines' settings models: a tenth of a second of every `ratchet status`)
+BUILT_IN_NAMES = {"local": "ratchet.backends.local", "ray": "ratchet.backends.ray",
+                  "shell": "ratchet.backends.shell"}
+BUILT_IN = tuple(BUILT_IN_NAMES.values())
 
 F = TypeVar("F", bound=Callable[..., Backend])
 
@@ -85,8 +89,8 @@ def backends() -> dict[str, BackendPlugin]:
 
 
 def names_help() -> str:
-    """`local | ray | shell` for the CLI's help text."""
-    return " | ".join(backends())
+    """`local | ray | shell` for the CLI's help text (and any registered since)."""
+    return " | ".join(dict.fromkeys([*BUILT_IN_NAMES, *_REGISTRY]))
 
 
 def make_backend(kind: str, state_dir: Path, backend: BackendSection) -> Backend:

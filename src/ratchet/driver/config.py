@@ -436,16 +436,18 @@ class Backend(Strict):
     @field_validator("kind")
     @classmethod
     def _kind_is_registered(cls, kind: str) -> str:
-        from ratchet.backends import backends
+        from ratchet.backends import BUILT_IN_NAMES, backends
 
+        if kind in BUILT_IN_NAMES:  # known without importing every engine
+            return kind
         return registered(kind, list(backends()), "backend")
 
     @model_validator(mode="before")
     @classmethod
     def _engine_tables(cls, data: Any) -> Any:
         """Each `[backend.<name>]` table of a registered backend, validated by its model."""
-        if not isinstance(data, dict):
-            return data
+        if not isinstance(data, dict) or not any(k not in cls.model_fields for k in data):
+            return data  # no engine's table: no engine imported to look for one
         from ratchet.backends import backends
 
         plugins = backends()

@@ -370,7 +370,11 @@ class Ledger:
                             f"fate = COALESCE(?, fate) WHERE id IN ({marks})",
                             (cand_id, fate, *ids))
 
-    def calls(self) -> list[sqlite3.Row]:
+    def calls(self, candidate: str | None = None) -> list[sqlite3.Row]:
+        """Every proposer call, in order; those made for `candidate` only, when given."""
+        if candidate is not None:
+            return list(self.db.execute("SELECT * FROM calls WHERE candidate = ? ORDER BY id",
+                                        (candidate,)))
         return list(self.db.execute("SELECT * FROM calls ORDER BY id"))
 
     def start_session(self, command: str) -> int:
@@ -436,17 +440,9 @@ class Ledger:
                    confirmations: bool = False) -> list[Candidate]:
         """Candidates in order; a confirmation's re-measures (kind confirm) only when asked
         for: they belong to their candidate, and views list them with it."""
-        query, args = "SELECT * FROM candidates WHERE 1=1", list[object]()
-        if not confirmations:
-            query += " AND kind != ?"
-            args.append(Kind.CONFIRM.value)
-        if round is not None:
-            query += " AND round = ?"
-            args.append(round)
-        if status is not None:
-            query += " AND status = ?"
-            args.append(status)
-        return [_from_row(r) for r in self.db.execute(query + " ORDER BY seq", args)]
+        where, args = _where(confirmations=confirmations, round=round, status=status)
+        return [_from_row(r) for r in self.db.execute(
+            f"SELECT * FROM candidates WHERE {where} ORDER BY seq", args)]
 
     def revision(self) -> int:
         """The ledger's change counter: the highest row revision (0 for a ledger older
@@ -567,17 +563,9 @@ class Ledger:
     def count(self, kind: str | None = None, judged: bool = False,
               confirmations: bool = False) -> int:
         """How many rows (of `kind`; with a verdict only, when `judged`)."""
-        query, args = "SELECT COUNT(*) FROM candidates WHERE 1=1", list[object]()
-        if not confirmations:
-            query += " AND kind != ?"
-            args.append(Kind.CONFIRM.value)
-        if kind is not None:
-            query += " AND kind = ?"
-            args.append(kind)
-        if judged:
-            query += f" AND status IN ({', '.join('?' * len(VERDICTS))})"
-            args += [v.value for v in VERDICTS]
-        return int(self.db.execute(query, args).fetchone()[0])
+        where, args = _where(confirmations=confirmations, kind=kind, judged=judged)
+        return int(self.db.execute(f"SELECT COUNT(*) FROM candidates WHERE {where}",
+                                   args).fetchone()[0])
 
     def made(self) -> int:
         """budget.made in SQL: candidates, a change withdrawn from beside a confirmation
@@ -612,25 +600,15 @@ class Ledger:
         reads, never the whole study. `order`: a column of PAGE_ORDERS."""
         if order not in PAGE_ORDERS:
             raise ValueError(f"cannot sort by {order!r}")
-        where, args = "kind != ?", list[object]([Kind.CONFIRM.value])
-        if status is not None:
-            where += " AND status = ?"
-            args.append(status)
-        if round is not None:
-            where += " AND round = ?"
-            args.append(round)
-        if text:
-            like = f"%{text.replace('!', '!!').replace('%', '!%').replace('_', '!_')}%"
-            where += (" AND (id LIKE ? ESCAPE '!' OR description LIKE ? ESCAPE '!' "
-                      "OR reasons LIKE ? ESCAPE '!' OR idea LIKE ? ESCAPE '!' "
-                      "OR commit_sha LIKE ? ESCAPE '!' OR status LIKE ? ESCAPE '!')")
-            args += [like] * 6
+        where, args = _where(status=status, round=round, text=text)
         total = int(self.db.execute(f"SELECT COUNT(*) FROM candidates WHERE {where}",
                                     args).fetchone()[0])
         way = "DESC" if descending else "ASC"
         # a missing value sorts last either way, then by seq for a stable page
-        query = (f"SELECT * FROM candidates WHERE {where} ORDER BY {order} IS NULL, "
-                 f"{order} {way}, seq {way}")
+        # seq is never missing: ordered by it alone, SQLite walks its index and stops at
+        # the page (`log --last 50` reads 50 rows, not 10,000 sorted)
+        missing_last = "" if order == "seq" else f"{order} IS NULL, {order} {way}, "
+        query = f"SELECT * FROM candidates WHERE {where} ORDER BY {missing_last}seq {way}"
         if limit is not None:
             query += " LIMIT ? OFFSET ?"
             args += [limit, offset]
@@ -755,6 +733,39 @@ def _clean(key: str, value: Any) -> Any:
     if not isinstance(value, str) or key not in UNTRUSTED_TEXT:
         return value
     return sanitize.line(value) if key == "description" else sanitize.text(value)
+
+
+
+SEARCHED = ("id", "description", "reasons", "idea", "commit_sha", "status")  # by page(text=)
+
+
+def _where(confirmations: bool = False, kind: str | None = None, judged: bool = False,
+           status: str | None = None, round: int | None = None, text: str | None = None
+           ) -> tuple[str, list[object]]:
+    """The WHERE clause (and its arguments) of the row filters `candidates`, `count` and
+    `page` share: no confirmation rows unless asked; a kind, a verdict, a status, a round;
+    `text` anywhere in the searched columns (LIKE, its wildcards taken literally)."""
+    terms, args = list[str](), list[object]()
+    if not confirmations:
+        terms.append("kind != ?")
+        args.append(Kind.CONFIRM.value)
+    if kind is not None:
+        terms.append("kind = ?")
+        args.append(kind)
+    if judged:
+        terms.append(f"status IN ({', '.join('?' * len(VERDICTS))})")
+        args += [v.value for v in VERDICTS]
+    if status is not None:
+        terms.append("status = ?")
+        args.append(status)
+    if round is not None:
+        terms.append("round = ?")
+        args.append(round)
+    if text:
+        like = f"%{text.replace('!', '!!').replace('%', '!%').replace('_', '!_')}%"
+        terms.append("(" + " OR ".join(f"{col} LIKE ? ESCAPE '!'" for col in SEARCHED) + ")")
+        args += [like] * len(SEARCHED)
+    return " AND ".join(terms) or "1=1", args
 
 
 def _from_row(row: sqlite3.Row | dict[str, Any]) -> Candidate:

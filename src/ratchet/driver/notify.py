@@ -23,8 +23,6 @@ import sqlite3
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -227,6 +225,9 @@ def _post(url: str, notice: Notice, timeout: float) -> list[str]:
     name = f"{where.scheme}://{where.hostname}"  # never the path: a webhook's secret lives there
     if where.scheme not in ("http", "https") or not where.hostname:
         return [f"notify: {name or 'the URL'} is not an http(s) URL"]
+    import urllib.error  # here: ssl and http.client are a part of every CLI start else
+    import urllib.request
+
     body = json.dumps(notice.payload(), default=str).encode()
     request = urllib.request.Request(url, data=body, method="POST", headers={
         "Content-Type": "application/json", "User-Agent": "ratchet-notify"})

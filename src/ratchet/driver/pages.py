@@ -176,13 +176,29 @@ class Snapshot:
     everything: list[Candidate]  # with the confirmation rows
     head: views.Headline
     groups: dict[str, list[float]]  # every judged evaluation, by commit
-    hosts: Machines
     metric: str
     goal: str
     now: float = field(default_factory=time.time)
     _estimates: dict[str, stats.Estimate | None] = field(default_factory=dict)
     _ids: dict[str, Candidate] = field(default_factory=dict)
     _spent: list[Spend] = field(default_factory=list)
+    _related: dict[str, list[Candidate]] = field(default_factory=dict)
+    # (base, head) -> diff text or its error, asked of git in batches before the pages
+    # are made (the report: gitrepo.diff_texts); a pair not here is asked alone
+    diffs: dict[tuple[str, str], str | Exception] = field(default_factory=dict)
+    # spend.kept_steps and spend.per_candidate of every row, where a caller showing many
+    # candidates' pages read them once (the report); None: each page reads its own
+    steps: dict[str, Any] | None = None
+    row_spend: dict[str, Any] | None = None
+    _hosts: list[Machines] = field(default_factory=list)
+
+    @property
+    def hosts(self) -> Machines:
+        """The machines that measured the rows, made when a view first asks (a walk over
+        every row: the live overview's cheap parts do without it)."""
+        if not self._hosts:
+            self._hosts.append(Machines(self.cands))
+        return self._hosts[0]
 
     def spent(self, ledger: Ledger) -> Spend:
         """The study's spend (spend.summary), read once per look."""
@@ -204,6 +220,23 @@ class Snapshot:
             self._ids.update((c.id, c) for c in self.everything)
         return self._ids.get(cand_id)
 
+    def related(self, cand: Candidate) -> list[Candidate]:
+        """The other rows that measure what `cand` measured: its confirmation pairs and
+        every other evaluation of its commit, by seq (an index made once: a report asks
+        for each of 10,000 rows)."""
+        if not self._related:
+            for r in self.everything:
+                if r.confirms:
+                    self._related.setdefault(f"confirms:{r.confirms}", []).append(r)
+                if r.commit_sha:
+                    self._related.setdefault(f"commit:{r.commit_sha}", []).append(r)
+            self._related.setdefault("", [])  # built, even for a study of no rows
+        rows = {r.id: r for r in self._related.get(f"confirms:{cand.id}", [])}
+        if cand.commit_sha:
+            rows.update((r.id, r) for r in self._related.get(f"commit:{cand.commit_sha}", []))
+        rows.pop(cand.id, None)
+        return sorted(rows.values(), key=lambda r: r.seq)
+
 
 def snapshot(study: StudyLike, rows: list[Candidate] | None = None) -> Snapshot:
     """One look at the ledger; `rows`: every row (confirmations too, by seq) where the
@@ -215,7 +248,7 @@ def snapshot(study: StudyLike, rows: list[Candidate] | None = None) -> Snapshot:
     groups = ledger.evaluations()
     head = views.headline(ledger, metric, goal, study.config.acceptance.noise == "ignore",
                           groups)
-    return Snapshot(cands, everything, head, groups, Machines(cands), metric, goal)
+    return Snapshot(cands, everything, head, groups, metric, goal)
 
 
 # ---------------------------------------------------------------------------------------
@@ -614,29 +647,32 @@ def spend_facts(study: StudyLike, snap: Snapshot) -> list[tuple[str, str]]:
 
 def overview_sections(study: StudyLike, snap: Snapshot, site: Site) -> list[str]:
     """The overview page, for the report's index.html and the live "/" alike."""
+    return [make() for _name, _walks, make in overview_parts(study, snap, site)]
+
+
+def overview_parts(study: StudyLike, snap: Snapshot, site: Site
+                   ) -> list[tuple[str, bool, Callable[[], str]]]:
+    """The overview's parts in order: (name, whether it walks every row, how to make
+    it). The live page makes a part that walks every row less often on a large study
+    (serve.Parts); the others each time."""
     return [
-        candidate_network(study),
-        agent_sandbox(study),
-        machine_warning(snap.hosts),
-        "<h2>Metric over candidates</h2>",
-        metric_chart(snap, site),
-        tally(study),
-        counts(snap.cands),
-        running_now(study, snap, site),
-        costs(study, snap),
-        tuner_view(study, snap),
-        training_view(study, snap),
-        kernel_view(study, snap),
-        "<h2>Success shares</h2>",
-        shares(snap.cands),
-        roofline(study, snap),
-        "<h2>Phase durations</h2>",
-        phase_chart(snap.cands),
-        phase_table(snap.cands),
-        "<h2>Incumbent</h2>",
-        incumbent(study, snap),
-        "<h2>Machines</h2>",
-        machines(snap.hosts),
+        ("network", False, lambda: candidate_network(study)),
+        ("agents", False, lambda: agent_sandbox(study)),
+        ("machine-warning", True, lambda: machine_warning(snap.hosts)),
+        ("chart", True, lambda: "<h2>Metric over candidates</h2>" + metric_chart(snap, site)),
+        ("tally", False, lambda: tally(study)),
+        ("counts", False, lambda: counts(snap.cands)),
+        ("running", False, lambda: running_now(study, snap, site)),
+        ("costs", True, lambda: costs(study, snap)),
+        ("tuner", True, lambda: tuner_view(study, snap)),
+        ("training", False, lambda: training_view(study, snap)),
+        ("kernel", True, lambda: kernel_view(study, snap)),
+        ("shares", True, lambda: "<h2>Success shares</h2>" + shares(snap.cands)),
+        ("roofline", True, lambda: roofline(study, snap)),
+        ("phases", True, lambda: "<h2>Phase durations</h2>" + phase_chart(snap.cands)
+         + phase_table(snap.cands)),
+        ("incumbent", False, lambda: "<h2>Incumbent</h2>" + incumbent(study, snap)),
+        ("machines", True, lambda: "<h2>Machines</h2>" + machines(snap.hosts)),
     ]
 
 
@@ -718,9 +754,12 @@ def phase_cell(cand: Candidate, state_dir: Path, site: Site) -> str:
 # one candidate
 
 
-def candidate_page(study: StudyLike, snap: Snapshot, cand: Candidate, site: Site) -> str:
+def candidate_page(study: StudyLike, snap: Snapshot, cand: Candidate, site: Site,
+                   against_incumbent: bool = True) -> str:
     """Everything about one candidate: verdict and every reason, numbers, diffs against
-    its parent and the incumbent, phases with log tails, the proposer's context."""
+    its parent and the incumbent, phases with log tails, the proposer's context.
+    `against_incumbent` False (the report's pages, written once): nothing that moves
+    with the incumbent after the verdict (its diff, its training curve overlaid)."""
     metric = snap.metric
     est = snap.estimate(cand.commit_sha)
     usage = token_usage(cand)
@@ -747,7 +786,8 @@ def candidate_page(study: StudyLike, snap: Snapshot, cand: Candidate, site: Site
     from ratchet.driver.spend import candidate_lines
 
     # its proposer calls (each request, each agent run) and its compute, as recorded
-    facts += [("spend", _e(line)) for line in candidate_lines(study.ledger, cand.id)]
+    facts += [("spend", _e(line)) for line in candidate_lines(study.ledger, cand.id, snap.steps,
+                                                              snap.row_spend)]
     if usage:
         facts.append(("model usage", _e(", ".join(f"{k} {views.fmt(v)}" for k, v in usage.items()))))
     if cand.confirms:
@@ -762,11 +802,16 @@ def candidate_page(study: StudyLike, snap: Snapshot, cand: Candidate, site: Site
            remeasures(snap, cand, site),
            extra_metrics(cand),
            shape_table(study, cand),
-           "<h2>Diff against its parent</h2>", diff_section(study, cand.parent, cand.commit_sha),
+           "<h2>Diff against its parent</h2>",
+           diff_section(study, cand.parent, cand.commit_sha, snap.diffs),
            "<h2>Diff against the incumbent</h2>",
-           diff_section(study, study.ledger.get("incumbent"), cand.commit_sha),
+           diff_section(study, study.ledger.get("incumbent"), cand.commit_sha, snap.diffs)
+           if against_incumbent else
+           f'<p class="note" id="against-incumbent">written once, at its verdict: what the '
+           f'study kept since is on <a href="{_e(site.index())}">the overview</a> '
+           f"(<code>git diff INCUMBENT {_e(cand.short)}</code>).</p>",
            "<h2>Phases</h2>", phases(study, cand, site),
-           training_view(study, snap, only=cand),
+           training_view(study, snap, only=cand, overlay=against_incumbent),
            "<h2>The context the proposer saw</h2>", context(study, cand)]
     return "".join(out)
 
@@ -782,8 +827,7 @@ def verdict(cand: Candidate) -> str:
 
 def remeasures(snap: Snapshot, cand: Candidate, site: Site) -> str:
     """The confirmation pairs of this candidate, and every other measurement of its commit."""
-    rows = [r for r in snap.everything if r.id != cand.id and (
-        r.confirms == cand.id or (cand.commit_sha and r.commit_sha == cand.commit_sha))]
+    rows = snap.related(cand)
     if not rows:
         return ""
     body = [[td(f'<a href="{_e(site.candidate(r.id))}">{_e(r.id)}</a>'), td(_e(r.kind)),
@@ -801,13 +845,18 @@ def extra_metrics(cand: Candidate) -> str:
         [(k, _e(views.fmt(v))) for k, v in sorted(extra.items())], "num")
 
 
-def diff_section(study: StudyLike, base: str | None, head: str | None) -> str:
+def diff_section(study: StudyLike, base: str | None, head: str | None,
+                 known: dict[tuple[str, str], str | Exception] | None = None) -> str:
+    """`git diff BASE HEAD`, escaped; from `known` (asked in a batch) where it is there."""
     if not base or not head:
         return '<p class="note">no commit to compare.</p>'
     if base == head:
         return '<p class="note">the same commit: no difference.</p>'
+    found = (known or {}).get((base, head))
     try:
-        text = gitrepo.diff_text(Path(study.repo), base, head)
+        if isinstance(found, Exception):
+            raise found
+        text = found if found is not None else gitrepo.diff_text(Path(study.repo), base, head)
     except gitrepo.GitError as exc:
         return f'<p class="note">diff unavailable: {_e(exc)}</p>'
     return (f"<p><code>git diff {_e(base[:7])} {_e(head[:7])}</code></p>" + diff_html(text))
@@ -979,11 +1028,13 @@ def run_curve(study: StudyLike, cand: Candidate) -> dict[str, list[tuple[float, 
     return curves
 
 
-def training_view(study: StudyLike, snap: Snapshot, only: Candidate | None = None) -> str:
-    """Loss (and tokens/s) against step for each candidate, the incumbent's overlaid."""
+def training_view(study: StudyLike, snap: Snapshot, only: Candidate | None = None,
+                  overlay: bool = True) -> str:
+    """Loss (and tokens/s) against step for each candidate, the incumbent's overlaid
+    (unless not `overlay`)."""
     if not study.config.task.run:
         return ""
-    inc_id = study.ledger.get("incumbent_id")
+    inc_id = study.ledger.get("incumbent_id") if overlay else None
     incumbent = snap.by_id(inc_id) if inc_id else None
     chosen = [only] if only is not None else [
         c for c in snap.cands if c.phases or c.status == Status.SUBMITTED][-8:]

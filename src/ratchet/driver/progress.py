@@ -27,9 +27,11 @@ DISCARD_COLOR = "#b0b0b0"
 FAILED_COLOR = "#c62828"
 
 
-def write_progress_png(repo: Path, ledger: Ledger, metric: str, goal: str) -> Path | None:
-    """Write `<repo>/progress.png`; None (nothing written) without matplotlib or metrics."""
-    fig = ledger_figure(ledger, metric, goal)
+def write_progress_png(repo: Path, ledger: Ledger, metric: str, goal: str,
+                       rows: Sequence[Candidate] | None = None) -> Path | None:
+    """Write `<repo>/progress.png`; None (nothing written) without matplotlib or metrics.
+    `rows`: every row (Ledger.rows_since(None)) where the caller read them already."""
+    fig = ledger_figure(ledger, metric, goal, rows)
     if fig is None:
         return None
     path = repo / PROGRESS_FILE
@@ -40,13 +42,17 @@ def write_progress_png(repo: Path, ledger: Ledger, metric: str, goal: str) -> Pa
     return path
 
 
-def ledger_figure(ledger: Ledger, metric: str, goal: str) -> Any:
+def ledger_figure(ledger: Ledger, metric: str, goal: str,
+                  rows: Sequence[Candidate] | None = None) -> Any:
     """progress.png's figure of this ledger; None without matplotlib or metrics."""
     try:
         from matplotlib.figure import Figure  # lazy: optional, and slow to import
     except ImportError:
         return None
-    cands = [c for c in ledger.candidates() if c.kind in (Kind.BASELINE, Kind.CANDIDATE)]
+    # the columns only (rows_since): decoding each row's whole result is what made a
+    # study of 10,000 rows slow to draw, and the chart reads none of it
+    everything = ledger.rows_since(None) if rows is None else rows
+    cands = [c for c in everything if c.kind in (Kind.BASELINE, Kind.CANDIDATE)]
     if not any(c.metric is not None for c in cands):
         return None
     groups = ledger.evaluations()
@@ -54,7 +60,7 @@ def ledger_figure(ledger: Ledger, metric: str, goal: str) -> Any:
     # every kept commit's pooled estimate (its own run, re-measures, confirmations)
     pooled = {c.id: stats.estimate(groups.get(c.commit_sha or "", []), noise)
               for c in cands if c.status == Status.KEEP}
-    remeasures = [c for c in ledger.candidates(confirmations=True)
+    remeasures = [c for c in everything
                   if c.kind in (Kind.INCUMBENT, Kind.CONFIRM) and c.metric is not None]
     return progress_figure(Figure, cands, metric, goal, pooled, remeasures, Tally.of(ledger))
 

@@ -203,9 +203,24 @@ SCRIPT = r"""
     try {
       const url = new URL(location.href);
       url.searchParams.set('fragment', '1');
+      // a page of parts (the overview) asks only for those changed since its render
+      if (document.body.dataset.render) url.searchParams.set('since', document.body.dataset.render);
       const reply = await fetch(url, {cache: 'no-store', credentials: 'same-origin'});
       if (reply.ok) {
-        live.innerHTML = await reply.text();  // markup only: scripts in it never run
+        const text = await reply.text();
+        if (reply.headers.get('X-Ratchet-Parts') === 'changed') {
+          const got = document.createElement('template');
+          got.innerHTML = text;  // markup only: scripts in it never run
+          for (const part of Array.from(got.content.children)) {
+            const old = live.querySelector(
+              `:scope > [data-part="${CSS.escape(part.dataset.part || '')}"]`);
+            if (old) old.replaceWith(part); else live.appendChild(part);
+          }
+        } else {
+          live.innerHTML = text;  // markup only: scripts in it never run
+        }
+        const render = reply.headers.get('X-Ratchet-Render');
+        if (render) document.body.dataset.render = render;
         version = reply.headers.get('X-Ratchet-Version') || want;
         document.body.dataset.version = version;
         wire();
@@ -239,15 +254,79 @@ class View:
     title: Callable[[StudyLike, pages.Snapshot], str]
     body: Callable[[StudyLike, pages.Snapshot], str]
     above: Callable[[pages.Snapshot], str] = lambda _snap: ""  # outside the live part
+    # a view made of named parts (the overview): the page asks for those that changed
+    parts: Callable[[StudyLike, pages.Snapshot], list[tuple[str, bool, Callable[[], str]]]] \
+        | None = None
 
 
 def overview_view() -> View:
-    def body(study: StudyLike, snap: pages.Snapshot) -> str:
+    def parts(study: StudyLike, snap: pages.Snapshot) -> list[tuple[str, bool, Callable[[], str]]]:
         title = f"ratchet: {study.name}"
-        return "\n".join(s for s in [pages.header(study, snap, title),
-                                     *pages.overview_sections(study, snap, LIVE)] if s)
+        return [("header", False, lambda: pages.header(study, snap, title)),
+                *pages.overview_parts(study, snap, LIVE)]
 
-    return View(title=lambda study, _s: f"ratchet: {study.name}", body=body)
+    def body(study: StudyLike, snap: pages.Snapshot) -> str:
+        return "\n".join(s for s in (make() for _n, _w, make in parts(study, snap)) if s)
+
+    return View(title=lambda study, _s: f"ratchet: {study.name}", body=body, parts=parts)
+
+
+WALK_SHARE = 0.1  # the most of a core an open overview spends on its parts that walk every row
+SENT_KEPT = 64  # renders remembered for the pages that ask what changed since theirs
+
+
+class Parts:
+    """The overview's parts as last made and sent. The parts that walk every row
+    (charts, shares, machines, costs) are made again together, and only when they are
+    older than 1/WALK_SHARE times what they took to make (a study of 50 rows: each time;
+    of 10,000: every few seconds), so a page following a large study costs what changed,
+    not the study; until then they are served as made, and `due` says when newer ones
+    are owed (the event stream then tells the page). A page asks with the render it
+    holds (`since`) and gets only the parts whose text differs from what that sent."""
+
+    def __init__(self) -> None:
+        self.made: dict[str, str] = {}  # the walking parts' html, as last made
+        self.walked_at: float | None = None  # when they were made (monotonic)
+        self.walk_took = 0.0  # and what they took, together
+        self.walk_rev: str | None = None  # the study's state they show (version())
+        self.sent: dict[int, dict[str, str]] = {}  # render: {part: digest}
+        self.renders = 0
+        self.due: float | None = None  # when walking parts older than the ledger are owed
+
+    def make(self, parts: list[tuple[str, bool, Callable[[], str]]], rev: str
+             ) -> tuple[int, list[tuple[str, str]]]:
+        now = time.monotonic()
+        walk = (self.walked_at is None or now - self.walked_at >= self.walk_took / WALK_SHARE
+                or any(walks and name not in self.made for name, walks, _ in parts))
+        out, took = [], 0.0
+        for name, walks, make in parts:
+            if walks and not walk:
+                out.append((name, self.made[name]))
+                continue
+            start = time.monotonic()
+            html = make()
+            if walks:
+                took += time.monotonic() - start
+                self.made[name] = html
+            out.append((name, html))
+        if walk:
+            self.walked_at, self.walk_took, self.walk_rev = now, took, rev
+        self.due = (None if self.walk_rev == rev or self.walked_at is None
+                    else self.walked_at + self.walk_took / WALK_SHARE)
+        self.renders += 1
+        self.sent[self.renders] = {name: _short(html) for name, html in out}
+        for old in [r for r in self.sent if r <= self.renders - SENT_KEPT]:
+            del self.sent[old]
+        return self.renders, out
+
+    def changed(self, since: int | None, render: int) -> list[str] | None:
+        """The parts of `render` whose text differs from what render `since` sent; None
+        when `since` is not remembered (the page then takes them all)."""
+        before = self.sent.get(since) if since is not None else None
+        if before is None:
+            return None
+        now = self.sent[render]
+        return [name for name, digest in now.items() if before.get(name) != digest]
 
 
 @dataclass(frozen=True)
@@ -376,6 +455,7 @@ class Dashboard:
         self.log = log
         self.port = 0
         self.rows = Rows(study.ledger)
+        self.parts = Parts()
 
     @property
     def cookie(self) -> str:
@@ -383,25 +463,50 @@ class Dashboard:
 
     def version(self) -> str:
         with self.lock:
-            return version(self.study)
-
-    def render(self, view: View, fragment: bool) -> tuple[str, str, str]:
-        """(html, version, policy) of a view: its live part alone, or the whole page."""
-        with self.lock:
-            snap = pages.snapshot(self.study, self.rows.current())
-            body = view.body(self.study, snap)
             now = version(self.study)
+            due = self.parts.due
+        # a part served older than the ledger is owed: a new growth key tells the page
+        return now + "+due" if due is not None and time.monotonic() >= due else now
+
+    def render(self, view: View, fragment: bool, since: int | None = None
+               ) -> tuple[str, str, str, dict[str, str]]:
+        """(html, version, policy, headers) of a view: its live part alone (of a view
+        made of parts, those changed since render `since` only), or the whole page."""
+        extra: dict[str, str] = {}
+        with self.lock:
+            # the version first, then what it stands for: a phase or row that moves while
+            # the body is made leaves the page an older version than it shows, so the next
+            # event fetches again; read after, it could name a state the body never showed,
+            # and the page, thinking itself current, would skip that state (a job's
+            # `evaluate` phase never seen)
+            now = version(self.study)
+            rows = self.rows.current()
+            snap = pages.snapshot(self.study, rows)
+            if view.parts is not None:
+                # what the parts show moves with the version's structure (rows, events,
+                # phases): a ledger too old to number its rows changes it too
+                render, made = self.parts.make(view.parts(self.study, snap), now.split(":")[0])
+                changed = self.parts.changed(since, render) if fragment else None
+                shown = made if changed is None else [p for p in made if p[0] in changed]
+                body = "\n".join(f'<div data-part="{name}">{html}</div>' for name, html in shown)
+                extra = {"X-Ratchet-Render": str(render),
+                         "X-Ratchet-Parts": "all" if changed is None else "changed"}
+            else:
+                body = view.body(self.study, snap)
             title = view.title(self.study, snap)
             above = view.above(snap)
         if fragment:
-            return body, now, STRICT_CSP
+            return body, now, STRICT_CSP, extra
         nonce = secrets.token_urlsafe(16)
         shell = (f'{pages.nav(LIVE, "<span id=live-state>connecting…</span>")}{above}'
                  f'<main id="live">{body}</main>'
                  f'<script nonce="{nonce}">{SCRIPT}</script>')
+        # a view of parts: the page asks for what changed since the render it holds
+        delta = (f' data-render="{extra["X-Ratchet-Render"]}" data-delta="'
+                 f'{pages._e("/?fragment=1&since={since}")}"' if extra else "")
         html = pages.page(title, shell, csp(nonce)).replace(
-            "<body>", f'<body data-version="{pages._e(now)}">', 1)
-        return html, now, csp(nonce) + "; frame-ancestors 'none'"  # a header may say that
+            "<body>", f'<body data-version="{pages._e(now)}"{delta}>', 1)
+        return html, now, csp(nonce) + "; frame-ancestors 'none'", extra
 
     def log_text(self, cand_id: str, index: int) -> str | None:
         with self.lock:
@@ -553,8 +658,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         else:
             self._error(HTTPStatus.NOT_FOUND, f"no page {path}")
             return
+        since = query.get("since", [""])[0]
         try:
-            html, now, policy = self.app.render(view, fragment)
+            html, now, policy, extra = self.app.render(
+                view, fragment, int(since) if since.isdigit() else None)
         except LookupError:
             self._error(HTTPStatus.NOT_FOUND, "no such candidate in this study")
             return
@@ -562,7 +669,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"this page could not be made: "
                         f"{type(exc).__name__}: {exc} (the other pages still work)")
             return
-        self._send(200, html, extra={"X-Ratchet-Version": now, "Content-Security-Policy": policy})
+        self._send(200, html, extra={"X-Ratchet-Version": now, "Content-Security-Policy": policy,
+                                     **extra})
 
     def _events(self) -> None:
         """Server-sent events: the version whenever the study moves, and at most every

@@ -467,10 +467,13 @@ class _Row(NamedTuple):
     cost_usd: float | None
 
 
-def candidate_lines(ledger: Ledger, cand_id: str) -> list[str]:
-    """`ratchet show`'s spend lines for one candidate: each call, and its compute."""
+def candidate_lines(ledger: Ledger, cand_id: str, steps: dict[str, Step] | None = None,
+                    spent: dict[str, RowSpend] | None = None) -> list[str]:
+    """`ratchet show`'s spend lines for one candidate: each call, and its compute.
+    `steps` (kept_steps) and `spent` (per_candidate of every row): read once by a caller
+    that shows many candidates (the report), instead of once per candidate."""
     lines = []
-    calls = [c for c in ledger.calls() if c["candidate"] == cand_id]
+    calls = ledger.calls(cand_id)
     if calls:
         tokens_in = sum(c["input_tokens"] for c in calls)
         tokens_out = sum(c["output_tokens"] for c in calls)
@@ -483,7 +486,8 @@ def candidate_lines(ledger: Ledger, cand_id: str) -> list[str]:
     cand = ledger.candidate(cand_id)
     if cand is None:
         return lines
-    mine = per_candidate(ledger, [cand.id]).get(cand.id, RowSpend())
+    mine = (spent if spent is not None else per_candidate(ledger, [cand.id])
+            ).get(cand.id, RowSpend())
     held = job_slot_seconds(cand)
     if held > 0 or cand.cost_usd:
         extra = (f" (of which {cand.extra_slot_s:.1f} s in other jobs: hold-out, lost "
@@ -496,7 +500,7 @@ def candidate_lines(ledger: Ledger, cand_id: str) -> list[str]:
                   if cand.status in WASTED and cand.kind == Kind.CANDIDATE else "")
         lines.append(f"spend: ${mine.usd:.4f} = proposer ${mine.proposer_usd:.4f} + compute "
                      f"${mine.compute_usd:.4f}{wasted}")
-    step = kept_steps(ledger)[0].get(cand.id)
+    step = (steps if steps is not None else kept_steps(ledger)[0]).get(cand.id)
     if step is not None:
         lines.append(f"to get here: {step.text()}")
     return lines
