@@ -30,6 +30,19 @@ print("correct: true")
 print(f"score: {solution.score():.6f}")
 '''
 
+# The same score with a hold-out (`python evaluate.py --holdout`) that agrees except at
+# X = 1.2, a value "tuned to the benchmark": public best by far, hold-out terrible, so a
+# candidate at 1.2 is refused as overfit.
+HOLDOUT_EVALUATOR = '''
+import sys
+import solution
+print("correct: true")
+if "--holdout" in sys.argv:
+    print(f"score: {99.0 if solution.X == 1.2 else solution.score():.6f}")
+else:
+    print(f"score: {solution.score():.6f}")
+'''
+
 # The same score, measured as docs/kernels.md says an evaluator should: the candidate is
 # called in a sandboxed child (as the unprivileged uid), never imported by the evaluator.
 CHILD_SCORE_EVALUATOR = '''

@@ -14,6 +14,7 @@ import tomllib
 from collections import Counter
 
 from helpers import (
+    HOLDOUT_EVALUATOR,
     SCORE_EVALUATOR,
     SCORE_SOLUTION,
     config_text,
@@ -181,17 +182,6 @@ def test_files_reads_the_editable_and_context_files_never_the_evaluator(tmp_path
 
 # The public score is (X - 1.25)^2; the hold-out agrees except at X = 1.2, a value tuned
 # to the benchmark (as in tests/test_report.py): public best, hold-out terrible.
-HOLDOUT_EVALUATOR = """
-import sys
-import solution
-print("correct: true")
-if "--holdout" in sys.argv:
-    print(f"score: {99.0 if solution.X == 1.2 else solution.score():.6f}")
-else:
-    print(f"score: {solution.score():.6f}")
-"""
-
-
 def test_k_submissions_run_side_by_side_and_the_judge_holds_out(tmp_path):
     """Two submissions before a wait run at once on the study's slots (their jobs overlap
     in time), and the verdicts are the judge's: the one tuned to the benchmark is

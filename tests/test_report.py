@@ -18,7 +18,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from helpers import config_text, git, make_repo, ratchet
+from helpers import HOLDOUT_EVALUATOR, config_text, git, make_repo, ratchet
 
 from ratchet.driver.ledger import Ledger
 
@@ -30,17 +30,8 @@ needs_chromium = pytest.mark.skipif(
 
 XSS = "<script>document.title='pwned'</script>"
 
-# The public score is (X - 1.25)^2; the hold-out score agrees except at X = 1.2, a value
-# "tuned to the benchmark": public best by far, hold-out terrible -> rejected as overfit.
-EVALUATOR = '''
-import sys
-import solution
-print("correct: true")
-if "--holdout" in sys.argv:
-    print(f"score: {99.0 if solution.X == 1.2 else solution.score():.6f}")
-else:
-    print(f"score: {solution.score():.6f}")
-'''
+# The hold-out disagrees at X = 1.2 (tests/helpers.py): rejected as overfit.
+EVALUATOR = HOLDOUT_EVALUATOR
 
 SOLUTION = '''
 """Editable."""
