@@ -34,8 +34,9 @@ OpenEvolve by `iterations`. Settings: ratchet's defaults (rounds, confirmation o
 `search.parallel`; OpenEvolve's defaults (5 islands, MAP-Elites) but for the LLM endpoint,
 the iterations and K = `evaluator.parallel_evaluations` (its process pool).
 
-1. Throughput, deterministic task, K = 4 and K = 1: candidates per hour (to the last
-   evaluation) and the ratio ratchet / OpenEvolve; 4 against 1 for each engine.
+1. Throughput, deterministic task, K = 4 and K = 1, --reps pairs each: candidates per
+   hour (to the last evaluation; pooled over the pairs) and the ratio ratchet /
+   OpenEvolve; 4 against 1 for each engine.
 2. Noisy task, K = 4, --noisy-reps pairs: what each engine took as its best. ratchet: its
    keeps, in the order judged; OpenEvolve: its best-program history, as it logs it ("New
    best program A replaces B", "Updated best program tracking from A to B"). A take is
@@ -44,8 +45,8 @@ the iterations and K = `evaluator.parallel_evaluations` (its process pool).
 
 The runs are interleaved (ratchet, then OpenEvolve, per setting) on the same machine.
 
-    .venv/bin/python bench/openevolve.py [--task-s 3] [--candidates 16] [--noisy-reps 3]
-        [--quick] [--record]
+    .venv/bin/python bench/openevolve.py [--task-s 3] [--candidates 16] [--reps 2]
+        [--noisy-reps 3] [--only throughput|noisy] [--quick] [--record]
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = Path(os.environ.get("RATCHET_BENCH_SRC") or ROOT / "src")
@@ -338,37 +340,53 @@ def run_openevolve(base: Path, python: Path, server: LLMServer, model: FakeModel
 # -- the cases --------------------------------------------------------------------------
 
 def study_pair(base: Path, python: Path, server: LLMServer, model: FakeModel, *, k: int,
-               n: int, task_s: float, noise: float, seed: int) -> list[Outcome]:
+               n: int, task_s: float, noise: float, seed: int,
+               oe_first: bool = False) -> list[Outcome]:
+    """ratchet and OpenEvolve on the same task and seed, one after the other (OpenEvolve
+    first with `oe_first`, so a drift of the machine's load falls on both alike)."""
     start = 100 if noise else 300
-    kw = {"k": k, "n": n, "task_s": task_s, "noise": noise, "seed": seed, "start": start}
+    kw: dict[str, Any] = {"k": k, "n": n, "task_s": task_s, "noise": noise, "seed": seed, "start": start}
     name = f"{'noisy' if noise else 'det'}-k{k}-s{seed}"
-    return [run_ratchet(base / name, server, model, **kw),  # type: ignore[arg-type]
-            run_openevolve(base / name, python, server, model, **kw)]  # type: ignore[arg-type]
+    runs = [lambda: run_ratchet(base / name, server, model, **kw),
+            lambda: run_openevolve(base / name, python, server, model, **kw)]
+    got = [run() for run in (runs[::-1] if oe_first else runs)]
+    return sorted(got, key=lambda o: o.engine != "ratchet")
+
+
+def pooled(got: list[Outcome]) -> float:
+    """Candidates per hour over several studies: all candidates over all their time."""
+    return sum(o.candidates for o in got) / sum(o.to_last_eval for o in got) * 3600
 
 
 def throughput(base: Path, python: Path, server: LLMServer, model: FakeModel, n: int,
-               task_s: float) -> list[str]:
-    got: dict[tuple[str, int], Outcome] = {}
-    for k in (4, 1):
-        for o in study_pair(base, python, server, model, k=k, n=n, task_s=task_s,
-                            noise=0.0, seed=k):
-            got[(o.engine, k)] = o
+               task_s: float, reps: int) -> list[str]:
+    got: dict[tuple[str, int], list[Outcome]] = {}
+    for rep in range(reps):
+        for k in (4, 1):
+            for o in study_pair(base, python, server, model, k=k, n=n, task_s=task_s,
+                                noise=0.0, seed=10 * k + rep, oe_first=rep % 2 == 1):
+                got.setdefault((o.engine, k), []).append(o)
     rows = [f"**1. Throughput, deterministic task** ({n} candidates of {task_s:g} s each, "
-            "X from 300, fresh draws; the clock runs from spawning each engine's process)",
+            f"X from 300, fresh draws; {reps} pairs per K, the engines' order alternating; "
+            "the clock runs from spawning each engine's process)",
             "| engine | K | candidates | evaluations (all) | to first evaluation s | "
             "to last evaluation s | process exit s | candidates/h | kept / new bests | "
             "final X | LLM requests |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for o in got.values():
-        rows.append(f"| {o.engine} | {o.k} | {o.judged} | {o.evaluations} | "
-                    f"{o.to_first_eval:.2f} | {o.to_last_eval:.2f} | {o.wall:.2f} | "
-                    f"{o.per_hour:.0f} | {len(o.takes)} | {o.final_x} | {o.requests} |")
     for k in (4, 1):
-        rows.append(f"K = {k}: ratchet / OpenEvolve candidates per hour: **"
-                    f"{got[('ratchet', k)].per_hour / got[('OpenEvolve', k)].per_hour:.2f}**"
+        for engine in ("ratchet", "OpenEvolve"):
+            for o in got[(engine, k)]:
+                rows.append(f"| {o.engine} | {o.k} | {o.judged} | {o.evaluations} | "
+                            f"{o.to_first_eval:.2f} | {o.to_last_eval:.2f} | {o.wall:.2f} | "
+                            f"{o.per_hour:.0f} | {len(o.takes)} | {o.final_x} | "
+                            f"{o.requests} |")
+    for k in (4, 1):
+        ours, theirs = pooled(got[("ratchet", k)]), pooled(got[("OpenEvolve", k)])
+        rows.append(f"K = {k}: ratchet {ours:.0f} candidates/h, OpenEvolve {theirs:.0f} "
+                    f"(pooled over the pairs): ratchet / OpenEvolve **{ours / theirs:.2f}**"
                     + (" (target >= 1)" if k == 4 else ""))
     for engine in ("ratchet", "OpenEvolve"):
         rows.append(f"{engine}: K = 4 against K = 1, candidates per hour: "
-                    f"{got[(engine, 4)].per_hour / got[(engine, 1)].per_hour:.2f}")
+                    f"{pooled(got[(engine, 4)]) / pooled(got[(engine, 1)]):.2f}")
     return rows
 
 
@@ -404,6 +422,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--task-s", type=float, default=3.0, help="seconds per evaluation")
     parser.add_argument("--candidates", type=int, default=16)
+    parser.add_argument("--reps", type=int, default=2,
+                        help="pairs per K on the deterministic task")
     parser.add_argument("--noisy-reps", type=int, default=3, help="pairs on the noisy task")
     parser.add_argument("--only", choices=["throughput", "noisy"], default=None)
     parser.add_argument("--quick", action="store_true",
@@ -415,7 +435,7 @@ def main() -> None:
                         help="write to bench/RESULTS.md (the previous run moves to HISTORY.md)")
     args = parser.parse_args()
     if args.quick:
-        args.task_s, args.candidates, args.noisy_reps = 0.5, 8, 1
+        args.task_s, args.candidates, args.reps, args.noisy_reps = 0.5, 8, 1, 1
     python, version = openevolve_python(args.oe_venv)
     base = Path(tempfile.mkdtemp(prefix="ratchet-openevolve-"))
     load = os.getloadavg()
@@ -428,7 +448,7 @@ def main() -> None:
             server.respond_with(model)
             if args.only in (None, "throughput"):
                 lines += throughput(base, python, server, model, args.candidates,
-                                    args.task_s) + [""]
+                                    args.task_s, args.reps) + [""]
             if args.only in (None, "noisy"):
                 lines += noisy(base, python, server, model, args.candidates, args.task_s,
                                args.noisy_reps) + [""]
@@ -445,7 +465,8 @@ def main() -> None:
         only = f" --only {args.only}" if args.only else ""
         record(f"ratchet and OpenEvolve side by side (bench/openevolve.py{only})",
                f".venv/bin/python bench/openevolve.py --task-s {args.task_s:g} --candidates "
-               f"{args.candidates} --noisy-reps {args.noisy_reps}{only} --record", text)
+               f"{args.candidates} --reps {args.reps} --noisy-reps {args.noisy_reps}{only} "
+               "--record", text)
 
 
 if __name__ == "__main__":
