@@ -41,12 +41,14 @@ the iterations and K = `evaluator.parallel_evaluations` (its process pool).
    keeps, in the order judged; OpenEvolve: its best-program history, as it logs it ("New
    best program A replaces B", "Updated best program tracking from A to B"). A take is
    *true* when the new program's true X is below the one it replaced, *false* otherwise;
-   true improvements per hour (to the last evaluation), and the final best's true X.
+   true improvements per hour (to the last evaluation), the final best's true X, and the
+   true X gained per hour (a false take followed by a true one counts one of each, so
+   the gain is what the takes amount to).
 
 The runs are interleaved (ratchet, then OpenEvolve, per setting) on the same machine.
 
     .venv/bin/python bench/openevolve.py [--task-s 3] [--candidates 16] [--reps 2]
-        [--noisy-reps 3] [--only throughput|noisy] [--quick] [--record]
+        [--noisy-reps 4] [--only throughput|noisy] [--quick] [--record]
 """
 
 from __future__ import annotations
@@ -173,20 +175,26 @@ def openevolve_python(venv: Path) -> tuple[Path, str]:
 
 @dataclass
 class Stream:
-    """One engine's proposals in one study: a seeded random stream."""
+    """One engine's proposals in one study: a seeded random stream, which, as a model
+    shown what was tried would, proposes no program twice (ratchet refuses to run a
+    repeat, OpenEvolve runs it again: neither is the comparison's point)."""
 
     noisy: bool
     rng: random.Random
+    tried: set[int] = field(default_factory=set)
     requests: int = 0
 
     def propose(self, x: int) -> int:
         """A new X for a program at `x`: a fresh draw (deterministic task) or a step
-        (noisy task); never `x` itself (both engines refuse an unchanged program)."""
-        if self.noisy:
-            value = max(1, x + self.rng.choice([s for s in range(-10, 11) if s]))
-        else:
-            value = self.rng.randint(1, 299)
-        return value if value != x else x + 1
+        (noisy task); never `x` itself (both engines refuse an unchanged program), nor
+        one proposed before while an untried one is left."""
+        self.tried.add(x)
+        steps = [max(1, x + s) for s in range(-10, 11) if s]
+        values = steps if self.noisy else list(range(1, 300))
+        fresh = [v for v in values if v not in self.tried] or [v for v in values if v != x]
+        value = self.rng.choice(fresh)
+        self.tried.add(value)
+        return value
 
 
 @dataclass
@@ -411,10 +419,12 @@ def noisy(base: Path, python: Path, server: LLMServer, model: FakeModel, n: int,
     for engine, got in totals.items():
         hours = sum(o.to_last_eval for o in got) / 3600
         true, false = sum(o.true_takes for o in got), sum(o.false_takes for o in got)
+        gained = sum(100 - o.final_x for o in got)
         rows.append(f"{engine}: **{true / hours:.0f} true improvements kept per hour**, "
-                    f"{false} false of {true + false} takes, final true X "
-                    f"{', '.join(str(o.final_x) for o in got)} (from 100) over "
-                    f"{hours * 3600:.1f} s to the last evaluations")
+                    f"{false} false of {true + false} takes; final true X "
+                    f"{', '.join(str(o.final_x) for o in got)} (from 100): {gained / hours:.0f} "
+                    f"of true X gained per hour, over {hours * 3600:.1f} s to the last "
+                    "evaluations")
     return rows
 
 
@@ -424,7 +434,7 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, default=16)
     parser.add_argument("--reps", type=int, default=2,
                         help="pairs per K on the deterministic task")
-    parser.add_argument("--noisy-reps", type=int, default=3, help="pairs on the noisy task")
+    parser.add_argument("--noisy-reps", type=int, default=4, help="pairs on the noisy task")
     parser.add_argument("--only", choices=["throughput", "noisy"], default=None)
     parser.add_argument("--quick", action="store_true",
                         help="a smoke test: 8 candidates of 0.5 s, one noisy pair")
