@@ -451,7 +451,15 @@ def main() -> None:
     load = os.getloadavg()
     lines = [f"OpenEvolve {version} (PyPI, scratch venv {args.oe_venv}), ratchet from {SRC}; "
              f"load average at the start {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} "
-             f"({os.cpu_count()} cores, shared)", ""]
+             f"({os.cpu_count()} cores, shared)", "",
+             "A candidate: for ratchet, a proposal committed, run in its sandbox and judged "
+             "(its confirmation pairs, the baseline and the noise floor are extra "
+             "evaluations); for OpenEvolve, an iteration (an LLM reply applied to a sampled "
+             "parent, evaluated once, in its worker, unisolated; the initial program's "
+             "evaluation is extra). Both run as fresh processes, timed from the spawn to the "
+             "end of their last evaluation; the same evaluation script, the same fake model "
+             "(its own random stream per engine, same seed), each engine's defaults but for "
+             "K, the endpoint and the count of candidates.", ""]
     model = FakeModel()
     try:
         with LLMServer() as server:
