@@ -144,7 +144,9 @@ candidates = {candidates}
 """
 
 RATCHET_CLI = "import sys; from ratchet.cli import main; sys.argv[0] = 'ratchet'; main()"
-BEST_LINES = re.compile(r"New best program (\S+) replaces (\S+)|"
+# OpenEvolve's lines when its best program changes (database.py); the first gives the
+# new best's combined_score
+BEST_LINES = re.compile(r"New best program (\S+) replaces \S+ \(combined_score: \S+ → (\S+),|"
                         r"Updated best program tracking from (\S+) to (\S+)")
 
 
@@ -332,17 +334,36 @@ def run_openevolve(base: Path, python: Path, server: LLMServer, model: FakeModel
         wall = time.time() - spawned
     evals = sorted((json.loads(line) for line in evals_log.read_text().splitlines()),
                    key=lambda e: e["start"])
-    got = json.loads(dump.read_text())
-    xs = {pid: p["x"] for pid, p in got["programs"].items()}
-    takes = []
-    text = "\n".join(p.read_text() for p in sorted((work / "out" / "logs").glob("*.log")))
-    for m in BEST_LINES.finditer(text):
-        old, new = (m.group(2), m.group(1)) if m.group(1) else (m.group(3), m.group(4))
-        if old in xs and new in xs:  # "None" as the old id: the first best, not a take
-            takes.append((xs[old], xs[new]))
+    takes, best = openevolve_takes(work, evals, start)
     return Outcome("OpenEvolve", k, len(evals) - 1, len(evals),
                    evals[0]["start"] - spawned, max(e["end"] for e in evals) - spawned, wall,
-                   takes, xs[got["best"]], model.streams[OE_MODEL].requests)
+                   takes, best, model.streams[OE_MODEL].requests)
+
+
+def openevolve_takes(work: Path, evals: list[dict], start: int) -> tuple[list[tuple[int, int]],
+                                                                        int]:
+    """OpenEvolve's best-program history as its log tells it, in true X: ((X replaced, X
+    taken), ...) and the final best's X. A program is known by its id in the database at
+    the end, or, when the database dropped it since (MAP-Elites replaces a cell's program
+    by a better one), by the score the log line gives, in the evaluations' log."""
+    got = json.loads((work / "programs.json").read_text())
+    xs = {pid: p["x"] for pid, p in got["programs"].items()}
+    by_score = {f"{-e['score']:.4f}": e["x"] for e in evals}
+    text = "\n".join(p.read_text() for p in sorted((work / "out" / "logs").glob("*.log")))
+    takes, best = [], start
+    for m in BEST_LINES.finditer(text):
+        new = m.group(1) or m.group(4)
+        x = xs.get(new, by_score.get(m.group(2) or ""))
+        if x is None:
+            sys.exit(f"{work}: the true X of OpenEvolve's best program {new} is unknown "
+                     "(neither in its database nor by score in evaluations.jsonl)")
+        if m.group(3) != "None":  # tracking set from none: the first best, not a take
+            takes.append((best, x))
+        best = x
+    if got["best"] in xs and xs[got["best"]] != best:
+        sys.exit(f"{work}: OpenEvolve's final best has X = {xs[got['best']]}, its logged "
+                 f"history ends at X = {best}")
+    return takes, best
 
 
 # -- the cases --------------------------------------------------------------------------
