@@ -247,6 +247,7 @@ class Outcome:
     final_x: int  # the true X of what the engine ends with as its best
     requests: int
     withdrawn: int = 0  # ratchet: run, then withdrawn (proposed on a keep refused)
+    slots: str = "—"  # ratchet: where its slot time went, as its end line says
 
     @property
     def judged(self) -> str:
@@ -281,6 +282,7 @@ def run_ratchet(base: Path, server: LLMServer, model: FakeModel, *, k: int, n: i
         subprocess.run([sys.executable, "-c", RATCHET_CLI, "run", "--repo", str(repo)],
                        check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
         wall = time.time() - spawned
+    shares = re.search(r"slot time \(\d+ slots?\): (.+)", (base / "ratchet.log").read_text())
     ledger = Ledger(repo / ".ratchet" / "ledger.db")
     rows = ledger.candidates(confirmations=True)
     ledger.close()
@@ -297,7 +299,8 @@ def run_ratchet(base: Path, server: LLMServer, model: FakeModel, *, k: int, n: i
                    min(p["started_at"] for p in evals) - spawned,
                    max(p["started_at"] + p["seconds"] for p in evals) - spawned, wall,
                    takes, incumbent, model.streams[RATCHET_MODEL].requests,
-                   sum(1 for c in rows if c.kind == "candidate" and c.status == "cancelled"))
+                   sum(1 for c in rows if c.kind == "candidate" and c.status == "cancelled"),
+                   shares.group(1).strip() if shares else "—")
 
 
 def true_x(repo: Path, sha: str) -> int:
@@ -400,14 +403,15 @@ def throughput(base: Path, python: Path, server: LLMServer, model: FakeModel, n:
             "the clock runs from spawning each engine's process)",
             "| engine | K | candidates | evaluations (all) | to first evaluation s | "
             "to last evaluation s | process exit s | candidates/h | kept / new bests | "
-            "final X | LLM requests |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "final X | LLM requests | slot time (ratchet's end line) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for k in (4, 1):
         for engine in ("ratchet", "OpenEvolve"):
             for o in got[(engine, k)]:
                 rows.append(f"| {o.engine} | {o.k} | {o.judged} | {o.evaluations} | "
                             f"{o.to_first_eval:.2f} | {o.to_last_eval:.2f} | {o.wall:.2f} | "
                             f"{o.per_hour:.0f} | {len(o.takes)} | {o.final_x} | "
-                            f"{o.requests} |")
+                            f"{o.requests} | {o.slots} |")
     for k in (4, 1):
         ours, theirs = pooled(got[("ratchet", k)]), pooled(got[("OpenEvolve", k)])
         rows.append(f"K = {k}: ratchet {ours:.0f} candidates/h, OpenEvolve {theirs:.0f} "
@@ -426,8 +430,8 @@ def noisy(base: Path, python: Path, server: LLMServer, model: FakeModel, n: int,
             "seeds 1..; a take is a keep (ratchet) or a new best program (OpenEvolve); "
             "true when its true X is below the one it replaced)",
             "| engine | seed | candidates | evaluations (all) | to last evaluation s | "
-            "takes: true / false | takes (true X replaced → taken) | final X |",
-            "|---|---|---|---|---|---|---|---|"]
+            "takes: true / false | takes (true X replaced → taken) | final X | slot time "
+            "(ratchet's end line) |", "|---|---|---|---|---|---|---|---|---|"]
     totals: dict[str, list[Outcome]] = {"ratchet": [], "OpenEvolve": []}
     for seed in range(1, reps + 1):
         for o in study_pair(base, python, server, model, k=k, n=n, task_s=task_s,
@@ -436,7 +440,7 @@ def noisy(base: Path, python: Path, server: LLMServer, model: FakeModel, n: int,
             shown = ", ".join(f"{a}→{b}" for a, b in o.takes) or "—"
             rows.append(f"| {o.engine} | {seed} | {o.judged} | {o.evaluations} | "
                         f"{o.to_last_eval:.2f} | {o.true_takes} / {o.false_takes} | "
-                        f"{shown} | {o.final_x} |")
+                        f"{shown} | {o.final_x} | {o.slots} |")
     for engine, got in totals.items():
         hours = sum(o.to_last_eval for o in got) / 3600
         true, false = sum(o.true_takes for o in got), sum(o.false_takes for o in got)
