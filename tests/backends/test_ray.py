@@ -50,9 +50,12 @@ def submission_ids(address: str, study: str) -> list[str]:
 def test_study_on_ray_survives_a_killed_driver_and_matches_local(tmp_path, ray_cluster):  # noqa: F811
     study_name = f"tiny-{uuid.uuid4().hex[:6]}"
     trace = tmp_path / "trace.txt"
-    repo = make_task(tmp_path / "ray", backend="ray", parallel=3, rounds=3, sleep=1.5,
+    # eight candidates beside the baseline however the rounds fall (the round after a
+    # keep holds K - 2: its confirmation pair takes two slots)
+    budget = "\n[budget]\ncandidates = 8\n"
+    repo = make_task(tmp_path / "ray", backend="ray", parallel=3, rounds=8, sleep=1.5,
                      name=study_name, extra=ray_section(tmp_path, ray_cluster,
-                                                        sandbox="none"))
+                                                        sandbox="none") + budget)
     # (no sandbox: under bubblewrap the evaluator could not write the trace)
     env = {**os.environ, "RATCHET_TEST_TRACE": str(trace)}
     # 1. run the driver as a real process and SIGKILL it while jobs run on slot actors
@@ -113,8 +116,8 @@ def test_study_on_ray_survives_a_killed_driver_and_matches_local(tmp_path, ray_c
 
     # 5. the same deterministic task on the local backend gives the same study. The local
     # driver also restarts after round 1, like the killed one.
-    local = make_task(tmp_path / "local", backend="local", parallel=3, rounds=3, sleep=0.1,
-                      name=study_name)
+    local = make_task(tmp_path / "local", backend="local", parallel=3, rounds=8, sleep=0.1,
+                      name=study_name, extra=budget)
     for rounds in (1, None):
         study = Study(local)
         try:
