@@ -207,11 +207,13 @@ class Beside:
         created: list[Candidate] = []
         if stopped:
             loop.proposals.drop(held, "unused: the study stopped")
-        elif winner == cand.id:  # kept: round R+1 is the reply, what no slot took too
+        elif winner == cand.id and not withdrawn and self.base == cand.commit_sha:
+            # kept, and the reply was made on it: round R+1 is the reply, what no slot took
+            # too (K - 2, Rounds.pair_slots)
             created = loop.proposals.record(round_no, incumbent, held,
                                             loop.fixed_rows(incumbent))
             loop.write_views()
-        else:  # refused: round R+1 of K on the incumbent
+        else:  # refused (or made on an earlier would-be keep): re-based onto the incumbent
             created = self.top_up(round_no, beside, withdrawn,
                                   self.carry(withdrawn, held, incumbent), incumbent)
         gone = {c.id: (Status.CANCELLED, c.metric) for c in withdrawn}  # finished: measured
@@ -251,11 +253,14 @@ class Beside:
 
     def top_up(self, round_no: int, beside: list[Candidate], withdrawn: list[Candidate],
                carried: list[Proposal], incumbent: str) -> list[Candidate]:
-        """Round R+1 up to K candidates on the incumbent: those carried first, then the
-        proposer is asked for what is still missing; with the round's co-run reference."""
+        """Round R+1 up to its size on the incumbent (K; K - 2 after a keep): those
+        carried first, then the proposer is asked for what is still missing; with the
+        round's co-run reference."""
         loop, rounds, led = self.loop, self.rounds, self.loop.ledger
-        # budget.candidates counts those staying (not the withdrawn) as made already
-        want = loop.room(loop.parallel - (len(beside) - len(withdrawn)))
+        # budget.candidates counts those staying (not the withdrawn) as made already; a
+        # keep's pair held two of the round's slots (Rounds.pair_slots), a refusal none
+        want = loop.room(loop.parallel - rounds.pair_slots(round_no)
+                         - (len(beside) - len(withdrawn)))
         take, extra = carried[:want], carried[want:]
         loop.proposals.drop(extra, "unused: round already full")
         missing = want - len(take)
