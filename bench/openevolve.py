@@ -127,22 +127,6 @@ json.dump({"version": openevolve.__version__, "best": best.id if best else None,
            "programs": programs}, open(dump, "w"))
 """
 
-LLM = """
-[llm]
-timeout = 30
-max_retries = 0
-retries = 1
-backoff = 0.05
-
-[[llm.models]]
-provider = "openai"
-model = "{model}"
-base_url = "{url}"
-
-[budget]
-candidates = {candidates}
-"""
-
 RATCHET_CLI = "import sys; from ratchet.cli import main; sys.argv[0] = 'ratchet'; main()"
 # OpenEvolve's lines when its best program changes (database.py); the first gives the
 # new best's combined_score
@@ -274,7 +258,8 @@ def run_ratchet(base: Path, server: LLMServer, model: FakeModel, *, k: int, n: i
         # rounds to spare: the budget of candidates is what ends the study (at K = 1 the
         # baseline takes round 1)
         base / "ratchet", name="oe", k=k, rounds=2 * n + 2, proposer="llm", start=start,
-        extra=LLM.format(model=RATCHET_MODEL, url=server.openai_url, candidates=n),
+        extra=synthetic.llm_section(server.openai_url, RATCHET_MODEL)
+        + f"\n[budget]\ncandidates = {n}\n",
         files={"evaluate.py": TASK.format(sleep=task_s, noise=noise)})
     env = {**os.environ, "PYTHONPATH": str(SRC), "OPENAI_API_KEY": "sk-bench"}
     with open(base / "ratchet.log", "w") as log:

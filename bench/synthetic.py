@@ -56,6 +56,27 @@ print(f"score: {{knob.X * (1.0 + {noise} * random.gauss(0.0, 1.0))}}")
 """
 
 
+# the `llm` proposer pointed at a fake OpenAI-compatible server (tests/llm_server.py): no
+# retries to wait on, so a bench times the study, not the client's back-off
+LLM = """
+[llm]
+timeout = 30
+max_retries = 0
+retries = 1
+backoff = 0.05
+
+[[llm.models]]
+provider = "openai"
+model = "{model}"
+base_url = "{url}"
+"""
+
+
+def llm_section(url: str, model: str = "fake") -> str:
+    """ratchet.toml's [llm] table for a fake model at `url`."""
+    return LLM.format(url=url, model=model)
+
+
 def git(repo: Path, *args: str) -> None:
     env = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@b",
            "GIT_COMMITTER_NAME": "b", "GIT_COMMITTER_EMAIL": "b@b"}

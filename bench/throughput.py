@@ -71,19 +71,6 @@ from ratchet.driver.config import load_config  # noqa: E402
 from ratchet.driver.ledger import Ledger, throughput  # noqa: E402
 from ratchet.driver.study import Study  # noqa: E402
 
-LLM = """
-[llm]
-timeout = 30
-max_retries = 0
-retries = 1
-backoff = 0.05
-
-[[llm.models]]
-provider = "openai"
-model = "fake"
-base_url = "{url}"
-"""
-
 
 def make_repo(path: Path, *, k: int, rounds: int, sleep: float, proposer: str = "tune",
               extra: str = "", lognormal: bool = False, keeps: bool = False,
@@ -327,7 +314,7 @@ def research_study(path: Path, server: LLMServer, model: HistoryModel, delay: fl
                    target: float) -> dict:
     model.delay = delay
     before = model.requests
-    llm = LLM.format(url=server.openai_url).replace("[llm]\n", "[llm]\nhistory = 8\n")
+    llm = synthetic.llm_section(server.openai_url).replace("[llm]\n", "[llm]\nhistory = 8\n")
     # the baseline and candidates - 1 candidates in every mode (a round beside a keep's
     # confirmation holds fewer than K, so rounds alone would not fix the count)
     repo = synthetic.make_repo(path, name="rs", k=4, rounds=candidates, sleep=task_s,
@@ -381,7 +368,7 @@ def first_request(base: Path, server: LLMServer, model: FakeModel, repeats: int)
     for rep in range(repeats):
         model.arrivals.clear()
         repo = make_repo(base / f"fresh-{rep}", k=4, rounds=1, sleep=0.5, proposer="llm",
-                         extra=LLM.format(url=server.openai_url))
+                         extra=synthetic.llm_section(server.openai_url))
         out = subprocess.run([sys.executable, "-c", FRESH_DRIVER, str(repo)], check=True,
                              capture_output=True, text=True,
                              env={**os.environ, "PYTHONPATH": str(ROOT / "src")}).stdout
@@ -408,7 +395,7 @@ def llm_latency(base: Path, task_s: float, delay: float, repeats: int,
                 model.delay = d
                 repo = make_repo(base / f"llm-{d:g}-{rep}", k=4, rounds=candidates // 4,
                                  sleep=task_s, proposer="llm",
-                                 extra=LLM.format(url=server.openai_url))
+                                 extra=synthetic.llm_section(server.openai_url))
                 speculate(repo)
                 runs[name].append(timed_run(repo))
         model.delay = 0.0
