@@ -128,6 +128,16 @@ def test_child_output_goes_to_its_own_log_not_our_stdout(cand, capfd):
     assert "correct: true" in log and "time_ms: 0.0001" in log
 
 
+def test_a_closed_child_leaves_no_log_in_the_temp_dir_and_keeps_its_tail(cand_path):
+    proc = CandidateProcess(cand_path, timeout=20)
+    with proc:
+        assert proc.call("shout") == 1
+        assert proc.log_path.is_file()
+    # one evaluation each: thousands of empty files in /tmp over a night, before this
+    assert not proc.log_path.exists()
+    assert "correct: true" in proc.log_tail()
+
+
 def test_exceptions_come_back_as_candidate_errors(cand):
     with pytest.raises(CandidateError, match="ValueError: no good"):
         cand.call("boom")

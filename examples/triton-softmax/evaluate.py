@@ -142,7 +142,7 @@ def main() -> int:
             )
             report.results += part.results
             per_class[name] = part
-        print(f"candidate log ({cand.log_path}):\n{cand.log_tail()}", file=sys.stderr)
+        print(f"candidate log:\n{cand.log_tail()}", file=sys.stderr)
     print(report.table(), file=sys.stderr)
 
     extra = {"peak_bandwidth_gbs": peaks.bandwidth_Bps / 1e9}

@@ -70,6 +70,7 @@ def test_every_batch_uses_distinct_buffers_and_fresh_inputs(tmp_path):
     assert len({round(s, 3) for s in sums}) == len(sums)  # ...refilled with fresh data every batch
 
 
+@pytest.mark.timing  # asserts a speed ratio: 4 workers' load on 2 cores read 0.36x once
 def test_compare_interleaves_and_finds_the_faster(cand):
     cmp = compare(kc.slow_baseline, cand.function("honest"), kc.make_inputs, {"rows": 256, "cols": 64},
                   reference=kc.reference, names=("loop", "vectorised"), **QUICK)

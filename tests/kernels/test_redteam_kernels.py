@@ -275,7 +275,9 @@ def softmax(x):
 # (the kernel is as slow as the incumbent); the others mean a guard caught it.
 CAUGHT = ("failed", "rejected", "crash")
 # a discard that says the cheat, measured honestly, is no better than the incumbent
-HONEST_DISCARDS = (Reason.NO_GAIN, Reason.WITHIN_MARGIN, Reason.NOT_CONFIRMED)
+# (or beaten: beyond the margin once under load, beside a sibling that looked better still,
+# so never confirmed; the round's winner is itself a cheat, and the incumbent never moves)
+HONEST_DISCARDS = (Reason.NO_GAIN, Reason.WITHIN_MARGIN, Reason.NOT_CONFIRMED, Reason.BEATEN)
 EXPECTED: dict[str, tuple[str, ...]] = {
     "patch_harness": ("discard",),
     "stack_inspect": ("discard",),

@@ -333,6 +333,10 @@ class CandidateProcess:
         self.cwd = Path(cwd) if cwd else self.module.parent
         self.timeout = timeout
         self.start_timeout = start_timeout
+        # a log we made is ours to remove once the child is gone (its tail kept for
+        # log_tail): one per evaluation would otherwise pile up in the temp dir
+        self._own_log = log is None
+        self._log_kept: bytes | None = None
         if log is None:
             fd, log = tempfile.mkstemp(prefix="ratchet-candidate-", suffix=".log")
             os.close(fd)
@@ -540,11 +544,14 @@ class CandidateProcess:
 
     def log_tail(self, limit: int = 2000) -> str:
         """The end of the child's log (for error messages)."""
-        self._drain.join(timeout=0.2) if self.proc.poll() is not None else None
-        try:
-            data = self.log_path.read_bytes()
-        except OSError:
-            return ""
+        if self._log_kept is not None:
+            data = self._log_kept
+        else:
+            self._drain.join(timeout=0.2) if self.proc.poll() is not None else None
+            try:
+                data = self.log_path.read_bytes()
+            except OSError:
+                return ""
         return data[-limit:].decode(errors="replace")
 
     def close(self) -> None:
@@ -585,6 +592,16 @@ class CandidateProcess:
         self._buffers.clear()
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
+        if self._own_log and self._log_kept is None:
+            try:
+                with open(self.log_path, "rb") as log:
+                    log.seek(0, os.SEEK_END)
+                    log.seek(max(0, log.tell() - (1 << 16)))
+                    self._log_kept = log.read()
+            except OSError:
+                self._log_kept = b""
+            with contextlib.suppress(OSError):
+                self.log_path.unlink()
 
     def __enter__(self) -> CandidateProcess:
         return self

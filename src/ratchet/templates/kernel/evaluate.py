@@ -85,7 +85,7 @@ def main() -> int:
         for reason in report.reasons():
             print(f"  {reason}", file=sys.stderr)
         if not report.ok:
-            print(f"candidate log ({cand.log_path}):\n{cand.log_tail()}", file=sys.stderr)
+            print(f"candidate log:\n{cand.log_tail()}", file=sys.stderr)
             return fail(report.reasons()[0])
         total_ms, var_ms, precise = 0.0, 0.0, True
         for shape in shapes:
