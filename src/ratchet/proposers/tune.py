@@ -104,6 +104,7 @@ class TuneProposer(Proposer):
     """
 
     name = "tune"
+    summary = "Optuna over the declared [tune.knobs] (offline)"
     takes_ideas = False  # it proposes from its own search space, never from text
 
     def __init__(self, config: Config, history: list[Candidate]) -> None:  # noqa: ARG002
