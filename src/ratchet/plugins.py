@@ -27,7 +27,6 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from importlib import metadata
 from typing import Any
 
 DISTRIBUTION = "ratchet"
@@ -89,7 +88,7 @@ def entry_points(group: Group) -> dict[str, EntryPoint]:
     on the path wins, as Python's own import does."""
     found = {name: EntryPoint(name, value, DISTRIBUTION, declared=False)
              for name, value in BUILT_IN[group].items()}
-    for point in metadata.entry_points(group=group.value):
+    for point in _declared().select(group=group.value):
         package = point.dist.name if point.dist is not None else "?"
         here = EntryPoint(point.name, point.value, package, declared=True)
         if package == DISTRIBUTION:
@@ -100,6 +99,16 @@ def entry_points(group: Group) -> dict[str, EntryPoint]:
         else:
             found.setdefault(point.name, here)
     return found
+
+
+@functools.cache
+def _declared() -> Any:
+    """Every installed distribution's entry points, read once (one pass over the path's
+    metadata for both groups); imported here, not at the top: the job side imports the
+    backends package and never reads them."""
+    from importlib import metadata
+
+    return metadata.entry_points()
 
 
 @functools.cache
@@ -140,10 +149,3 @@ def _failed(group: Group, point: EntryPoint, problem: str, fix: str) -> None:
 def warn(line: str) -> None:
     """One line on stderr: the CLI's own warnings read the same way."""
     print(f"warning: {line}", file=sys.stderr, flush=True)
-
-
-def forget() -> None:
-    """Read the entry points again (after a package was installed in this process)."""
-    entry_points.cache_clear()
-    load.cache_clear()
-    _FAILURES.clear()
