@@ -288,6 +288,16 @@ def test_the_built_ins_come_from_ratchets_own_entry_points(installed):
                                   "step": "StepProposer"}  # the shadowing `tune` ignored
     shadow = [w for w in _warnings(out.stderr) if "'tune' is ratchet's built-in" in w]
     assert len(shadow) == 1, out.stderr
+    # `--help` names every installed plug-in from the metadata alone, importing none
+    helped = ratchet(Path("."), "run", "--help", process=True,
+                     env={"PYTHONPATH": str(installed), "COLUMNS": "200"})
+    listed = {m.group(1): m.group(2).split(" | ") for m in
+              re.finditer(r"--(backend|proposer) <str>\s+(.*\S)", helped.stdout)}
+    assert listed["backend"][:3] == ["local", "ray", "shell"]  # the built-ins first
+    assert sorted(listed["backend"][3:]) == ["counting", "gone"], helped.stdout
+    assert listed["proposer"][:4] == ["tune", "llm", "agent", "patches"]
+    assert sorted(listed["proposer"][4:]) == ["notaproposer", "step"]
+    assert "left out" not in helped.stderr  # nothing was imported, so nothing failed
 
 
 def test_the_fallback_table_is_what_pyproject_declares():
