@@ -158,7 +158,9 @@ def _needs_process(repo: Path, args: tuple[str, ...], env: dict) -> bool:
 
 def _run_process(argv: list[str], timeout: float, env: dict | None,
                  python: str | None = None) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT / "src")}
+    # this checkout's src, after any path the test puts first (packages it installed)
+    paths = [(env or {}).get("PYTHONPATH"), str(ROOT / "src")]
+    full_env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join(filter(None, paths))}
     cli = [python, *RATCHET[1:]] if python else RATCHET
     return subprocess.run([*cli, *argv], capture_output=True, text=True,
                           timeout=timeout, env=full_env)

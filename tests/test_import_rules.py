@@ -104,8 +104,9 @@ def _wing(module: str) -> str:
     head = parts[1]
     if head in {"job", "evaluator", "driver", "proposers", "backends", "templates", "mcp"}:
         return head
-    return "front" if head == "cli" else "shared" if head in {"errors", "vocab", "stats"} \
-        else f"stray:{head}"
+    # plugins: the entry-point loader, standard library only (it imports plug-ins by name)
+    return "front" if head == "cli" else "shared" \
+        if head in {"errors", "vocab", "stats", "plugins"} else f"stray:{head}"
 
 
 def _imports(path: Path, module: str) -> list[tuple[int, str]]:

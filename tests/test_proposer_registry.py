@@ -34,8 +34,7 @@ class OneIdea(Proposer):
 def one_idea():
     register_proposer("one-idea", summary="test: the optimum, once")(OneIdea)
     yield
-    proposers._KINDS.pop("one-idea")
-    proposers._CLASSES.pop("one-idea")
+    proposers.unregister_proposer("one-idea")
 
 
 def test_a_proposer_of_one_class_runs_a_study(tmp_path, one_idea):

@@ -685,7 +685,8 @@ def idea(
         console.print("queued" if added else "already queued")
         kind = study.proposer_kind
         known = proposers.proposer_kinds().get(kind)
-        if known is not None and not known.load().takes_ideas:
+        cls = known.load() if known is not None else None
+        if cls is not None and not cls.takes_ideas:
             emit(err, f"note: the {kind} proposer does not read ideas; it stays pending "
                  "until the study runs with one that does (`--proposer llm` or `agent`)")
 

@@ -14,20 +14,26 @@ A new engine is one class extending `Backend` (backends/base.py) and its setting
     class MyBackend(Backend):
         def __init__(self, state_dir: Path, settings: MySettings, backend: config.Backend): ...
 
+and declare it as an entry point of its package (docs/backends.md, "Writing a plug-in"):
+
+    [project.entry-points."ratchet.backends"]
+    mine = "my_package.queue:MyBackend"
+
 `[backend] kind`'s accepted values, the check of `[backend.<name>]` tables and the CLI's
-`--backend` help all come from here. The built-in backends register themselves when
-their modules are imported; `backends()` imports them (and only then: the job side
-imports this package for `remote` and must stay light).
+`--backend` help all come from here. The built-in backends are entry points of ratchet
+itself, loaded by the same loader (ratchet.plugins) as any other package's; a module is
+imported only when `backends()` is asked (the job side imports this package for
+`remote` and must stay light), and one that fails to load is left out with a warning.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ratchet import plugins
 from ratchet.backends.base import Backend, BackendError
 from ratchet.vocab import JobState
 
@@ -37,14 +43,7 @@ if TYPE_CHECKING:
     from ratchet.driver.config import Backend as BackendSection
 
 __all__ = ["Backend", "BackendError", "BackendPlugin", "JobState", "backends", "make_backend",
-           "register_backend"]
-
-# imported by `backends()`: each registers itself with `register_backend` under its
-# name, known here too so the config and the CLI's help need not import them (psutil,
-# the engines' settings models: a tenth of a second of every `ratchet status`)
-BUILT_IN_NAMES = {"local": "ratchet.backends.local", "ray": "ratchet.backends.ray",
-                  "shell": "ratchet.backends.shell"}
-BUILT_IN = tuple(BUILT_IN_NAMES.values())
+           "names", "register_backend"]
 
 F = TypeVar("F", bound=Callable[..., Backend])
 
@@ -77,20 +76,41 @@ def register_backend(name: str, *, settings: type[BaseModel], summary: str) -> C
 
 
 def backends() -> dict[str, BackendPlugin]:
-    """Every registered backend by name (the built-in ones first)."""
-    for module in BUILT_IN:
-        importlib.import_module(module)
+    """Every backend by name, each entry point loaded (the built-in ones first); one that
+    fails to load is left out, warned once."""
+    points = plugins.entry_points(plugins.Group.BACKENDS)
+    for name in points:
+        plugins.load(plugins.Group.BACKENDS, name, _registered)
+    order = list(points)
 
-    def order(plugin: BackendPlugin) -> int:  # the built-in ones in BUILT_IN's order
-        module = plugin.factory.__module__
-        return BUILT_IN.index(module) if module in BUILT_IN else len(BUILT_IN)
+    def place(plugin: BackendPlugin) -> int:  # entry points first, in their order
+        return order.index(plugin.name) if plugin.name in order else len(order)
 
-    return {p.name: p for p in sorted(_REGISTRY.values(), key=order)}
+    return {p.name: p for p in sorted(_REGISTRY.values(), key=place)}
+
+
+def _registered(name: str, found: object) -> tuple[str, str] | None:
+    """What a backend's entry point must name: the class (or factory function) that
+    `register_backend` registered under the entry point's name."""
+    plugin = _REGISTRY.get(name)
+    if plugin is not None and plugin.factory is found:
+        return None
+    what = getattr(found, "__qualname__", type(found).__name__)
+    if isinstance(found, type) and not issubclass(found, Backend):
+        return (f"{what} is not a subclass of ratchet.backends.Backend",
+                "extend Backend (docs/backends.md, \"Writing a plug-in\")")
+    return (f"{what} is not registered as backend {name!r}",
+            f"decorate it with @register_backend({name!r}, settings=..., summary=...)")
+
+
+def names() -> list[str]:
+    """Every backend's name, without importing any (the entry points' names)."""
+    return list(dict.fromkeys([*plugins.entry_points(plugins.Group.BACKENDS), *_REGISTRY]))
 
 
 def names_help() -> str:
-    """`local | ray | shell` for the CLI's help text (and any registered since)."""
-    return " | ".join(dict.fromkeys([*BUILT_IN_NAMES, *_REGISTRY]))
+    """`local | ray | shell` for the CLI's help text (and any plug-in's)."""
+    return " | ".join(names())
 
 
 def make_backend(kind: str, state_dir: Path, backend: BackendSection) -> Backend:
@@ -100,6 +120,8 @@ def make_backend(kind: str, state_dir: Path, backend: BackendSection) -> Backend
     if plugin is None:
         from ratchet.driver.config import ConfigError
 
-        raise ConfigError(f"backend {kind!r} is not known (expected {' | '.join(backends())})")
+        broken = plugins.failure(plugins.Group.BACKENDS, kind)
+        raise ConfigError(broken or f"backend {kind!r} is not known "
+                                    f"(expected {' | '.join(backends())})")
     settings: Any = backend.settings(kind)
     return plugin.factory(state_dir, settings, backend)

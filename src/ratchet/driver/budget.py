@@ -189,28 +189,10 @@ def preview(config: Config, repo: Path, commit: str, k: int, proposer: str) -> E
     compute = k * config.task.timeout * rate / 3600
     compute_note = (f"{k} jobs x timeout {config.task.timeout:g} s at ${rate:g}/h "
                     f"backend.{which}")
-    if proposer == "llm" and config.llm:
-        from ratchet.proposers.context import context_settings
-        from ratchet.proposers.llm import load_settings
+    from ratchet.proposers import proposer_class
 
-        settings = load_settings(config)
-        context = context_settings(config, token_budget=settings.token_budget)
-        tokens_in = prompt_tokens(repo, commit, config, context.token_budget)
-        weights = sum(m.weight for m in settings.models)
-        # the ensemble's weighted price; a reply is priced at its model's max_tokens
-        per = sum(m.weight * (tokens_in * m.price_per_mtok_in
-                              + m.max_tokens * m.price_per_mtok_out) / 1e6
-                  for m in settings.models) / weights
-        out_tokens = max(m.max_tokens for m in settings.models)
-        return Estimate(k, k * per, f"{k} requests x ~{tokens_in:,} tokens in, up to "
-                        f"{out_tokens:,} out, at the models' prices", compute, compute_note)
-    if proposer == "agent" and config.agent:
-        hourly = float(config.agent.get("hourly_usd") or 0.0)
-        from ratchet.driver.config import parse_duration
-
-        timeout = parse_duration(config.agent.get("timeout", 1800.0))
-        return Estimate(k, k * hourly * timeout / 3600,
-                        f"{k} agents x at most {timeout:g} s at ${hourly:g}/h agent.hourly_usd"
-                        ", or what the CLI reports", compute, compute_note)
+    spend = proposer_class(proposer).estimate(config, repo, commit, k)
+    if spend is not None:
+        return Estimate(k, spend.usd, spend.note, compute, compute_note)
     return Estimate(k, 0.0, f"the {proposer} proposer costs nothing per call", compute,
                     compute_note)

@@ -436,9 +436,9 @@ class Backend(Strict):
     @field_validator("kind")
     @classmethod
     def _kind_is_registered(cls, kind: str) -> str:
-        from ratchet.backends import BUILT_IN_NAMES, backends
+        from ratchet.backends import backends, names
 
-        if kind in BUILT_IN_NAMES:  # known without importing every engine
+        if kind in names():  # an entry point's name: known without importing every engine
             return kind
         return registered(kind, list(backends()), "backend")
 
@@ -481,7 +481,7 @@ class SectionError(ValueError):
     """A plug-in's settings table did not validate; the message names the key."""
 
 
-def section(model: type[M], data: Any, prefix: str) -> M:
+def section(model: type[M], data: Any, prefix: str, docs: str = "docs/backends.md") -> M:
     """Validate a plug-in's table (an engine's `[backend.ray]`, a proposer's `[llm]`);
     the error names the key, e.g. `backend.ray.address: ...`, and a misspelt key the
     one it most probably meant."""
@@ -494,7 +494,7 @@ def section(model: type[M], data: Any, prefix: str) -> M:
         if first["type"] == "extra_forbidden":
             meant = misspelling(first, model)
             message = (f"unknown key; did you mean {meant!r}? (check the spelling)" if meant
-                       else "unknown key (check the spelling; see docs/backends.md)")
+                       else f"unknown key (check the spelling; see {docs})")
         elif first["type"] == "missing":
             message = "required key is missing"
         if not where and re.match(r"^[\w.]+: ", message):  # a model check naming its key
@@ -516,6 +516,25 @@ class Config(Strict):
     agent: dict[str, Any] = {}
     patches: dict[str, Any] = {}
     context: dict[str, Any] = {}
+    # the tables of plug-in proposers, `[<name>]` as the built-in kinds' `[llm]`: raw after
+    # the first pass, each its kind's settings model after the second (`parse_config`)
+    tables: dict[str, Any] = Field(default={}, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plugin_tables(cls, data: Any) -> Any:
+        """A top-level table named after a registered proposer kind is that kind's."""
+        if not isinstance(data, dict) or all(k in cls.model_fields for k in data):
+            return data  # no table of a plug-in: no registry read to look for one
+        from ratchet.proposers import proposer_kinds
+
+        kinds = proposer_kinds()
+        data = dict(data)
+        tables = dict(data.pop("tables", None) or {})
+        for name in [k for k in data if k in kinds and k not in cls.model_fields]:
+            tables[name] = data.pop(name)
+        data["tables"] = tables
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -596,6 +615,10 @@ def _keys_of(model: type[BaseModel]) -> list[str]:
         from ratchet.backends import backends
 
         keys += list(backends())
+    if model is Config:  # and its top-level ones the proposer kinds' (`[mine]`)
+        from ratchet.proposers import proposer_kinds
+
+        keys += [k for k in proposer_kinds() if k not in keys]
     return keys
 
 
@@ -643,13 +666,39 @@ def _causes(errors: list[dict[str, Any]], root: type[BaseModel]) -> list[dict[st
 
 def parse_config(data: dict[str, Any], source: str = CONFIG_FILE) -> Config:
     try:
-        return Config.model_validate(data)
+        config = Config.model_validate(data)
     except ValidationError as exc:
         errors = _causes([dict(e) for e in exc.errors()], Config)
         first = errors[0]
         more = len(errors) - 1
         suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
         raise ConfigError(f"{source}: {_describe(first)}{suffix}") from None
+    return _plugin_pass(config, source)
+
+
+def _plugin_pass(config: Config, source: str) -> Config:
+    """The second pass: each plug-in proposer's table, validated by the settings model
+    its class declares (loading that plug-in, and only it). A plug-in that failed to
+    load was warned about; its table waits for the study that uses it."""
+    if not config.tables:
+        return config
+    from ratchet.proposers import proposer_kinds
+
+    kinds = proposer_kinds()
+    typed: dict[str, Any] = {}
+    for name, raw in config.tables.items():
+        cls = kinds[name].load()
+        if cls is None:
+            typed[name] = raw
+            continue
+        if cls.settings_model is None:
+            raise ConfigError(f"{source}: {name}: the {name} proposer reads no table of its "
+                              f"own; remove [{name}]")
+        try:
+            typed[name] = section(cls.settings_model, raw, name, "docs/proposers.md")
+        except SectionError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+    return config.model_copy(update={"tables": typed})
 
 
 def load_config(repo: Path) -> Config:

@@ -94,11 +94,9 @@ class ReadOnlyStudy:
         return min(parallel, slots) if slots else parallel
 
     def agent_sandbox_status(self) -> str | None:
-        if self.config.search.proposer != "agent":
-            return None
-        from ratchet.proposers.agent import describe_agent_sandbox
+        from ratchet.proposers import sandbox_status
 
-        return describe_agent_sandbox(self.config)
+        return sandbox_status(self.config.search.proposer, self.config)
 
     def close(self) -> None:
         self.ledger.close()

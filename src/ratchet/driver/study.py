@@ -523,12 +523,11 @@ class Study:
         return sandbox.describe_network(self.config.task.network, self.config.backend.sandbox)
 
     def agent_sandbox_status(self) -> str | None:
-        """What confines the coding agents, when the proposer is one (else None)."""
-        if self.proposer_kind != "agent":
-            return None
-        from ratchet.proposers.agent import describe_agent_sandbox
+        """What confines the proposer's untrusted party (coding agents), when it has one
+        (else None): its kind's own hook."""
+        from ratchet.proposers import sandbox_status
 
-        return describe_agent_sandbox(self.config)
+        return sandbox_status(self.proposer_kind, self.config)
 
 def check_editable(repo: Path, config: Config, head: str, log: Callable[[str], None]) -> None:
     """`task.editable` must name files of the start commit: a misspelt glob would leave a

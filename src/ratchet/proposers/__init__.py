@@ -6,14 +6,16 @@ proposals from the incumbent (`propose`). It never runs anything it proposes.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
+from pydantic import BaseModel
+
+from ratchet import plugins
 from ratchet.driver.candidate import Proposal
-from ratchet.driver.config import Config
+from ratchet.driver.config import CONFIG_FILE, Config
 from ratchet.driver.ledger import Candidate
 from ratchet.errors import UserError
 
@@ -43,6 +45,10 @@ class Proposer:
     """
 
     name: str = "proposer"
+    # one line for `--help` and the docs
+    summary: ClassVar[str] = ""
+    # the model of its `[<name>]` table (LLMSettings for `[llm]`); None: it has none
+    settings_model: ClassVar[type[BaseModel] | None] = None
     # Can it write what the driver trusts (ledger, refs, .git)? Only a proposer that runs
     # untrusted code outside a filesystem sandbox can; its proposals are then never made
     # while candidates run, and are checked in a window of their own (driver/proposals.py).
@@ -85,6 +91,29 @@ class Proposer:
         view says the proposer's kind and how long it has been at it)."""
         return None
 
+    # -- what the kind says before one is built (the study's preview, `ratchet status`,
+    # `ratchet serve`): class methods, so no proposer is built just to answer them
+
+    @classmethod
+    def estimate(cls, config: Config, repo: Path, commit: str, k: int) -> Estimate | None:
+        """What k proposals from `commit` are expected to cost before any ran (the
+        preview line against `[budget]`); None: nothing per call (the default)."""
+        return None
+
+    @classmethod
+    def sandbox_status(cls, config: Config) -> str | None:
+        """What confines this kind's untrusted party here, in words (`ratchet status`,
+        the report's "agents" line); None: nothing of it runs untrusted (the default)."""
+        return None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A proposer's expected spend for a round (Proposer.estimate)."""
+
+    usd: float
+    note: str  # how it was reckoned: "4 requests x ~1,200 tokens in, ..."
+
 
 P = TypeVar("P", bound="Proposer")
 
@@ -95,76 +124,123 @@ class ProposerError(UserError):
 
 # -- one registry of proposer kinds ------------------------------------------------------
 #
-# name -> class -> the model of its config section. The built-in kinds are named here and
-# imported only when used (optuna, the LLM SDKs and the agent CLIs' helpers are heavy);
-# another kind registers its class with `register_proposer`. `search.proposer`'s accepted
-# values and the CLI's `--proposer` help come from here. A kind reads its own section
-# (`[llm]`, `[agent]`, ...) when it is built, so a study that does not use a kind is never
-# stopped by that kind's section.
+# name -> class -> the model of its config table. Every kind, the built-in ones included,
+# is an entry point of group `ratchet.proposers` naming its Proposer subclass
+# (ratchet.plugins); a class is imported only when its kind is used (optuna, the LLM SDKs
+# and the agent CLIs' helpers are heavy). A class defined in-process registers with
+# `register_proposer`. `search.proposer`'s accepted values and the CLI's `--proposer` help
+# come from here, from names alone. A kind's table is `[<name>]` (`[llm]`, `[agent]`,
+# `[mine]`): a plug-in's is checked against its `settings_model` when the config loads
+# (driver/config.py's second pass), a built-in's when the kind is built, so a study that
+# does not use a built-in kind is never stopped by its table.
 
 
 @dataclass(frozen=True)
 class ProposerKind:
     name: str
     where: str  # "module:Class" of the Proposer subclass, built as Class(config, history)
-    settings: str | None  # "module:Model" of its section's settings, None: none of its own
-    summary: str
 
-    def load(self) -> type[Proposer]:
-        return _attr(self.where)
+    def load(self) -> type[Proposer] | None:
+        """Its class; None when its plug-in failed to load (warned once, in one line)."""
+        registered = _CLASSES.get(self.name)
+        if registered is not None:
+            return registered
+        found: type[Proposer] | None = plugins.load(plugins.Group.PROPOSERS, self.name,
+                                                    _a_proposer)
+        return found
 
-    def settings_model(self) -> type | None:
-        """The pydantic model of its section (`[llm]` -> LLMSettings), if it has one."""
-        return _attr(self.settings) if self.settings else None
+    def settings_model(self) -> type[BaseModel] | None:
+        """The pydantic model of its table (`[llm]` -> LLMSettings), if it has one."""
+        cls = self.load()
+        return cls.settings_model if cls is not None else None
+
+    @property
+    def summary(self) -> str:
+        cls = self.load()
+        return cls.summary if cls is not None else "(failed to load)"
 
 
-_KINDS: dict[str, ProposerKind] = {
-    kind.name: kind for kind in (
-        ProposerKind("tune", "ratchet.proposers.tune:TuneProposer", None,
-                     "Optuna over the declared [tune.knobs] (offline)"),
-        ProposerKind("llm", "ratchet.proposers.llm:LLMProposer",
-                     "ratchet.proposers.llm:LLMSettings", "API models writing SEARCH/REPLACE edits"),
-        ProposerKind("agent", "ratchet.proposers.agent:AgentProposer",
-                     "ratchet.proposers.agent:AgentSettings", "a coding-agent CLI in a sandbox"),
-        ProposerKind("patches", "ratchet.proposers.patches:PatchesProposer",
-                     "ratchet.proposers.patches:PatchesSettings",
-                     "queued patches and branches, each tried once"),
-    )
-}
-_CLASSES: dict[str, type[Proposer]] = {}  # kinds registered by class (plug-ins)
+def _a_proposer(name: str, found: object) -> tuple[str, str] | None:
+    """What a proposer's entry point must name: a Proposer subclass."""
+    if isinstance(found, type) and issubclass(found, Proposer):
+        return None
+    what = getattr(found, "__qualname__", type(found).__name__)
+    return (f"{what} is not a subclass of ratchet.proposers.Proposer",
+            f"make {name!r} name a class extending Proposer (docs/proposers.md, "
+            "\"Writing a plug-in\")")
+
+
+_CLASSES: dict[str, type[Proposer]] = {}  # kinds registered in-process, by class
 
 
 def register_proposer(name: str, *, summary: str) -> Callable[[type[P]], type[P]]:
-    """Register a Proposer subclass (built as cls(config, history)) under `name`."""
+    """Register a Proposer subclass (built as cls(config, history)) under `name`, in this
+    process only; a package declares an entry point instead (docs/proposers.md)."""
 
     def add(cls: type[P]) -> type[P]:
-        _KINDS[name] = ProposerKind(name, f"{cls.__module__}:{cls.__qualname__}", None, summary)
+        cls.summary = summary
         _CLASSES[name] = cls
         return cls
 
     return add
 
 
+def unregister_proposer(name: str) -> None:
+    _CLASSES.pop(name, None)
+
+
 def proposer_kinds() -> dict[str, ProposerKind]:
-    return dict(_KINDS)
+    """Every kind by name, the built-in ones first; nothing is imported."""
+    kinds = {name: ProposerKind(name, point.value)
+             for name, point in plugins.entry_points(plugins.Group.PROPOSERS).items()}
+    for name, cls in _CLASSES.items():
+        kinds[name] = ProposerKind(name, f"{cls.__module__}:{cls.__qualname__}")
+    return kinds
 
 
 def names_help() -> str:
     """`tune | llm | agent | patches` for the CLI's help text."""
-    return " | ".join(_KINDS)
+    return " | ".join(proposer_kinds())
+
+
+def proposer_class(kind: str) -> type[Proposer]:
+    """The class of kind `kind` (its hooks answer for the kind before one is built)."""
+    found = proposer_kinds().get(kind)
+    cls = found.load() if found is not None else None
+    if cls is None:
+        broken = plugins.failure(plugins.Group.PROPOSERS, kind)
+        raise ProposerError(broken or f"search.proposer: unknown proposer {kind!r} "
+                                      f"(expected {names_help()})")
+    return cls
+
+
+def sandbox_status(kind: str, config: Config) -> str | None:
+    """Kind `kind`'s own status line on its sandbox (Proposer.sandbox_status); None when
+    it has none, or failed to load (said where it failed)."""
+    try:
+        return proposer_class(kind).sandbox_status(config)
+    except ProposerError:
+        return None
 
 
 def make_proposer(kind: str, config: Config, history: list[Candidate]) -> Proposer:
-    found = _KINDS.get(kind)
-    if found is None:
-        raise ProposerError(f"search.proposer: unknown proposer {kind!r} "
-                            f"(expected {names_help()})")
     # every kind is built as Class(config, history); the base class itself has no such
     # constructor, so the class is not called through Proposer's type
-    cls: Any = _CLASSES.get(kind) or found.load()
+    cls: Any = proposer_class(kind)
     return cls(config, history)
 
 
-def _attr(where: str) -> Any:
-    module, _, name = where.partition(":")
-    return getattr(importlib.import_module(module), name)
+def plugin_settings(kind: str, config: Config) -> Any:
+    """A plug-in kind's typed table (`[<kind>]`, checked when the config loaded), or its
+    model's defaults when the file has none; a ProposerError names a required key."""
+    if kind in config.tables:
+        return config.tables[kind]
+    model = proposer_class(kind).settings_model
+    if model is None:
+        return None
+    from ratchet.driver.config import SectionError, section
+
+    try:
+        return section(model, {}, kind, "docs/proposers.md")
+    except SectionError as exc:
+        raise ProposerError(f"{CONFIG_FILE}: {exc} (add a [{kind}] table)") from None

@@ -50,13 +50,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ratchet.driver import sanitize
 from ratchet.driver.candidate import Proposal
-from ratchet.driver.config import CONFIG_FILE, Config, Duration
+from ratchet.driver.config import CONFIG_FILE, Config, Duration, parse_duration
 from ratchet.driver.ledger import Candidate
 from ratchet.driver.spend import Call, Flight, Meter, Outcome, gather
 from ratchet.errors import HardStop
 from ratchet.job import egress, gitrepo, reach, sandbox
 from ratchet.job.procs import CappedLog
-from ratchet.proposers import ProposalContext, Proposer, ProposerError, scratch
+from ratchet.proposers import Estimate, ProposalContext, Proposer, ProposerError, scratch
 from ratchet.proposers.agent_clis import PRESETS, failure_reason, model_endpoints, upstream_proxy
 from ratchet.proposers.context import (
     build_context,
@@ -149,6 +149,24 @@ class AgentSettings(BaseModel):
 
 class AgentProposer(Proposer):
     name = "agent"
+    summary = "a coding-agent CLI in a sandbox"
+    settings_model = AgentSettings
+
+    @classmethod
+    def estimate(cls, config: Config, repo: Path, commit: str, k: int) -> Estimate | None:
+        """k agents, each for at most its timeout at `hourly_usd` (what the CLIs report
+        replaces it once they ran)."""
+        if not config.agent:
+            return None
+        hourly = float(config.agent.get("hourly_usd") or 0.0)
+        timeout = parse_duration(config.agent.get("timeout", 1800.0))
+        return Estimate(k * hourly * timeout / 3600,
+                        f"{k} agents x at most {timeout:g} s at ${hourly:g}/h agent.hourly_usd"
+                        ", or what the CLI reports")
+
+    @classmethod
+    def sandbox_status(cls, config: Config) -> str | None:
+        return describe_agent_sandbox(config)
 
     def __init__(self, config: Config, history: list[Candidate]) -> None:
         self.config = config

@@ -33,6 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -42,7 +43,7 @@ from ratchet.driver.config import CONFIG_FILE, Config, Duration
 from ratchet.driver.ledger import Candidate
 from ratchet.driver.spend import Call, Flight, Meter, Outcome, gather
 from ratchet.errors import HardStop
-from ratchet.proposers import ProposalContext, Proposer, ProposerError, bounded_http
+from ratchet.proposers import Estimate, ProposalContext, Proposer, ProposerError, bounded_http
 from ratchet.proposers.context import (
     CHARS_PER_TOKEN,
     build_context,
@@ -157,6 +158,27 @@ def load_settings(config: Config) -> LLMSettings:
 
 class LLMProposer(Proposer):
     name = "llm"
+    summary = "API models writing SEARCH/REPLACE edits"
+    settings_model = LLMSettings
+
+    @classmethod
+    def estimate(cls, config: Config, repo: Path, commit: str, k: int) -> Estimate | None:
+        """k requests, each priced at the ensemble's weighted price with a reply of its
+        model's max_tokens."""
+        if not config.llm:
+            return None
+        from ratchet.driver.budget import prompt_tokens
+
+        settings = load_settings(config)
+        context = context_settings(config, token_budget=settings.token_budget)
+        tokens_in = prompt_tokens(repo, commit, config, context.token_budget)
+        weights = sum(m.weight for m in settings.models)
+        per = sum(m.weight * (tokens_in * m.price_per_mtok_in
+                              + m.max_tokens * m.price_per_mtok_out) / 1e6
+                  for m in settings.models) / weights
+        out_tokens = max(m.max_tokens for m in settings.models)
+        return Estimate(k * per, f"{k} requests x ~{tokens_in:,} tokens in, up to "
+                        f"{out_tokens:,} out, at the models' prices")
 
     def __init__(self, config: Config, history: list[Candidate]) -> None:
         self.config = config

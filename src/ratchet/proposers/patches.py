@@ -54,6 +54,8 @@ def item_of(cand: Candidate) -> str | None:
 
 class PatchesProposer(Proposer):
     name = "patches"
+    summary = "queued patches and branches, each tried once"
+    settings_model = PatchesSettings
     takes_ideas = False  # it tries the queued patches and branches, never text
 
     def __init__(self, config: Config, history: list[Candidate]) -> None:

@@ -16,16 +16,8 @@ import hashlib
 import logging
 import math
 from pathlib import Path
-from typing import Literal
-
-import optuna
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
-from optuna.trial import TrialState, create_trial
+from types import ModuleType
+from typing import TYPE_CHECKING, Literal
 
 from ratchet.driver.candidate import Proposal
 from ratchet.driver.config import Config, Knob, matches_any
@@ -35,11 +27,25 @@ from ratchet.proposers import ProposalContext, Proposer, ProposerError
 from ratchet.proposers.knobs import KnobError, format_value, knob_values, set_knob
 from ratchet.vocab import Kind, Status
 
-optuna.logging.set_verbosity(logging.WARNING)
+if TYPE_CHECKING:
+    import optuna
+    from optuna.distributions import BaseDistribution
+
 MAX_ASKS_PER_CANDIDATE = 40
 
 
+def _optuna() -> ModuleType:
+    """Optuna, imported when the tuner is built, not with its class: the class is loaded
+    for its hooks (`ratchet status`), and Optuna's import is half a second."""
+    import optuna
+
+    optuna.logging.set_verbosity(logging.WARNING)
+    return optuna
+
+
 def distribution(knob: Knob) -> BaseDistribution:
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
     if knob.choices is not None:
         return CategoricalDistribution(knob.choices)
     assert knob.low is not None and knob.high is not None  # validated: a range has both ends
@@ -104,6 +110,7 @@ class TuneProposer(Proposer):
     """
 
     name = "tune"
+    summary = "Optuna over the declared [tune.knobs] (offline)"
     takes_ideas = False  # it proposes from its own search space, never from text
 
     def __init__(self, config: Config, history: list[Candidate]) -> None:  # noqa: ARG002
@@ -120,6 +127,7 @@ class TuneProposer(Proposer):
         return tuple(_hashable(params.get(k)) for k in sorted(self.knobs))
 
     def _sampler(self, round: int, k: int) -> optuna.samplers.BaseSampler:
+        optuna = _optuna()
         seed = self.config.search.seed * 1_000_003 + round
         if self.config.tune.sampler == "random":
             return optuna.samplers.RandomSampler(seed=seed)
@@ -145,7 +153,9 @@ class TuneProposer(Proposer):
     def _study(self, repo: Path, history: list[Candidate], sampler) -> optuna.Study:
         direction: Literal["minimize", "maximize"] = (
             "minimize" if self.config.metric.goal == "minimize" else "maximize")
-        study = optuna.create_study(direction=direction, sampler=sampler)
+        from optuna.trial import TrialState, create_trial
+
+        study = _optuna().create_study(direction=direction, sampler=sampler)
         for cand in sorted(history, key=lambda c: c.seq):
             if not cand.is_judged:
                 continue
@@ -185,6 +195,8 @@ class TuneProposer(Proposer):
         tried = {self._files.signature(self._files.of(ctx.incumbent))}
         tried.update(self._files.signature(self._files.of(c.commit_sha))
                      for c in ctx.history if c.commit_sha)
+        from optuna.trial import TrialState
+
         study = self._study(ctx.repo, ctx.history, self._sampler(ctx.round, k))
         proposals: list[Proposal] = []
         asks = 0
