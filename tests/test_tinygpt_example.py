@@ -42,6 +42,12 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
     work = tmp_path_factory.mktemp("tinygpt")
     for name in ("prepare.py", "train.py", "evaluate.py", "ratchet.toml"):
         shutil.copy(EXAMPLE / name, work / name)
+    # 16 KiB scored instead of 128, as in tests/train/test_train_study.py: the same code on
+    # fewer windows (two scorings took 108 s of this module's 199 on a loaded machine)
+    evaluator = work / "evaluate.py"
+    text = evaluator.read_text()
+    assert "\nEVAL_BYTES = 128 * 1024\n" in text
+    evaluator.write_text(text.replace("\nEVAL_BYTES = 128 * 1024\n", "\nEVAL_BYTES = 16 * 1024\n"))
     env = {
         **os.environ,
         "RATCHET_DATA": str(work / "prepared"),
