@@ -128,9 +128,8 @@ class Beside:
             return None
         # the pairs' jobs as the backend sees them now (a row stays submitted until the
         # wait collects it: a pair that just ended must not count as running)
-        pairs = loop.jobs.poll([c.id for c in led.candidates(confirmations=True)
-                                if c.confirms == self.confirming.id
-                                and c.status == Status.SUBMITTED])
+        pairs = loop.jobs.poll([c.id for c in led.confirming(self.confirming.id,
+                                                              Status.SUBMITTED)])
         if not pairs:
             return None
         # a candidate started as the pairs end would run as a wave of its own after the

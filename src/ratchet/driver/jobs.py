@@ -291,7 +291,7 @@ class Jobs:
     def poll(self, ids: list[str]) -> list[tuple[str, str, float, str]]:
         """One look at the submitted jobs among `ids`: record what finished, rerun what was
         lost, and return what still runs as (id, description, seconds, state)."""
-        placed = [(c, c.job_id) for c in (self.ledger.row(i) for i in ids)
+        placed = [(c, c.job_id) for c in self.ledger.rows(ids)
                   if c.status == Status.SUBMITTED and c.job_id]
         if not placed:
             return []

@@ -436,6 +436,25 @@ class Ledger:
         if cand is None:
             raise LookupError(f"{cand_id}: not in the ledger")
         return cand
+    def rows(self, cand_ids: list[str]) -> list[Candidate]:
+        """The rows of `cand_ids` that are recorded, in their order: one query where a
+        poll of every job in flight would make one each, every tick."""
+        found: dict[str, Candidate] = {}
+        for start in range(0, len(cand_ids), 500):  # under SQLite's bound-parameter limit
+            chunk = cand_ids[start:start + 500]
+            for r in self.db.execute(f"SELECT * FROM candidates WHERE id IN "
+                                     f"({', '.join('?' * len(chunk))})", chunk):
+                cand = _from_row(r)
+                found[cand.id] = cand
+        return [found[i] for i in cand_ids if i in found]
+
+    def confirming(self, cand_id: str, status: str | None = None) -> list[Candidate]:
+        """The confirmation rows (fresh pairs' re-measures) of one candidate, in order."""
+        where, args = _where(confirmations=True, status=status)
+        return [_from_row(r) for r in self.db.execute(
+            f"SELECT * FROM candidates WHERE confirms = ? AND {where} ORDER BY seq",
+            [cand_id, *args])]
+
     def candidates(self, round: int | None = None, status: str | None = None,
                    confirmations: bool = False) -> list[Candidate]:
         """Candidates in order; a confirmation's re-measures (kind confirm) only when asked
