@@ -439,8 +439,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=19)
     parser.add_argument("--no-real", action="store_true", help="skip the real A/A study")
     parser.add_argument("--only", choices=["aa", "power"], help="one section alone")
+    parser.add_argument("--defaults-only", action="store_true",
+                        help="only the policy ratchet runs by default (no old-judge rows)")
     args = parser.parse_args()
     scale = 0.1 if args.quick else 1.0
+    if args.defaults_only:
+        POLICIES.clear()
+        POLICIES["defaults (confirmation, 1%)"] = DEFAULTS
     started = time.monotonic()
     def show(lines: list[str]) -> None:  # each section as it is done: a long run loses none
         print("\n".join([*lines, ""]), flush=True)
