@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from helpers import config_text, make_repo, ratchet
 
-from ratchet.driver import charts, pages, serve, svg
+from ratchet.driver import pages, serve, slots, svg
 from ratchet.driver.ledger import Ledger
 from web.browser import Browser, BrowserError, needs_chromium
 from web.test_serve import at, base_of, bearer, fetch, serving, shots_dir
@@ -409,7 +409,7 @@ def test_jobs_with_no_slot_are_packed_into_lanes_and_said_so(study):
     """A backend that records no slot: each job goes to the first lane free at its start,
     so no lane runs two at once and there are as many lanes as jobs ever overlapped."""
     cands = [dataclasses.replace(c, slot=None) for c in rows(study)]
-    jobs, packed = charts.jobs_of(cands, time.time())
+    jobs, packed = slots.jobs_of(cands, time.time())
     assert packed and jobs
     by_lane: dict[str, list[tuple[float, float]]] = {}
     for j in jobs:
@@ -427,7 +427,7 @@ def test_jobs_with_no_slot_are_packed_into_lanes_and_said_so(study):
     # and the page draws those lanes and says why
     study_ro = serve.ReadOnlyStudy(study)
     try:
-        html = charts.slot_timeline(pages.snapshot(study_ro, cands), pages.LIVE)
+        html = slots.slot_timeline(pages.snapshot(study_ro, cands), pages.LIVE)
     finally:
         study_ro.close()
     assert 'id="timeline-packed"' in html

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ratchet import stats
-from ratchet.driver import charts, compare, views
+from ratchet.driver import charts, compare, knobs, slots, views
 from ratchet.driver.history import Share, success_shares
 from ratchet.driver.ledger import Candidate, Ledger
 from ratchet.driver.svg import Axis, Chart
@@ -685,13 +685,13 @@ def overview_parts(study: StudyLike, snap: Snapshot, site: Site
         ("counts", False, lambda: counts(snap.cands)),
         ("running", False, lambda: running_now(study, snap, site)),
         ("costs", True, lambda: costs(study, snap)),
-        ("tuner", True, lambda: charts.tuner_view(study, snap, site)),
+        ("tuner", True, lambda: knobs.tuner_view(study, snap, site)),
         ("training", False, lambda: training_view(study, snap)),
         ("kernel", True, lambda: kernel_view(study, snap)),
         ("shares", True, lambda: "<h2>Success shares</h2>" + shares(snap.cands)),
         ("roofline", True, lambda: roofline(study, snap)),
-        ("timeline", True, lambda: charts.slot_timeline(snap, site)),
-        ("throughput", True, lambda: charts.throughput_chart(snap)),
+        ("timeline", True, lambda: slots.slot_timeline(snap, site)),
+        ("throughput", True, lambda: slots.throughput_chart(snap)),
         ("phases", True, lambda: "<h2>Phase durations</h2>" + charts.phase_chart(snap.cands, site)
          + phase_table(snap.cands)),
         ("incumbent", False, lambda: "<h2>Incumbent</h2>" + incumbent(study, snap)),
@@ -963,36 +963,6 @@ def context(study: StudyLike, cand: Candidate) -> str:
 
 # ---------------------------------------------------------------------------------------
 # research views: tuner, training, kernels (each shown only where its data exists)
-
-
-def importance(knobs: dict[str, Any], trials: list[tuple[Candidate, dict]], goal: str) -> str:
-    """Optuna's own importance evaluator over the tuner's trials, as recorded."""
-    if len(trials) < 3 or len(knobs) < 2:
-        return ('<p class="note">parameter importance needs at least 3 measured trials and '
-                "2 knobs.</p>")
-    try:
-        import optuna
-        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        dists: dict[str, Any] = {}
-        for key, knob in knobs.items():
-            if knob.choices is not None:
-                dists[key] = CategoricalDistribution(list(knob.choices))
-            elif knob.is_int:
-                dists[key] = IntDistribution(int(knob.low), int(knob.high), log=knob.log)
-            else:
-                dists[key] = FloatDistribution(float(knob.low), float(knob.high), log=knob.log)
-        study = optuna.create_study(direction="minimize" if goal == "minimize" else "maximize")
-        for cand, params in trials:
-            study.add_trial(optuna.trial.create_trial(
-                params={k: params[k] for k in knobs}, distributions=dists, value=cand.metric))
-        scores = optuna.importance.get_param_importances(study)
-    except Exception as exc:  # noqa: BLE001 - a view must never fail the page
-        return f'<p class="note">parameter importance unavailable: {_e(type(exc).__name__)}: {_e(exc)}</p>'
-    rows = [[td(f"<code>{_e(k)}</code>"), td(f"{v:.3f}", "num")] for k, v in scores.items()]
-    return ("<h3>Parameter importance (Optuna's default evaluator)</h3>"
-            + table(["knob", "importance"], rows, table_id="importance"))
 
 
 CURVE_STEP = re.compile(r"\bstep\s*[:=]?\s*(\d+)", re.IGNORECASE)
