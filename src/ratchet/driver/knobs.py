@@ -196,7 +196,7 @@ def parallel_coordinates(snap: Snapshot, site: Site, scales: list[KnobScale],
                            for i, u in enumerate(units))
         keep = cand.status == Status.KEEP
         text = ", ".join(f"{s.name}={label((cand.params or {}).get(s.name))}" for s in scales)
-        out.append(f'<a href="{_e(site.candidate(cand.id))}" class="point-link">'
+        out.append(f'<a href="{_e(site.candidate(cand.id))}">'
                    f'<path class="pc-line" d="{d}" fill="none" data-id="{_e(cand.id)}" '
                    f'stroke="{COLORS[cand.status]}" '
                    f'stroke-width="{3 if keep else 1.6}" opacity="0.8"><title>'

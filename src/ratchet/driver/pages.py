@@ -93,6 +93,7 @@ pre .hunk { color: #6a1b9a; }
 svg.chart { background: #fff; border: 1px solid #e0e0e0; max-width: 100%; height: auto; }
 svg .tick { font-size: 11px; fill: #616161; } svg .axis { font-size: 12px; fill: #424242; }
 svg .legend { font-size: 11px; fill: #424242; }
+svg rect.job { stroke: #fff; stroke-width: 0.5; }
 .note { color: #616161; font-style: italic; }
 .warn { color: #b71c1c; font-weight: 600; }
 .scroll { overflow-x: auto; }

@@ -95,7 +95,7 @@ def union_seconds(spans: list[tuple[float, float]]) -> float:
 
 
 TL_WIDTH, TL_LANE, TL_LEFT, TL_RIGHT = 960, 26, 90, 110
-TIMELINE_JOBS = 600  # the most job bars drawn (the latest): the SVG stays small
+TIMELINE_JOBS = 400  # the most job bars drawn (the latest): the SVG stays small
 
 
 def slot_timeline(snap: Snapshot, site: Site) -> str:
@@ -147,14 +147,14 @@ def slot_timeline(snap: Snapshot, site: Site) -> str:
         for j in mine:
             c = j.cand
             w = max(sx(j.end) - sx(j.start), 1.5)
-            what = f"confirms {c.confirms}" if c.confirms else c.description
-            out.append(f'<a href="{_e(site.candidate(c.id))}" class="point-link"><rect class="job" '
+            # short: a study draws hundreds (the description is a click away)
+            what = f", confirms {c.confirms}" if c.confirms else ""
+            out.append(f'<a href="{_e(site.candidate(c.id))}"><rect class="job" '
                        f'data-id="{_e(c.id)}" data-kind="{j.kind}" data-slot="{_e(lane)}" '
                        f'data-start="{j.start - t0:.3f}" data-end="{j.end - t0:.3f}" '
                        f'x="{sx(j.start):.1f}" y="{y + 4}" width="{w:.1f}" height="{TL_LANE - 8}" '
-                       f'fill="{JOB_COLORS[j.kind]}" stroke="#fff" stroke-width="0.5"><title>'
-                       f"{_e(c.id)} {_e(j.kind)} in {_e(lane)}: {j.start - t0:.1f}–"
-                       f"{j.end - t0:.1f} s, {_e(c.status)}: {_e(what)}</title></rect></a>")
+                       f'fill="{JOB_COLORS[j.kind]}"><title>{_e(c.id)} {_e(c.status)}{_e(what)}: '
+                       f"{j.start - t0:.1f}–{j.end - t0:.1f} s</title></rect></a>")
         out.append("</g>")
     out.append("</svg>")
     note = ('<p class="note" id="timeline-packed">some jobs name no slot (their backend records '

@@ -291,7 +291,7 @@ class Chart:
                          f'stroke="{"#fff" if not m.hollow else _e(m.color)}" stroke-width="1"')
             mark = f'<g class="mark"{attrs}>{shape}/>{title}</g>'
             if i < len(m.links) and m.links[i]:
-                mark = f'<a href="{_e(m.links[i])}" class="point-link">{mark}</a>'
+                mark = f'<a href="{_e(m.links[i])}">{mark}</a>'
             out.append(mark)
         return out
 
