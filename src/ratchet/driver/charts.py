@@ -72,7 +72,7 @@ def phase_chart(cands: list[Candidate], site: Site) -> str:
         chart.points([c.seq for c in mine], ys, PHASE_COLORS[i % len(PHASE_COLORS)],
                      label=name, size=3.5,
                      titles=[f"{c.id} {name}: {y:.2f} s" for c, y in zip(mine, ys, strict=True)],
-                     attrs=[{"data-id": c.id, "data-phase": name} for c in mine],
+                     attrs=[{"data-id": c.id} for c in mine],
                      links=[site.candidate(c.id) for c in mine])
     return chart.render()
 

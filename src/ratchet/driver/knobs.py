@@ -153,14 +153,19 @@ def slice_plot(snap: Snapshot, site: Site, scale: KnobScale, drawn: list[Candida
 
 
 PC_WIDTH, PC_HEIGHT, PC_TOP, PC_BOTTOM, PC_SIDE = 960, 320, 40, 30, 70
+PC_LINES = 150  # the most trials drawn as lines (the keeps and the envelope)
 
 
 def parallel_coordinates(snap: Snapshot, site: Site, scales: list[KnobScale],
                          drawn: list[Candidate]) -> str:
     """One vertical axis per knob (its own scale) and the metric's last; each trial a line
-    through its values, a link to its candidate."""
-    from ratchet.driver.pages import COLORS
+    through its values, a link to its candidate. Drawn for two knobs or more (one knob's
+    slice says it all), with at most PC_LINES lines: the keeps and the envelope."""
+    from ratchet.driver.pages import COLORS, thin
 
+    if len(scales) < 2:
+        return ""
+    drawn = thin(drawn, lambda c: c.metric or 0.0, lambda c: c.status == Status.KEEP, PC_LINES)
     values = [c.metric for c in drawn if c.metric is not None]
     if not values:
         return ""

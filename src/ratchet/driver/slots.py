@@ -95,7 +95,7 @@ def union_seconds(spans: list[tuple[float, float]]) -> float:
 
 
 TL_WIDTH, TL_LANE, TL_LEFT, TL_RIGHT = 960, 26, 90, 110
-TIMELINE_JOBS = 400  # the most job bars drawn (the latest): the SVG stays small
+TIMELINE_JOBS = 250  # the most job bars drawn (the latest): the SVG stays small
 
 
 def slot_timeline(snap: Snapshot, site: Site) -> str:
