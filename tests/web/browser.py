@@ -149,6 +149,37 @@ class Browser:
             time.sleep(interval)
         raise BrowserError(f"{expression} still {last!r} after {timeout} s")
 
+    def mouse(self, kind: str, x: float, y: float, held: bool = False) -> None:
+        """A real mouse event at (x, y) of the viewport: mousePressed, mouseMoved (`held`:
+        with the left button down) or mouseReleased, as a hand on a mouse sends them."""
+        pressing = kind == "mousePressed" or held
+        self.call("Input.dispatchMouseEvent", {
+            "type": kind, "x": x, "y": y, "clickCount": 1,
+            "button": "left" if kind != "mouseMoved" or held else "none",
+            "buttons": 1 if pressing else 0}, session=True)
+
+    def center(self, selector: str) -> tuple[float, float]:
+        """The middle of the first element `selector` finds, scrolled into view."""
+        rect = self.eval(f"(() => {{ const el = document.querySelector({json.dumps(selector)});"
+                         " el.scrollIntoView({block: 'center'}); const r = el.getBoundingClientRect();"
+                         " return [r.left + r.width / 2, r.top + r.height / 2]; })()")
+        return rect[0], rect[1]
+
+    def click(self, selector: str) -> None:
+        """Click the element `selector` finds, with the mouse, as a user would."""
+        x, y = self.center(selector)
+        self.mouse("mouseMoved", x, y)
+        self.mouse("mousePressed", x, y)
+        self.mouse("mouseReleased", x, y)
+
+    def drag(self, start: tuple[float, float], end: tuple[float, float], steps: int = 8) -> None:
+        self.mouse("mouseMoved", *start)
+        self.mouse("mousePressed", *start)
+        for i in range(1, steps + 1):
+            self.mouse("mouseMoved", start[0] + (end[0] - start[0]) * i / steps,
+                       start[1] + (end[1] - start[1]) * i / steps, held=True)
+        self.mouse("mouseReleased", *end)
+
     def screenshot(self, path: Path, full_page: bool = True) -> Path:
         params: dict[str, Any] = {"format": "png"}
         if full_page:

@@ -200,6 +200,15 @@ def test_candidate_page_shows_verdict_reasons_diffs_and_keeps_hostile_text_inert
             assert browser.eval("typeof window.pwned") == "undefined"
             assert browser.eval("document.scripts.length") == 1
             assert xss.description in browser.eval("document.body.textContent")
+        # side by side with the baseline: its words in the table and the pickers stay text
+        base = next(c for c in cands if c.kind == "baseline")
+        browser.goto(f"{base_of(url)}compare?a={base.id}&b={xss.id}")
+        assert browser.eval("typeof window.pwned") == "undefined"
+        assert browser.eval("document.scripts.length") == 1
+        assert browser.eval("document.querySelectorAll('img').length") == 0
+        assert xss.description in browser.eval(
+            "Array.from(document.querySelectorAll('#compare-numbers tbody tr')).find(r =>"
+            " r.cells[0].textContent === 'description').cells[2].textContent")
 
     # the static report: the same views, written as files, with no script at all
     assert ratchet(study, "report").returncode == 0

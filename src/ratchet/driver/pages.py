@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ratchet import stats
-from ratchet.driver import views
+from ratchet.driver import charts, compare, knobs, slots, views
 from ratchet.driver.history import Share, success_shares
 from ratchet.driver.ledger import Candidate, Ledger
-from ratchet.driver.svg import Chart
+from ratchet.driver.svg import Axis, Chart
 from ratchet.job import gitrepo, sandbox
 from ratchet.job.fingerprint import fingerprint_key, software_key
 from ratchet.vocab import OPEN, Kind, Status
@@ -93,10 +93,13 @@ pre .hunk { color: #6a1b9a; }
 svg.chart { background: #fff; border: 1px solid #e0e0e0; max-width: 100%; height: auto; }
 svg .tick { font-size: 11px; fill: #616161; } svg .axis { font-size: 12px; fill: #424242; }
 svg .legend { font-size: 11px; fill: #424242; }
+svg rect.job { stroke: #fff; stroke-width: 0.5; }
 .note { color: #616161; font-style: italic; }
 .warn { color: #b71c1c; font-weight: 600; }
 .scroll { overflow-x: auto; }
-.filters { margin: 6px 0 10px; display: flex; gap: 10px; }
+.filters { margin: 6px 0 10px; display: flex; gap: 10px; align-items: baseline; }
+.filters input[type=number] { width: 6em; }
+.scale-switch:checked ~ .linear-chart, .scale-switch:not(:checked) ~ .log-chart { display: none; }
 ul.reasons { margin: 4px 0; padding-left: 20px; }
 """
 
@@ -137,6 +140,15 @@ class Site:
 
     def candidate(self, cand_id: str) -> str:
         return f"/c/{cand_id}" if self.live else f"{self.root}c/{cand_id}.html"
+
+    def compare(self, a: str, b: str) -> str | None:
+        """Two candidates side by side: a page of the live app only (it is asked for any
+        pair; the static report writes no page per pair)."""
+        return f"/compare?a={a}&b={b}" if self.live else None
+
+    def metric(self) -> str | None:
+        """The metric chart with its log-scale switch and zoom (the live app's)."""
+        return "/metric" if self.live else None
 
     def log(self, cand: Candidate, phase: dict[str, Any], state_dir: Path) -> str | None:
         """A link to a phase's whole log, only for a file under .ratchet/ (never elsewhere)."""
@@ -423,22 +435,28 @@ def agent_sandbox(study: StudyLike) -> str:
     return f'<p class="{kind}">agents: {_e(text)}</p>'
 
 
-def metric_chart(snap: Snapshot, site: Site = LIVE) -> str:
+def metric_chart(snap: Snapshot, site: Site = LIVE, log_y: bool | None = None,
+                 limits: tuple[float, float] | None = None) -> str:
     """The metric of every candidate in proposal order; each commit's pooled 95% interval;
     re-measures (co-runs, the A/A floor, confirmation pairs) as hollow diamonds at the
     candidate whose commit they measured again; the running incumbent as a step line of
-    pooled estimates."""
+    pooled estimates. Each point links to its candidate's page. `log_y`: a log axis
+    (None: when the values span more than 20x); `limits`: the candidates shown (a zoom)."""
     cands, metric = snap.cands, snap.metric
     everyone = [c for c in cands if c.metric is not None]
     if not everyone:
         return '<p class="note">no candidate has a metric yet.</p>'
+    if limits is not None:  # zoomed: thinned within the range, so a zoom shows more points
+        everyone = [c for c in everyone if limits[0] <= c.seq <= limits[1]] or everyone
     values = [c.metric for c in everyone if c.metric is not None]
     # a bounded number of points: every keep and the baseline, the envelope of the rest
     measured = thin(everyone, lambda c: c.metric or 0.0,
                     lambda c: c.status == Status.KEEP or c.kind != Kind.CANDIDATE)
+    if log_y is None:
+        log_y = min(values) > 0 and max(values) / min(values) > 20
     chart = Chart(title=f"{metric} over candidates", xlabel="candidate, in the order proposed",
                   ylabel=f"{metric} ({'lower' if snap.goal == 'minimize' else 'higher'} is better)",
-                  log_y=min(values) > 0 and max(values) / min(values) > 20)
+                  log_y=log_y and min(values) > 0, x=Axis(integer=True, limits=limits))
     first_at: dict[str, int] = {}
     for c in cands:
         if c.commit_sha:
@@ -456,7 +474,8 @@ def metric_chart(snap: Snapshot, site: Site = LIVE) -> str:
                      label=f"re-measured ({len(again)})",
                      titles=[f"{r.id} {r.kind} of {r.confirms or r.commit_sha and r.short}: "
                              f"{metric} {r.metric:.6g}" for r in again],
-                     attrs=[{"data-id": r.id, "data-remeasure": "1"} for r in again])
+                     attrs=[{"data-id": r.id, "data-remeasure": "1"} for r in again],
+                     links=[site.candidate(r.id) for r in again])
     for status in dict.fromkeys(c.status for c in measured if c.kind != Kind.INCUMBENT):
         pts = [c for c in measured if c.status == status and c.kind != Kind.INCUMBENT]
         n = sum(1 for c in everyone if c.status == status and c.kind != Kind.INCUMBENT)
@@ -465,14 +484,16 @@ def metric_chart(snap: Snapshot, site: Site = LIVE) -> str:
                      size=6 if status == Status.KEEP else 4.5,
                      titles=[f"{c.id} {c.status}: {metric} {c.metric:.6g} — {c.description}"
                              for c in pts],
-                     attrs=[{"data-id": c.id, "data-metric": repr(c.metric)} for c in pts])
+                     attrs=[{"data-id": c.id, "data-metric": repr(c.metric)} for c in pts],
+                     links=[site.candidate(c.id) for c in pts])
     missing = [c for c in cands if c.metric is None and c.is_judged]
     all_missing = len(missing)
     missing = missing[::-(-len(missing) // CHART_POINTS)] if missing else missing
     if missing:
         chart.floor([c.seq for c in missing], COLORS["crash"], label=f"no {metric} ({all_missing})",
                     titles=[f"{c.id} {c.status}: {c.reasons or ''}" for c in missing],
-                    attrs=[{"data-id": c.id} for c in missing])
+                    attrs=[{"data-id": c.id} for c in missing],
+                    links=[site.candidate(c.id) for c in missing])
     path = incumbent_path(snap)
     if path:
         last = max(c.seq for c in cands)
@@ -659,17 +680,20 @@ def overview_parts(study: StudyLike, snap: Snapshot, site: Site
         ("network", False, lambda: candidate_network(study)),
         ("agents", False, lambda: agent_sandbox(study)),
         ("machine-warning", True, lambda: machine_warning(snap.hosts)),
-        ("chart", True, lambda: "<h2>Metric over candidates</h2>" + metric_chart(snap, site)),
+        ("chart", True, lambda: "<h2>Metric over candidates</h2>"
+         + charts.overview_metric(snap, site)),
         ("tally", False, lambda: tally(study)),
         ("counts", False, lambda: counts(snap.cands)),
         ("running", False, lambda: running_now(study, snap, site)),
         ("costs", True, lambda: costs(study, snap)),
-        ("tuner", True, lambda: tuner_view(study, snap)),
+        ("tuner", True, lambda: knobs.tuner_view(study, snap, site)),
         ("training", False, lambda: training_view(study, snap)),
         ("kernel", True, lambda: kernel_view(study, snap)),
         ("shares", True, lambda: "<h2>Success shares</h2>" + shares(snap.cands)),
         ("roofline", True, lambda: roofline(study, snap)),
-        ("phases", True, lambda: "<h2>Phase durations</h2>" + phase_chart(snap.cands)
+        ("timeline", True, lambda: slots.slot_timeline(snap, site)),
+        ("throughput", True, lambda: slots.throughput_chart(snap)),
+        ("phases", True, lambda: "<h2>Phase durations</h2>" + charts.phase_chart(snap.cands, site)
          + phase_table(snap.cands)),
         ("incumbent", False, lambda: "<h2>Incumbent</h2>" + incumbent(study, snap)),
         ("machines", True, lambda: "<h2>Machines</h2>" + machines(snap.hosts)),
@@ -797,6 +821,7 @@ def candidate_page(study: StudyLike, snap: Snapshot, cand: Candidate, site: Site
         facts.append(("params", f"<code>{_e(json.dumps(params, default=str, sort_keys=True))}</code>"))
     out = [f"<h1>{_e(cand.id)} {_badge(cand.status)}</h1>",
            f'<p class="sub" id="description">{_e(cand.description)}</p>',
+           compare.links(snap, cand, site),
            "<h2>Verdict</h2>", verdict(cand),
            kv_table([(k, v) for k, v in facts if v]),
            remeasures(snap, cand, site),
@@ -939,65 +964,6 @@ def context(study: StudyLike, cand: Candidate) -> str:
 
 # ---------------------------------------------------------------------------------------
 # research views: tuner, training, kernels (each shown only where its data exists)
-
-
-def tuner_view(study: StudyLike, snap: Snapshot) -> str:
-    """Metric against each knob's value, and Optuna's parameter importances."""
-    knobs = dict(getattr(study.config.tune, "knobs", {}) or {})
-    trials = [(c, c.params) for c in snap.cands if c.kind == Kind.CANDIDATE and c.metric is not None
-              and isinstance(c.params, dict) and c.status in (Status.KEEP, Status.DISCARD)
-              and all(k in c.params for k in knobs)]
-    if not knobs or not trials:
-        return ""
-    out = ["<h2>Tuner: metric against each knob</h2>"]
-    drawn = {id(c) for c in thin([c for c, _ in trials], lambda c: c.metric or 0.0,
-                                 lambda c: c.status == Status.KEEP, SMALL_CHART_POINTS)}
-    for key in knobs:
-        pts = [(v, c) for c, p in trials if isinstance(v := p.get(key), int | float)
-               and not isinstance(v, bool)]
-        if not pts:
-            continue
-        chart = Chart(title=f"{snap.metric} against {key}", xlabel=key, ylabel=snap.metric,
-                      width=460, height=260)
-        for status in (Status.DISCARD, Status.KEEP):
-            sel = [(v, c) for v, c in pts if c.status == status and id(c) in drawn]
-            chart.points([v for v, _ in sel], [c.metric or 0.0 for _, c in sel],
-                         COLORS[status], label=f"{status} ({len(sel)})",
-                         titles=[f"{c.id}: {key}={v} {snap.metric} {c.metric:.6g}" for v, c in sel],
-                         attrs=[{"data-id": c.id} for _, c in sel])
-        out.append(f'<div style="display:inline-block;width:48%;min-width:380px">{chart.render()}</div>')
-    out.append(importance(knobs, trials, snap.goal))
-    return "".join(out)
-
-
-def importance(knobs: dict[str, Any], trials: list[tuple[Candidate, dict]], goal: str) -> str:
-    """Optuna's own importance evaluator over the tuner's trials, as recorded."""
-    if len(trials) < 3 or len(knobs) < 2:
-        return ('<p class="note">parameter importance needs at least 3 measured trials and '
-                "2 knobs.</p>")
-    try:
-        import optuna
-        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        dists: dict[str, Any] = {}
-        for key, knob in knobs.items():
-            if knob.choices is not None:
-                dists[key] = CategoricalDistribution(list(knob.choices))
-            elif knob.is_int:
-                dists[key] = IntDistribution(int(knob.low), int(knob.high), log=knob.log)
-            else:
-                dists[key] = FloatDistribution(float(knob.low), float(knob.high), log=knob.log)
-        study = optuna.create_study(direction="minimize" if goal == "minimize" else "maximize")
-        for cand, params in trials:
-            study.add_trial(optuna.trial.create_trial(
-                params={k: params[k] for k in knobs}, distributions=dists, value=cand.metric))
-        scores = optuna.importance.get_param_importances(study)
-    except Exception as exc:  # noqa: BLE001 - a view must never fail the page
-        return f'<p class="note">parameter importance unavailable: {_e(type(exc).__name__)}: {_e(exc)}</p>'
-    rows = [[td(f"<code>{_e(k)}</code>"), td(f"{v:.3f}", "num")] for k, v in scores.items()]
-    return ("<h3>Parameter importance (Optuna's default evaluator)</h3>"
-            + table(["knob", "importance"], rows, table_id="importance"))
 
 
 CURVE_STEP = re.compile(r"\bstep\s*[:=]?\s*(\d+)", re.IGNORECASE)
@@ -1305,26 +1271,6 @@ def roofline(study: StudyLike, snap: Snapshot) -> str:
             + table(["step", snap.metric, "% of roofline", "distance to the bound", "description"], rows))
 
 
-def phase_chart(cands: list[Candidate]) -> str:
-    """Seconds per phase for each candidate that ran: one line per phase."""
-    ran = [c for c in cands if c.phases]
-    if not ran:
-        return ""
-    names = list(dict.fromkeys(str(p.get("name", "?")) for c in ran for p in c.phases or []))
-    # a bounded number of points: the envelope of the candidates' total phase time
-    ran = thin(ran, lambda c: sum(float(p.get("seconds") or 0) for p in c.phases or []),
-               limit=SMALL_CHART_POINTS)
-    chart = Chart(title="phase durations per candidate", xlabel="candidate, in the order proposed",
-                  ylabel="seconds", height=240)
-    for i, name in enumerate(names):
-        pts = [(c.seq, sum(float(p.get("seconds") or 0) for p in c.phases or []
-                           if str(p.get("name")) == name)) for c in ran
-               if any(str(p.get("name")) == name for p in c.phases or [])]
-        chart.points([x for x, _ in pts], [y for _, y in pts], PHASE_COLORS[i % len(PHASE_COLORS)],
-                     label=name, size=3.5, titles=[f"{name}: {y:.2f} s" for _, y in pts])
-    return chart.render()
-
-
 def phase_table(cands: list[Candidate]) -> str:
     by_phase: dict[str, list[dict[str, Any]]] = {}
     for c in cands:
@@ -1384,8 +1330,10 @@ def incumbent(study: StudyLike, snap: Snapshot) -> str:
 
 
 def nav(site: Site, live_state: str = "") -> str:
+    more = (f'<a href="{_e(site.metric())}">metric chart</a><a href="/compare">compare</a>'
+            if site.live else "")
     return (f'<nav><a href="{_e(site.index())}">overview</a>'
-            f'<a href="{_e(site.candidates())}">candidates</a>{live_state}</nav>')
+            f'<a href="{_e(site.candidates())}">candidates</a>{more}{live_state}</nav>')
 
 
 def page(title: str, body: str, csp: str, head_extra: str = "") -> str:

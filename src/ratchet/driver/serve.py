@@ -42,7 +42,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-from ratchet.driver import pages, views
+from ratchet.driver import charts, compare, pages, views
 from ratchet.driver.config import CONFIG_FILE, Config, load_config, loads_config
 from ratchet.driver.ledger import PAGE_ORDERS, Candidate, Ledger, LedgerError
 from ratchet.driver.pages import LIVE, StudyLike
@@ -189,11 +189,71 @@ SCRIPT = r"""
         sortDir = sortCol === i ? -sortDir : 1; sortCol = i; sortTable();
       }));
     }
-    sortTable(); filterTable();
+    sortTable(); filterTable(); wireDrag();
   }
   for (const id of ['filter-text', 'filter-status']) {
     const el = document.getElementById(id);
     if (el) el.addEventListener('input', filterTable);
+  }
+  // the metric chart's zoom (/metric): a range typed, or dragged across the chart
+  function zoomTo(from, to) {
+    const url = new URL(location.href);
+    for (const [key, value] of [['from', from], ['to', to]]) {
+      if (value === '' || value === null) url.searchParams.delete(key);
+      else url.searchParams.set(key, value);
+    }
+    location.href = url.pathname + url.search;
+  }
+  const apply = document.getElementById('zoom-apply');
+  if (apply) apply.addEventListener('click', () => zoomTo(
+    document.getElementById('zoom-from').value, document.getElementById('zoom-to').value));
+  function wireDrag() {
+    const svg = document.querySelector('#metric-zoom svg[data-x0]');
+    if (!svg) return;
+    const NS = 'http://www.w3.org/2000/svg';
+    const box = svg.viewBox.baseVal;
+    let start = null, band = null;
+    const at = (ev) => {
+      const r = svg.getBoundingClientRect(), d = svg.dataset;
+      const px = (ev.clientX - r.left) * box.width / r.width;
+      const x = Number(d.x0) + (px - Number(d.left)) / Number(d.plotWidth) * (Number(d.x1) - Number(d.x0));
+      return {px, x};
+    };
+    svg.addEventListener('mousedown', (ev) => {
+      if (ev.button !== 0) return;
+      ev.preventDefault();
+      start = at(ev);
+      band = document.createElementNS(NS, 'rect');
+      band.setAttribute('class', 'zoom-band');
+      band.setAttribute('y', '0');
+      band.setAttribute('height', String(box.height));
+      band.setAttribute('fill', 'rgba(21,101,192,0.15)');
+      band.setAttribute('pointer-events', 'none');  // a click on a point still reaches it
+      svg.appendChild(band);
+    });
+    svg.addEventListener('mousemove', (ev) => {
+      if (!start) return;
+      const now = at(ev);
+      band.setAttribute('x', String(Math.min(start.px, now.px)));
+      band.setAttribute('width', String(Math.abs(now.px - start.px)));
+    });
+    svg.addEventListener('mouseup', (ev) => {
+      if (!start) return;
+      const first = start, end = at(ev);
+      start = null;
+      band.remove();
+      if (Math.abs(end.px - first.px) < 6) return;  // a click: a point's link opens
+      const from = Math.ceil(Math.min(first.x, end.x)), to = Math.floor(Math.max(first.x, end.x));
+      if (from <= to) zoomTo(from, to);
+    });
+  }
+  // two candidates side by side (/compare): the pair picked opens
+  for (const id of ['compare-a', 'compare-b']) {
+    const el = document.getElementById(id);
+    if (el) el.addEventListener('change', () => {
+      const pick = (n) => encodeURIComponent(document.getElementById('compare-' + n).value);
+      location.href = '/compare?a=' + pick('a') + '&b=' + pick('b');
+    });
   }
   async function refresh(want) {
     if (busy) { again = want; return; }
@@ -395,6 +455,28 @@ def candidates_view(query: TableQuery | None = None) -> View:
     return View(title=lambda study, _s: f"candidates: {study.name}", body=body,
                 above=lambda snap: pages.candidate_filters(snap)
                 + '<p class="note" id="filter-count"></p>')
+
+
+def metric_view(query: charts.MetricQuery) -> View:
+    # the controls sit outside the live part: a redraw keeps what is typed in them
+    return View(title=lambda study, _s: f"{study.config.metric.name}: {study.name}",
+                body=lambda _study, snap: charts.metric_page(snap, LIVE, query)[1],
+                above=lambda snap: charts.metric_page(snap, LIVE, query, chart=False)[0])
+
+
+def compare_view(a: str | None, b: str | None) -> View:
+    def pair(study: StudyLike, snap: pages.Snapshot) -> tuple[str, str]:
+        first, second = compare.defaults(snap)
+        return a or first or "", b or second or ""
+
+    def body(study: StudyLike, snap: pages.Snapshot) -> str:
+        one, two = pair(study, snap)
+        if not one or not two:
+            return '<p class="note">no two candidates to compare yet.</p>'
+        return compare.page(study, snap, one, two, LIVE)
+
+    return View(title=lambda study, _s: f"compare: {study.name}", body=body,
+                above=lambda snap: compare.pickers(snap, a, b))
 
 
 def candidate_view(cand_id: str) -> View:
@@ -653,6 +735,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             view = candidates_view(TableQuery.of(query))
         elif parts[:1] == ["c"] and len(parts) == 2:
             view = candidate_view(parts[1])
+        elif path == "/metric":
+            view = metric_view(charts.MetricQuery.of(query))
+        elif path == "/compare":
+            view = compare_view(query.get("a", [""])[0] or None, query.get("b", [""])[0] or None)
         else:
             self._error(HTTPStatus.NOT_FOUND, f"no page {path}")
             return
