@@ -53,15 +53,6 @@ print("correct: true")
 print(f"score: {solution.score():.6f}")
 '''
 
-TASK = textwrap.dedent('''
-    [task]
-    name = "clicks"
-    editable = ["solution.py"]
-    protected = ["evaluate.py"]
-    evaluate = "python evaluate.py"
-    timeout = "60s"
-''')
-
 KNOBS = textwrap.dedent('''
     [tune.knobs]
     "solution.py:X" = { choices = [3.0, 2.0, 1.5, 1.0] }
@@ -75,7 +66,7 @@ KNOBS = textwrap.dedent('''
 def study(tmp_path_factory) -> Path:
     repo = make_repo(tmp_path_factory.mktemp("dashboard") / "repo", {
         "ratchet.toml": config_text(
-            task=TASK, knobs=KNOBS,
+            knobs=KNOBS,
             search='[search]\nproposer = "tune"\nparallel = 3\nrounds = 6\n',
             backend='[backend]\nkind = "local"\nslots = 3\n'),
         "evaluate.py": EVALUATOR, "solution.py": SOLUTION})
