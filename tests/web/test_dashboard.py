@@ -392,6 +392,11 @@ def test_slot_timeline_and_throughput_agree_with_the_ledger(study, tmp_path):
         finished = [c for c in cands if c.kind == "candidate" and c.finished_at is not None]
         assert sum(n for n, _ in bins) == len(finished)
         assert all(r == pytest.approx(n * 3600 / width, rel=1e-5) for n, r in bins)
+        # its mean is the costs table's "candidates judged per hour", written alike
+        text = browser.eval("document.body.innerText")
+        costs = re.search(r"candidates judged per hour\s+([\d.]+)", text)
+        mean = re.search(r"mean ([\d.]+) per hour while the study ran", text)
+        assert costs and mean and costs.group(1) == mean.group(1), (costs, mean)
         browser.eval("document.querySelector('svg.timeline').scrollIntoView()")
         browser.screenshot(shots_dir(tmp_path) / "timeline.png", full_page=False)
 

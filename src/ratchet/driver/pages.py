@@ -607,19 +607,28 @@ def running_now(study: StudyLike, snap: Snapshot, site: Site) -> str:
     return "".join(out)
 
 
+def judged_per_hour(study: StudyLike, snap: Snapshot) -> float | None:
+    """Candidates judged per hour of the study's wall time (while a session or a job ran,
+    not the idle gaps between sessions): the costs table's figure and the throughput
+    chart's mean, one number."""
+    wall_h = snap.spent(study.ledger).wall_hours
+    judged = sum(1 for c in snap.cands if c.kind == Kind.CANDIDATE and c.is_judged)
+    return judged / wall_h if wall_h > 0 else None
+
+
 def costs(study: StudyLike, snap: Snapshot) -> str:
     """Job time, duty and its limit, spend (and against a budget, where one is set)."""
     cands = snap.cands
     spent = snap.spent(study.ledger)  # every proposer call and job, as recorded
     queue_s = sum(c.queue_s or 0.0 for c in cands)
     wall = spent.wall_hours * 3600  # while a session or a job ran, not the idle gaps
-    judged = sum(1 for c in cands if c.kind == Kind.CANDIDATE and c.is_judged)
+    per_hour = judged_per_hour(study, snap)
     slots = study.busy_slots
     facts = [
         ("job hours (GPU/CPU slot-hours)", f"{spent.slot_hours:.4f}"),
         ("queue hours", f"{queue_s / 3600:.4f}"),
         ("wall time", duration(wall) if wall > 0 else ""),
-        ("candidates judged per hour", f"{judged / (wall / 3600):.1f}" if wall > 0 else ""),
+        ("candidates judged per hour", f"{per_hour:.1f}" if per_hour is not None else ""),
     ]
     # how busy the slots were (confirmation pairs included, and their share said apart)
     busy = study.ledger.throughput(slots)
@@ -692,7 +701,7 @@ def overview_parts(study: StudyLike, snap: Snapshot, site: Site
         ("shares", True, lambda: "<h2>Success shares</h2>" + shares(snap.cands)),
         ("roofline", True, lambda: roofline(study, snap)),
         ("timeline", True, lambda: slots.slot_timeline(snap, site)),
-        ("throughput", True, lambda: slots.throughput_chart(snap)),
+        ("throughput", True, lambda: slots.throughput_chart(snap, judged_per_hour(study, snap))),
         ("phases", True, lambda: "<h2>Phase durations</h2>" + charts.phase_chart(snap.cands, site)
          + phase_table(snap.cands)),
         ("incumbent", False, lambda: "<h2>Incumbent</h2>" + incumbent(study, snap)),

@@ -189,8 +189,10 @@ def throughput_bins(finished: list[float], start: float, end: float, bins: int =
     return width, counts
 
 
-def throughput_chart(snap: Snapshot) -> str:
-    """Candidates finished per hour, in bins of time since the first job started."""
+def throughput_chart(snap: Snapshot, per_hour: float | None = None) -> str:
+    """Candidates finished per hour, in bins of time since the first job started; the
+    dashed mean is `per_hour` (the costs table's: judged per hour of wall time, the idle
+    gaps between sessions left out) where given, else the bins' own."""
     cands = [c for c in snap.cands if c.kind == Kind.CANDIDATE and c.finished_at is not None]
     starts = [c.submitted_at for c in snap.everything if c.submitted_at is not None]
     if not cands or not starts:
@@ -212,8 +214,11 @@ def throughput_chart(snap: Snapshot) -> str:
                                                                                     strict=True))],
                  attrs=[{"data-bin": str(i), "data-count": str(n), "data-rate": f"{r:.6g}"}
                         for i, (n, r) in enumerate(zip(counts, rates, strict=True))])
-    mean = len(cands) / max(hours * len(counts), 1e-9)
-    chart.line([0, len(counts) * width / per], [mean, mean], "#9e9e9e", dash=True,
-               label=f"mean {mean:.4g} per hour")
+    if per_hour is not None:  # written as the costs table writes it: one number, one form
+        mean, label = per_hour, f"mean {per_hour:.1f} per hour while the study ran (costs)"
+    else:
+        mean = len(cands) / max(hours * len(counts), 1e-9)
+        label = f"mean {mean:.4g} per hour"
+    chart.line([0, len(counts) * width / per], [mean, mean], "#9e9e9e", dash=True, label=label)
     return (f'<h2>Throughput over time</h2><div id="throughput" data-bin-seconds="{width:g}">'
             f"{chart.render()}</div>")
