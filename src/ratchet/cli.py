@@ -615,9 +615,11 @@ def status(
         if summary["agent_sandbox"]:
             emit(console, f"agents: {summary['agent_sandbox']}")
         if busy.duty is not None:
+            # rows that ran (the baseline and re-measures too), not candidates judged: the
+            # report's "candidates judged per hour" is the other count, so the unit is said
             emit(console, f"slots {busy.slots}: duty {busy.duty:.0%}, mean run "
-                 f"{busy.mean_run_s:.1f} s, limit {busy.limit_per_hour:.0f}/h, "
-                 f"achieved {busy.per_hour:.0f}/h")
+                 f"{busy.mean_run_s:.1f} s, limit {busy.limit_per_hour:.0f} runs/h, "
+                 f"achieved {busy.per_hour:.0f} runs/h (baseline and re-measures included)")
             emit(console, busy.shares_line())
 
 
