@@ -637,7 +637,7 @@ def costs(study: StudyLike, snap: Snapshot) -> str:
             (f"duty cycle ({slots} slot{'s' * (slots != 1)})", f"{busy.duty:.0%}"),
             ("slot time confirming keeps", f"{busy.confirming_share or 0.0:.0%}"),
             ("slot time idle", f"{busy.idle_share or 0.0:.0%}"),
-            ("limit: runs per hour at full duty (status's runs/h)", f"{busy.limit_per_hour:.0f}"),
+            ("limit: runs per hour at full duty", f"{busy.limit_per_hour:.0f}"),
         ]
     facts += spend_facts(study, snap)
     return "<h2>Costs</h2>" + kv_table(facts, "num")
