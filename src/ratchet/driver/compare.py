@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ratchet.driver.ledger import Candidate
+from ratchet.vocab import Kind
 
 if TYPE_CHECKING:
     from ratchet.driver.pages import Site, Snapshot, StudyLike
@@ -41,7 +42,7 @@ def pickers(snap: Snapshot, a: str | None, b: str | None) -> str:
 
     first, second = defaults(snap)
     a, b = a or first, b or second
-    rows = sorted(snap.everything, key=lambda c: (c.kind == "confirm", -c.seq))[:CHOICES]
+    rows = sorted(snap.everything, key=lambda c: (c.kind == Kind.CONFIRM, -c.seq))[:CHOICES]
 
     def select(name: str, chosen: str | None) -> str:
         opts = "".join(f'<option value="{_e(c.id)}"{" selected" if c.id == chosen else ""}>'
@@ -55,7 +56,7 @@ def pickers(snap: Snapshot, a: str | None, b: str | None) -> str:
 
 def defaults(snap: Snapshot) -> tuple[str | None, str | None]:
     """With none asked: the baseline against the incumbent (what the study kept)."""
-    base = next((c.id for c in snap.cands if c.kind == "baseline"), None)
+    base = next((c.id for c in snap.cands if c.kind == Kind.BASELINE), None)
     inc = snap.head.incumbent_id
     return base, inc if inc != base else next(
         (c.id for c in reversed(snap.cands) if c.id != base), None)
