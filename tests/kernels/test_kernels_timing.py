@@ -24,6 +24,7 @@ def cand():
         yield proc
 
 
+@pytest.mark.timing  # batching follows one probe call's time: load made single-call batches twice
 def test_bench_statistics_are_sane(cand):
     r = bench(cand.function("honest"), kc.make_inputs, SMALL, reference=kc.reference, **QUICK)
     if r.calls == 1:

@@ -124,6 +124,7 @@ def test_checking_outputs_leaves_no_thread_pool_spinning():
     assert spun["check"] <= 0.02, f"threads spun {spun['check']:.2f} s after the harness's check (a threaded BLAS call: {spun['blas']:.2f} s)"
 
 
+@pytest.mark.timing  # a 2x bound on a two-thread baseline: 4 workers' load read 80x once
 def test_two_thread_torch_baseline_times_the_same_beside_a_torch_candidate(tmp_path):
     """The symptom: the baseline's time beside a checked torch candidate is its time alone."""
     module = tmp_path / "cand.py"
