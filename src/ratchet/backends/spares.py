@@ -14,6 +14,7 @@ are not this process's children, so they are watched by pid and start time.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
 import signal
@@ -29,7 +30,12 @@ SPARE_WAIT_S = 5.0  # the longest a placement waits for a spare already asked fo
 
 _PROC = Path("/proc")
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-_boot: list[float] = []  # the machine's boot time, read once (psutil reads it every call)
+
+
+@functools.cache
+def _boot_time() -> float:
+    """The machine's boot time, read once (psutil reads /proc/stat for it every call)."""
+    return psutil.boot_time()
 
 
 def running(pid: int, created: float) -> bool:
@@ -51,9 +57,7 @@ def running(pid: int, created: float) -> bool:
         state, start_ticks = fields[0], int(fields[19])  # fields 3 and 22 of proc(5)
     except (OSError, IndexError, ValueError):
         return False
-    if not _boot:
-        _boot.append(psutil.boot_time())
-    return state != b"Z" and abs(_boot[0] + start_ticks / _TICKS - created) <= 1.0
+    return state != b"Z" and abs(_boot_time() + start_ticks / _TICKS - created) <= 1.0
 
 
 class Spare:

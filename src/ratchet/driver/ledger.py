@@ -436,6 +436,7 @@ class Ledger:
         if cand is None:
             raise LookupError(f"{cand_id}: not in the ledger")
         return cand
+
     def rows(self, cand_ids: list[str]) -> list[Candidate]:
         """The rows of `cand_ids` that are recorded, in their order: one query where a
         poll of every job in flight would make one each, every tick."""

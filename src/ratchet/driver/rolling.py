@@ -353,8 +353,7 @@ class Rolling:
         self.tally(None)
         if loop.stop.soft or self.confirming is None:
             return None
-        pairs = sum(1 for c in led.candidates(confirmations=True)
-                    if c.confirms == self.confirming.id and c.status == Status.SUBMITTED)
+        pairs = len(led.confirming(self.confirming.id, Status.SUBMITTED))
         if not pairs:
             return None  # its pairs are measured: the verdict (or the next pair) is next
         # every other job placed runs in_flight; one that finished frees its slot

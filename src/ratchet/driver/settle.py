@@ -428,9 +428,8 @@ class Confirming:
         return max(1, min(loop.parallel // 2, (loop.parallel - busy) // 2))
 
     def rows(self, cand_id: str) -> list[Candidate]:
-        rows = [c for c in self.loop.ledger.candidates(confirmations=True)
-                if c.confirms == cand_id]
-        return sorted(rows, key=lambda c: -c.seq)  # in the order made
+        # in the order made
+        return sorted(self.loop.ledger.confirming(cand_id), key=lambda c: -c.seq)
 
     def measure(self, entry: judge.Entry, need: int) -> list[tuple[float, float]] | str:
         loop, led = self.loop, self.loop.ledger
