@@ -214,7 +214,7 @@ class Guard:
             "refs": dict(line.split() for line in out.splitlines() if line.strip()),
             "tsv": tsv.read_bytes() if tsv.exists() else None,
             "verdicts": self.ledger.verdicts(),
-            "rows": {c.id: row_key(c) for c in self.ledger.candidates()},
+            "rows": self.ledger.columns(ROW_FIELDS),  # row_key of every row, undecoded
         }
 
     def trusted_keys(self) -> list[str]:

@@ -567,6 +567,16 @@ class Ledger:
             "GROUP BY s ORDER BY COUNT(*) DESC, s")
         return {str(name): int(n) for name, n in rows}
 
+    def columns(self, names: tuple[str, ...]) -> dict[str, tuple]:
+        """{id: (the row's `names` columns)} of every row but the confirmations', read as
+        stored, without decoding each row (the guard takes them before and after each
+        round). Only columns no sanitising touches (not description, reasons)."""
+        assert not set(names) & {*UNTRUSTED_TEXT, *JSON_COLUMNS}, names
+        where, args = _where()
+        rows = self.db.execute(f"SELECT id, {', '.join(names)} FROM candidates WHERE "
+                               f"{where} ORDER BY seq", args)
+        return {row[0]: tuple(row[1:]) for row in rows}
+
     def verdicts(self) -> dict[str, tuple[str, float | None]]:
         """{id: (status, metric)} of every judged candidate: two columns, read without
         decoding every candidate's result (the guard takes them before and after rounds)."""
