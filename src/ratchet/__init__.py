@@ -21,7 +21,6 @@ importable: each is the very module object of `ratchet.evaluator.<name>`.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
@@ -42,15 +41,21 @@ def _real_name(name: str) -> str | None:
     return None
 
 
-class _PublicSDK(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class _PublicSDK:
     """`import ratchet.kernels.timing` gives the module `ratchet.evaluator.kernels.timing`
-    itself (one module object, so classes, caches and isinstance checks are shared)."""
+    itself (one module object, so classes, caches and isinstance checks are shared).
+
+    A meta path finder and loader by its methods alone: importlib.abc's base classes
+    import importlib.resources (~10 ms of CPU) into every process that imports ratchet
+    (each worker, each spare server, an evaluator using the SDK, the driver)."""
 
     def find_spec(self, fullname: str, path: object = None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         if _real_name(fullname) is None:
             return None
-        return importlib.util.spec_from_loader(fullname, self)
+        # a loader by create_module and exec_module (typeshed's protocol asks for the
+        # deprecated load_module, which the import system never calls when these exist)
+        return importlib.util.spec_from_loader(fullname, self)  # type: ignore[arg-type]
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         real = _real_name(spec.name)
