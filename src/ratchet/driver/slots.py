@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ratchet.driver.ledger import Candidate
@@ -78,7 +78,23 @@ def jobs_of(rows: Sequence[Candidate], now: float) -> tuple[list[Job], bool]:
             lanes[free] = end
             lane = f"lane {free + 1}"
         jobs.append(Job(c, lane, start, end, job_kind(c)))
-    return jobs, packed
+    return _one_at_a_time(jobs), packed
+
+
+def _one_at_a_time(jobs: list[Job]) -> list[Job]:
+    """A slot runs one job at a time, but a job's end is when the driver recorded its
+    result, which lags the worker's end by a poll (seconds on a loaded machine), while the
+    next job's start is the worker's own: a bar ends where its slot's next job began."""
+    next_start: dict[int, float] = {}
+    by_lane: dict[str, list[int]] = {}
+    for i, job in enumerate(jobs):
+        by_lane.setdefault(job.lane, []).append(i)
+    for indices in by_lane.values():
+        indices.sort(key=lambda i: jobs[i].start)
+        for i, j in zip(indices, indices[1:], strict=False):
+            next_start[i] = jobs[j].start
+    return [replace(job, end=max(job.start, min(job.end, next_start[i])))
+            if i in next_start else job for i, job in enumerate(jobs)]
 
 
 def natural(text: str) -> list[Any]:
