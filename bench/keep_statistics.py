@@ -43,6 +43,7 @@ from ratchet.driver import judge  # noqa: E402
 from ratchet.driver.config import Config, loads_config  # noqa: E402
 from ratchet.driver.ledger import Incumbent, Kind  # noqa: E402
 from ratchet.job.jobspec import JobResult  # noqa: E402
+from ratchet.vocab import Outcome  # noqa: E402
 
 TOML = """
 [task]
@@ -102,7 +103,7 @@ class SimStudy:
     def result(self, commit: str) -> JobResult:
         repeats = self.cfg.acceptance.repeats
         samples = [self.evaluate(commit) for _ in range(repeats)]
-        return JobResult(job_id=commit, outcome="ok", samples=samples,
+        return JobResult(job_id=commit, outcome=Outcome.OK, samples=samples,
                          metric=sorted(samples)[len(samples) // 2])
 
     def new_commit(self, effect: float, base: str) -> str:

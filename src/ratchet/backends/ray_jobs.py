@@ -47,6 +47,7 @@ from ratchet.backends.remote import (
 from ratchet.job import gitrepo
 from ratchet.job.jobspec import JobResult, JobSpec
 from ratchet.job.node import HOLDOUT_TAR, SPEC_DIR
+from ratchet.vocab import Outcome
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
@@ -227,7 +228,7 @@ class RayJobs(Backend):
         if status in ("PENDING", "RUNNING"):
             state = status.lower()
             reason = overdue(record, state, self.cfg.queue_timeout, self.store, time.time())
-            return self._stop(record, reason, "timeout") if reason else JobState(state)
+            return self._stop(record, reason, Outcome.TIMEOUT) if reason else JobState(state)
         if status not in TERMINAL:
             return JobState.RUNNING
         try:
@@ -251,7 +252,7 @@ class RayJobs(Backend):
         self.store.cache_result(job_id, add_engine_queue(worker, record), logs)
         return JobState.DONE
 
-    def _stop(self, record: JobRecord, reason: str, outcome: str) -> JobState:
+    def _stop(self, record: JobRecord, reason: str, outcome: Outcome) -> JobState:
         record.stop_reason, record.stop_outcome = reason, outcome
         self.store.put(record)
         self.store.note(f"{record.job_id}: {reason}")

@@ -14,6 +14,7 @@ from pathlib import Path
 from ratchet.driver import infra, paths, sanitize
 from ratchet.driver.config import CONFIG_FILE, Config
 from ratchet.job import gitrepo
+from ratchet.vocab import Status
 
 # what a proposer saw is saved with its candidate; a prompt is bounded by the token budget,
 # so anything past this is a reply grown out of bounds, not context worth keeping
@@ -130,7 +131,7 @@ def materialise(repo: Path, state_dir: Path, config: Config, proposal: Proposal,
             raise infra.os_fault(exc, str(path)) from None
         fields["context_path"] = str(path)
     if proposal.error:
-        return {**fields, "status": "rejected", "reasons": sanitize.line(proposal.error, 2000)}
+        return {**fields, "status": Status.REJECTED, "reasons": sanitize.line(proposal.error, 2000)}
     try:
         commit = make_commit(repo, incumbent, proposal, cand_id)
     except gitrepo.GitError as exc:
@@ -138,13 +139,13 @@ def materialise(repo: Path, state_dir: Path, config: Config, proposal: Proposal,
         fault = infra.git_fault(".git", str(exc)) or _object_store_fault(repo)
         if fault is not None:
             raise fault from None
-        return {**fields, "status": "rejected", "reasons": f"could not commit: {exc}"}
+        return {**fields, "status": Status.REJECTED, "reasons": f"could not commit: {exc}"}
     known = (checked or {}).get((incumbent, commit))
     problems = known if known is not None else scope_violations(repo, config, incumbent, commit)
     if problems:
-        return {**fields, "commit_sha": commit, "status": "rejected",
+        return {**fields, "commit_sha": commit, "status": Status.REJECTED,
                 "reasons": "; ".join(problems)}
-    return {**fields, "commit_sha": commit, "status": "committed"}
+    return {**fields, "commit_sha": commit, "status": Status.COMMITTED}
 
 
 def _object_store_fault(repo: Path) -> infra.InfraFault | None:

@@ -23,6 +23,7 @@ from ratchet import stats
 from ratchet.driver.config import Config
 from ratchet.driver.ledger import Incumbent, Kind, Status
 from ratchet.job.jobspec import JobResult
+from ratchet.vocab import Outcome
 
 __all__ = ["Incumbent"]  # the one incumbent record lives with the ledger that stores it
 
@@ -98,17 +99,17 @@ class Verdict:
 
 def outcome_status(result: JobResult) -> Verdict | None:
     """The verdict a result forces on its own, before comparing it with anything."""
-    if result.outcome == "ok":
+    if result.outcome == Outcome.OK:
         if (result.extra or {}).get("stopped_early"):
             # stopped as clearly worse: a stop only ever discards, never keeps
             return Verdict(Status.DISCARD, [f"stopped early: {result.reason or 'clearly worse'}"],
                            code=Reason.STOPPED_EARLY)
         return None
-    if result.outcome == "violation":
+    if result.outcome == Outcome.VIOLATION:
         return Verdict(Status.REJECTED, [result.reason], code=Reason.VIOLATION)
-    if result.outcome == "cancelled":
+    if result.outcome == Outcome.CANCELLED:
         return Verdict(Status.CANCELLED, [result.reason or "cancelled"], code=Reason.CANCELLED)
-    if result.outcome == "failed" and result.failed_stage and "correct: false" in result.reason:
+    if result.outcome == Outcome.FAILED and result.correct is False:  # a wrong result
         return Verdict(Status.REJECTED, [result.reason], code=Reason.FAILED)
     return Verdict(Status.CRASH, [result.reason or result.outcome], code=Reason.FAILED)
 
@@ -527,7 +528,7 @@ def judge_group(config: Config, entries: list[Entry], incumbent: Incumbent,
         current.sem = sem_of(entry.result.extra, name) if baseline else current.sem
         if config.task.holdout and current.holdout is None:
             held = holdout(entry)
-            if held.outcome == "ok" and held.holdout is not None:
+            if held.outcome == Outcome.OK and held.holdout is not None:
                 current.holdout = held.holdout
                 holdouts[entry.id] = held.holdout
         if baseline:
@@ -595,7 +596,7 @@ def judge_group(config: Config, entries: list[Entry], incumbent: Incumbent,
         if config.task.holdout:
             held = holdout(entry)
             result.holdout = held.holdout
-            if held.outcome != "ok":
+            if held.outcome != Outcome.OK:
                 verdict.status, verdict.code = Status.REJECTED, Reason.OVERFIT
                 verdict.reasons.append(f"overfit: {held.reason}")
                 continue

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ratchet.driver import sanitize
-from ratchet.vocab import Kind, Status
+from ratchet.vocab import Kind, Status, kind_of, status_of
 
 # the vocabulary lives in ratchet.vocab (stdlib only, importable from every side)
 __all__ = ["Kind", "Status"]
@@ -181,8 +181,8 @@ class Candidate:
     id: str
     seq: int
     round: int
-    status: str
-    kind: str = "candidate"
+    status: Status
+    kind: Kind = Kind.CANDIDATE
     parent: str | None = None
     commit_sha: str | None = None
     description: str = ""
@@ -217,6 +217,12 @@ class Candidate:
     # attempts): compute spent beyond `phases`
     extra_slot_s: float | None = None
     rev: int = 0  # the ledger's change counter when this row was last written
+
+    def __post_init__(self) -> None:
+        # a row read back (or a word handed in) becomes the member; an unknown one is a
+        # ValueError naming it and the known ones
+        self.status = status_of(self.status)
+        self.kind = kind_of(self.kind)
 
     @property
     def short(self) -> str:
@@ -338,7 +344,7 @@ class Ledger:
         return _Transaction(self.db)
 
     def new_candidate(
-        self, round: int, kind: str = "candidate", status: str = "proposed",
+        self, round: int, kind: Kind = Kind.CANDIDATE, status: Status = Status.PROPOSED,
         calls: list[int] | None = None, **fields: Any
     ) -> Candidate:
         """A new row; `calls`: the proposer calls (spend.py) that made it, which are

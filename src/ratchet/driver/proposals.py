@@ -382,7 +382,7 @@ class Proposals:
         """No candidate repeats an earlier one (whoever proposed either): the same tree is
         the same experiment. A repeat is recorded as rejected and never run."""
         earlier = [c for c in self.tried() if c.commit_sha]
-        fresh = [f for f in built if f.get("status") == "committed" and f.get("commit_sha")]
+        fresh = [f for f in built if f.get("status") == Status.COMMITTED and f.get("commit_sha")]
         if not fresh:
             return built
         shas = [c.commit_sha for c in earlier] + [f["commit_sha"] for f in fresh]
@@ -399,7 +399,7 @@ class Proposals:
             if id(fields) in position:
                 tree = trees[position[id(fields)]]
                 if tree in seen:
-                    fields = {**fields, "status": "rejected",
+                    fields = {**fields, "status": Status.REJECTED,
                               "reasons": f"same files as {seen[tree]} (a repeat is not run)"}
                 else:
                     seen[tree] = "another proposal of this batch"
