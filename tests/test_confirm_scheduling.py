@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, config_text, make_repo, ratchet
 
-from ratchet import stats
+from ratchet.core import stats
+from ratchet.core.candidate import Incumbent
+from ratchet.core.vocab import Kind, Outcome
 from ratchet.driver import judge
 from ratchet.driver.config import loads_config
-from ratchet.driver.ledger import Incumbent, Kind, Ledger
+from ratchet.driver.ledger import Ledger
 from ratchet.job.jobspec import JobResult
-from ratchet.vocab import Outcome
 
 sys.path.insert(0, str(ROOT / "bench"))
 

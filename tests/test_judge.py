@@ -7,10 +7,10 @@ import math
 import pytest
 from helpers import config_text
 
+from ratchet.core.vocab import Outcome, Status
 from ratchet.driver import judge
 from ratchet.driver.config import loads_config
 from ratchet.job.jobspec import JobResult
-from ratchet.vocab import Outcome, Status
 
 
 def config(extra: str = "", task_extra: str = ""):

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, ratchet
 
-from ratchet import stats
+from ratchet.core import stats
+from ratchet.core.vocab import Kind, Status
 from ratchet.driver import spend, views
 from ratchet.driver.judge import Confirmation, reported_noise
-from ratchet.driver.ledger import Kind, Ledger, Status, slot_seconds, study_wall, throughput
+from ratchet.driver.ledger import Ledger, slot_seconds, study_wall, throughput
 from ratchet.job.jobspec import JobResult
 
 sys.path.insert(0, str(ROOT / "bench"))

@@ -6,9 +6,9 @@ import sqlite3
 
 import pytest
 
-from ratchet import vocab
+from ratchet.core import vocab
+from ratchet.core.vocab import JobState, Kind, Outcome, Status
 from ratchet.driver.ledger import Ledger
-from ratchet.vocab import JobState, Kind, Outcome, Status
 
 
 def test_a_status_and_kind_written_as_members_read_back_as_the_same_text(tmp_path):

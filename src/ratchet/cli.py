@@ -20,13 +20,14 @@ from rich.console import Console, Group
 from rich.text import Text
 
 from ratchet import __version__, backends, proposers
+from ratchet.core.candidate import Candidate
+from ratchet.core.errors import UserError
+from ratchet.core.vocab import Kind, Status
 from ratchet.driver import audit, budget, infra, opening, results, spend, views, words
-from ratchet.driver.ledger import Candidate, Ledger
+from ratchet.driver.ledger import Ledger
 from ratchet.driver.study import Progress, Study
 from ratchet.driver.tally import Tally, sandboxes_text
-from ratchet.errors import UserError
 from ratchet.job import gitrepo
-from ratchet.vocab import Kind, Status
 
 if TYPE_CHECKING:
     from rich.live import Live

@@ -16,8 +16,9 @@ from pydantic import BaseModel, ConfigDict
 from ratchet import backends
 from ratchet.backends import make_backend, register_backend
 from ratchet.backends.local import LocalBackend
-from ratchet.driver.config import Backend as BackendSection
-from ratchet.driver.config import ConfigError, load_config
+from ratchet.core.config import Backend as BackendSection
+from ratchet.core.config import ConfigError
+from ratchet.driver.config import load_config
 from ratchet.driver.study import Study
 from ratchet.job.jobspec import JobSpec
 

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from ratchet.backends import BackendError
+from ratchet.core.vocab import JobState, Outcome
 from ratchet.job.jobspec import JobResult
 from ratchet.job.seal import KeyStore
-from ratchet.vocab import JobState, Outcome
 
 log = logging.getLogger("ratchet.backends")
 T = TypeVar("T")

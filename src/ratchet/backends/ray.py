@@ -26,8 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.backends import Backend, register_backend
 from ratchet.backends.engine import RecordStore
-from ratchet.driver.config import Backend as BackendSection
-from ratchet.driver.config import Duration
+from ratchet.core.config import Backend as BackendSection
+from ratchet.core.config import Duration
 
 
 class RayConfig(BaseModel):

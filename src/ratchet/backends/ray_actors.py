@@ -38,10 +38,10 @@ from ratchet.backends.engine import (
 )
 from ratchet.backends.ray import RayConfig, check_shared_prep
 from ratchet.backends.remote import forward_env, holdout_tar
+from ratchet.core.vocab import Outcome
 from ratchet.job.jobspec import JobResult, JobSpec
 from ratchet.job.node import HOLDOUT_TAR
 from ratchet.job.ray_slots import SlotRunner
-from ratchet.vocab import Outcome
 
 
 class RayActors(Backend):

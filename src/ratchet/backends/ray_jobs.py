@@ -44,10 +44,10 @@ from ratchet.backends.remote import (
     parse_result,
     shared_prep,
 )
+from ratchet.core.vocab import Outcome
 from ratchet.job import gitrepo
 from ratchet.job.jobspec import JobResult, JobSpec
 from ratchet.job.node import HOLDOUT_TAR, SPEC_DIR
-from ratchet.vocab import Outcome
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 

@@ -56,12 +56,12 @@ from ratchet.backends.remote import (
     parse_result,
     shared_prep,
 )
-from ratchet.driver.config import Backend as BackendSection
-from ratchet.driver.config import ConfigError, Duration, SectionError, section
+from ratchet.core.config import Backend as BackendSection
+from ratchet.core.config import ConfigError, Duration, SectionError, section
+from ratchet.core.vocab import Outcome
 from ratchet.job import gitrepo
 from ratchet.job.jobspec import JobResult, JobSpec
 from ratchet.job.node import HOLDOUT_TAR
-from ratchet.vocab import Outcome
 
 
 class EngineState(StrEnum):

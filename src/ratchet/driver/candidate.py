@@ -8,33 +8,19 @@ rejected here, before anything runs.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
-from ratchet.driver import infra, paths, sanitize
-from ratchet.driver.config import CONFIG_FILE, Config
+from ratchet.core import paths
+from ratchet.core.candidate import Proposal
+from ratchet.core.config import CONFIG_FILE, Config
+from ratchet.core.vocab import Status
+from ratchet.driver import infra, sanitize
 from ratchet.job import gitrepo
-from ratchet.vocab import Status
 
 # what a proposer saw is saved with its candidate; a prompt is bounded by the token budget,
 # so anything past this is a reply grown out of bounds, not context worth keeping
 MAX_CONTEXT_CHARS = 2_000_000
-
-
-@dataclass
-class Proposal:
-    """What a proposer hands over: new file contents, or a commit it already made."""
-
-    description: str
-    files: dict[str, bytes | None] = field(default_factory=dict)
-    commit: str | None = None
-    params: dict | None = None
-    idea: str | None = None
-    context: str | None = None  # exactly what the proposer saw (saved with the candidate)
-    error: str | None = None  # a proposal that failed to materialise (bad patch, ...)
-    calls: list[int] = field(default_factory=list)  # the ledger's calls that made it (spend.py)
-    # the same change as proposal N (0-based) of the same reply: it never runs
-    duplicate_of: int | None = None
 
 
 def study_ref(study: str, cand_id: str) -> str:

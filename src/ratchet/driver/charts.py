@@ -15,7 +15,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ratchet.driver.ledger import Candidate
+from ratchet.core.candidate import Candidate
 from ratchet.driver.svg import Axis, Chart, _e, fmt
 
 if TYPE_CHECKING:

@@ -10,8 +10,8 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ratchet.driver.ledger import Candidate
-from ratchet.vocab import Kind
+from ratchet.core.candidate import Candidate
+from ratchet.core.vocab import Kind
 
 if TYPE_CHECKING:
     from ratchet.driver.pages import Site, Snapshot, StudyLike

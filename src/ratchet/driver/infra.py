@@ -14,7 +14,7 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-from ratchet.errors import UserError
+from ratchet.core.errors import UserError
 
 LEDGER = ".ratchet/ledger.db"
 RESUME = "then run the same command again (the study resumes where it stopped)"

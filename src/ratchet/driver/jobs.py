@@ -20,12 +20,14 @@ from pathlib import Path
 from typing import TypeVar
 
 from ratchet.backends import Backend, JobState, make_backend
+from ratchet.core.candidate import Candidate
+from ratchet.core.config import Config
+from ratchet.core.errors import InfrastructureError
+from ratchet.core.vocab import Kind, Outcome, Status
 from ratchet.driver import reference
-from ratchet.driver.config import Config
 from ratchet.driver.infra import RESUME, InfraFault
-from ratchet.driver.ledger import Candidate, Ledger
+from ratchet.driver.ledger import Ledger
 from ratchet.driver.spend import compute_usd
-from ratchet.errors import InfrastructureError
 from ratchet.job.faults import fault_point
 from ratchet.job.jobspec import (
     COMPILE_CACHE_VARS,
@@ -34,7 +36,6 @@ from ratchet.job.jobspec import (
     JobSpec,
     PinnedFile,
 )
-from ratchet.vocab import Kind, Outcome, Status
 
 T = TypeVar("T")
 POLL_S = 0.02

@@ -17,15 +17,13 @@ import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 
-from ratchet import stats
-from ratchet.driver.config import Config
-from ratchet.driver.ledger import Incumbent, Kind, Status
+from ratchet.core import stats
+from ratchet.core.candidate import Incumbent
+from ratchet.core.config import Config
+from ratchet.core.verdict import Reason, Verdict
+from ratchet.core.vocab import Kind, Outcome, Status
 from ratchet.job.jobspec import JobResult
-from ratchet.vocab import Outcome
-
-__all__ = ["Incumbent"]  # the one incumbent record lives with the ledger that stores it
 
 # A candidate's improvement must exceed this many standard errors of the difference
 # between its samples and the incumbent's (roughly a one-sided 97.5% test).
@@ -59,42 +57,6 @@ NOISELESS_REPEATS = 4
 _CONSTRAINT = re.compile(r"^\s*([A-Za-z_][\w.\-]*)\s*(<=|>=|<|>|==|!=)\s*(-?[\d.eE+\-]+)\s*$")
 _OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt,
         "==": operator.eq, "!=": operator.ne}
-
-
-class Reason(StrEnum):
-    """Why a verdict is what it is: matched by code, never by its text."""
-
-    KEPT = "kept"
-    BASELINE = "baseline"
-    REFERENCE = "reference"
-    NO_GAIN = "no-gain"
-    WITHIN_MARGIN = "within-margin"  # min_improvement or the noise
-    NOT_CONFIRMED = "not-confirmed"  # the fresh paired measurements did not confirm it
-    NO_NOISE = "no-noise-estimate"
-    BEATEN = "beaten"
-    STALE = "not-based-on-incumbent"
-    OVERFIT = "overfit"
-    CONSTRAINT = "constraint"
-    FAILED = "failed"
-    VIOLATION = "violation"
-    CANCELLED = "cancelled"
-    # made on a would-be keep that was not kept, stopped and carried onto the incumbent
-    # (driver/beside.py): never the candidate's fault, and not one of the study's made
-    WITHDRAWN = "withdrawn"
-    NO_INCUMBENT = "no-incumbent"
-    STOPPED_EARLY = "stopped-early"
-
-
-@dataclass
-class Verdict:
-    status: str  # a Status: keep | discard | crash | rejected | cancelled | reference
-    reasons: list[str] = field(default_factory=list)
-    gain: float | None = None
-    margin: float | None = None
-    noise: float | None = None
-    code: Reason | None = None
-    confirmation: stats.Test | None = None  # the sequential test of a would-be keep
-    pairs: list[tuple[float, float]] = field(default_factory=list)  # its fresh pairs
 
 
 def outcome_status(result: JobResult) -> Verdict | None:

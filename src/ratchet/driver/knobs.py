@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ratchet.driver.ledger import Candidate
+from ratchet.core.candidate import Candidate
+from ratchet.core.vocab import Kind, Status
 from ratchet.driver.svg import Axis, Chart, _e, fmt, log_ticks, nice_ticks
-from ratchet.vocab import Kind, Status
 
 if TYPE_CHECKING:
     from ratchet.driver.pages import Site, Snapshot, StudyLike

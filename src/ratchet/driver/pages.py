@@ -27,14 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ratchet import stats
+from ratchet.core import stats
+from ratchet.core.candidate import Candidate
+from ratchet.core.vocab import OPEN, Kind, Status
 from ratchet.driver import charts, compare, knobs, slots, views
 from ratchet.driver.history import Share, success_shares
-from ratchet.driver.ledger import Candidate, Ledger
+from ratchet.driver.ledger import Ledger
 from ratchet.driver.svg import Axis, Chart
 from ratchet.job import gitrepo, sandbox
 from ratchet.job.fingerprint import fingerprint_key, software_key
-from ratchet.vocab import OPEN, Kind, Status
 
 if TYPE_CHECKING:
     from ratchet.driver.spend import Spend

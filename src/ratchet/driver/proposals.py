@@ -19,22 +19,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
-from ratchet.driver.candidate import (
-    Proposal,
-    make_commit,
-    materialise,
-    rebase,
-    scope_violations,
-    study_ref,
-)
-from ratchet.driver.config import Config
-from ratchet.driver.judge import Reason
-from ratchet.driver.ledger import Candidate, Ledger
+from ratchet.core.candidate import Candidate, Proposal
+from ratchet.core.config import Config
+from ratchet.core.verdict import Reason
+from ratchet.core.vocab import Kind, Status
+from ratchet.driver.candidate import make_commit, materialise, rebase, scope_violations, study_ref
+from ratchet.driver.ledger import Ledger
 from ratchet.driver.lock import SubmitLock
 from ratchet.job import gitrepo
 from ratchet.job.faults import fault_point
 from ratchet.proposers import ProposalContext, Proposer, make_proposer
-from ratchet.vocab import Kind, Status
 
 # -- proposals, made ahead in a background thread ----------------------------------------
 

@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 
 from ratchet import __version__
+from ratchet.core.candidate import Candidate
 from ratchet.driver import pages, spend
-from ratchet.driver.ledger import Candidate
 from ratchet.driver.pages import Site, StudyLike
 from ratchet.job import gitrepo
 

@@ -42,12 +42,14 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
+from ratchet.core.candidate import Candidate
+from ratchet.core.config import CONFIG_FILE, Config
+from ratchet.core.errors import UserError
+from ratchet.core.vocab import Status
 from ratchet.driver import charts, compare, pages, views
-from ratchet.driver.config import CONFIG_FILE, Config, load_config, loads_config
-from ratchet.driver.ledger import PAGE_ORDERS, Candidate, Ledger, LedgerError
+from ratchet.driver.config import load_config, loads_config
+from ratchet.driver.ledger import PAGE_ORDERS, Ledger, LedgerError
 from ratchet.driver.pages import LIVE, StudyLike
-from ratchet.errors import UserError
-from ratchet.vocab import Status
 
 TOKEN_ENV = "RATCHET_SERVE_TOKEN"
 TOKEN_COOKIE = "ratchet_token"  # + "_<port>": a browser sends a host's cookies to every port

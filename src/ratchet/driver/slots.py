@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ratchet.driver.ledger import Candidate
+from ratchet.core.candidate import Candidate
+from ratchet.core.vocab import Kind, Status
 from ratchet.driver.svg import Chart, _e, fmt, nice_ticks
-from ratchet.vocab import Kind, Status
 
 if TYPE_CHECKING:
     from ratchet.driver.pages import Site, Snapshot

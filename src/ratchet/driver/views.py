@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ratchet import stats
-from ratchet.driver.ledger import Ledger, Status
-from ratchet.vocab import Kind
+from ratchet.core import stats
+from ratchet.core.vocab import Kind, Status
+from ratchet.driver.ledger import Ledger
 
 LINE_WIDTH = 80  # what `ratchet run` prints fits a terminal's default width
 

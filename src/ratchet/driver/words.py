@@ -16,9 +16,9 @@ from __future__ import annotations
 import re
 import shlex
 
-from ratchet.driver.ledger import Candidate
+from ratchet.core.candidate import Candidate
+from ratchet.core.vocab import Status
 from ratchet.driver.views import Headline, shorten
-from ratchet.vocab import Status
 
 # an exception's line in a traceback's tail: `ModuleNotFoundError: No module named 'x'`
 _EXCEPTION = re.compile(r"\b([A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning))\b(:|$)")
@@ -49,7 +49,7 @@ def _amount(value: float, reference: float | None) -> str:
 def verdict(cand: Candidate, goal: str) -> str | None:
     """The verdict of a judged candidate in one plain sentence, None where its recorded
     reason already is one (a crash's, a rejection's, a cancellation's)."""
-    from ratchet.driver.judge import Reason
+    from ratchet.core.verdict import Reason
 
     code, gain, noise, margin = cand.code, cand.gain, cand.noise, cand.margin
     ref = _incumbent_at(cand, goal)

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ratchet.vocab import Outcome
+from ratchet.core.vocab import Outcome
 
 RESULT_MARKER = "RATCHET-WORKER-RESULT: "
 CONFIG_FILE = "ratchet.toml"  # pinned with the protected files at study start

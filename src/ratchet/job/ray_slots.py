@@ -29,9 +29,9 @@ import threading
 import time
 from pathlib import Path
 
+from ratchet.core.vocab import JobState, Outcome
 from ratchet.job.jobspec import JobResult, JobSpec, Slot, worker_env
 from ratchet.job.seal import KEY_FILE, write_key_file
-from ratchet.vocab import JobState, Outcome
 
 # job states as the actor reports them (JobState's words: they cross to the driver as text)
 PENDING, RUNNING, DONE = JobState.PENDING, JobState.RUNNING, JobState.DONE

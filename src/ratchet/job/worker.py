@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+from ratchet.core.vocab import Outcome
 from ratchet.job import leftovers, limits, reach, sandbox, seal
 from ratchet.job.jobspec import (
     COMPILE_CACHE_VARS,
@@ -50,7 +51,6 @@ from ratchet.job.procs import (
     run_capped,
 )
 from ratchet.job.slots import lease_slot
-from ratchet.vocab import Outcome
 
 _stop_requested = False
 
@@ -208,7 +208,7 @@ class Progress:
         self._parse()
         if len(self.points) == before:
             return False
-        from ratchet import stats  # only when there is a curve to compare: pure arithmetic
+        from ratchet.core import stats  # only when there is a curve to compare: pure arithmetic
 
         self.stopped = stats.clearly_worse_run(self.points, self.incumbent)
         return self.stopped is not None
