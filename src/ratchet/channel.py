@@ -1,8 +1,7 @@
 """`ratchet.channel`: the evaluator SDK's public name of ratchet.evaluator.channel, the very
 module object (ratchet/kernels/__init__.py says why)."""
 
+import importlib
 import sys
 
-from ratchet.evaluator import channel
-
-sys.modules[__name__] = channel
+sys.modules[__name__] = importlib.import_module("ratchet.evaluator.channel")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ratchet.backends.ray import RayConfig
+from ratchet.backends.ray_settings import RayConfig
 from ratchet.backends.shell import load_shell_config
 from ratchet.core.config import section
 

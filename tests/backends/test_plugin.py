@@ -101,7 +101,7 @@ def test_an_unknown_kind_lists_every_registered_backend(tmp_path, recording):
 
 
 def test_the_built_in_backends_are_in_the_registry_with_their_models():
-    from ratchet.backends.ray import RayConfig
+    from ratchet.backends.ray_settings import RayConfig
     from ratchet.backends.shell import ShellConfig
 
     found = backends.backends()

@@ -36,7 +36,7 @@ from ratchet.backends.engine import (
     overdue,
     stopped_result,
 )
-from ratchet.backends.ray import RayConfig, check_shared_prep
+from ratchet.backends.ray_settings import RayConfig, check_shared_prep
 from ratchet.backends.remote import forward_env, holdout_tar
 from ratchet.core.vocab import Outcome
 from ratchet.job.jobspec import JobResult, JobSpec

@@ -21,7 +21,7 @@ from ratchet.core.vocab import Kind, Status
 from ratchet.driver.svg import Chart, _e, fmt, nice_ticks
 
 if TYPE_CHECKING:
-    from ratchet.driver.pages import Site, Snapshot
+    from ratchet.driver.blocks import Site, Snapshot
 
 JOB_COLORS = {"candidate": "#1565c0", "confirming": "#8e24aa", "baseline": "#00897b",
               "running": "#ffb300"}

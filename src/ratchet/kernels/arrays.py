@@ -1,8 +1,7 @@
 """`ratchet.kernels.arrays`: the public name of ratchet.evaluator.kernels.arrays, the very
 module object (ratchet/kernels/__init__.py says why)."""
 
+import importlib
 import sys
 
-from ratchet.evaluator.kernels import arrays
-
-sys.modules[__name__] = arrays
+sys.modules[__name__] = importlib.import_module("ratchet.evaluator.kernels.arrays")

@@ -3,7 +3,7 @@ and `idea` take, so verdicts, budgets, spend and guarantees are exactly theirs.
 
 Each call opens the study as a CLI command does and closes it after, so a `ratchet run`,
 `status` or `serve` beside the server sees every submission at once. What an agent sends
-is untrusted: a submission passes every check an LLM's edit passes (driver/paths.py and
+is untrusted: a submission passes every check an LLM's edit passes (core/paths.py and
 driver/candidate.py's scope check: paths, globs, protected files and ratchet.toml, no
 .git, no module shadowing, forbid rules, no repeat) plus the agent copy's size caps, all
 BEFORE anything is recorded. A bad one is a ToolInputError naming the field, never a
