@@ -12,7 +12,7 @@ from ratchet.driver.ledger import Ledger
 # four "shapes", each taking the score times its size; a stop after three of them
 EVALUATOR = """
 import solution
-from ratchet.core import stats
+from ratchet import stats
 incumbent = stats.incumbent_extra()
 times = []
 for i, size in enumerate((1.0, 2.0, 3.0, 4.0)):

@@ -90,13 +90,13 @@ def test_the_evaluator_sdk_never_loads_the_driver():
 
 SRC = ROOT / "src" / "ratchet"
 # the evaluator SDK's public names: each module is the real one's (ratchet/kernels/)
-PUBLIC_SDK = {"ratchet.channel", "ratchet.isolate", "ratchet.kernels"}
+PUBLIC_SDK = {"ratchet.channel", "ratchet.isolate", "ratchet.kernels", "ratchet.stats"}
 # wing -> the wings it may import (itself always); `ratchet.cli` is the front
 MAY_IMPORT = {
     "core": {"core"},
     "job": {"core"},
     "evaluator": {"core", "job"},
-    "sdk": {"evaluator"},
+    "sdk": {"core", "evaluator"},
     "backends": {"core", "job", "evaluator", "backends"},
     "proposers": {"core", "job", "evaluator", "driver", "proposers", "backends"},
     "driver": {"core", "job", "evaluator", "driver", "proposers", "backends"},

@@ -128,7 +128,7 @@ def test_rows_since_a_revision_are_the_rows_written_since(ledger):
 def test_the_dashboard_draws_a_bounded_chart_and_pages_the_table(ledger, monkeypatch):
     from ratchet.driver import blocks, pages, serve
 
-    monkeypatch.setattr(pages, "CHART_POINTS", 100)  # 500 rows: a study past the bound
+    monkeypatch.setattr(blocks, "CHART_POINTS", 100)  # 500 rows: a study past the bound
     repo = Path(ledger.path).parents[1]
     study = serve.ReadOnlyStudy(repo)
     try:
