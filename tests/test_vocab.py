@@ -136,3 +136,15 @@ def test_a_candidate_read_back_holds_members(tmp_path):
     again = ledger.candidate(cand.id)
     assert again is not None
     assert again.status is Status.COMMITTED and again.kind is Kind.BASELINE
+
+
+def test_every_infrastructure_fault_is_the_one_infrastructure_error():
+    """A machine's fault, a backend that does not answer, a lost job's backend: one base
+    (core.errors.InfrastructureError), never blamed on a candidate, shown as one line."""
+    from ratchet.backends.base import BackendError
+    from ratchet.core.errors import InfrastructureError, UserError
+    from ratchet.driver.infra import InfraFault
+    from ratchet.driver.jobs import BackendDown
+
+    for fault in (InfraFault, BackendError, BackendDown):
+        assert issubclass(fault, InfrastructureError) and issubclass(fault, UserError), fault

@@ -5,7 +5,7 @@
 - `candidate`: the records (Proposal, a frozen Candidate, the Incumbent);
 - `verdict`: the judge's Verdict and its Reason code;
 - `config`: `ratchet.toml`'s schema (pydantic); its loader, which knows the plug-in
-  registries, is ratchet.core.config;
+  registries, is ratchet.driver.config;
 - `errors`: one base error, the user's errors and the one infrastructure error;
 - `plugins`: the entry-point loader every registry uses;
 - `stats`, `paths`: the keep rule's arithmetic and the path rules, pure functions.
