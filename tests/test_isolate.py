@@ -6,6 +6,7 @@ evaluator author relies on.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -256,6 +257,87 @@ def test_freeze_stops_every_thread_of_the_child(cand_path):
         time.sleep(0.2)
         assert int(counter.array[0]) > frozen
         assert proc.call("score", 1.25) == 0.0  # thawed: it answers again
+
+
+TEMPORARIES = '''
+import resource
+
+import numpy as np
+
+
+def faults_per_call(x, calls=10):
+    """Minor page faults per softmax over x (three temporaries of x's size each call)."""
+    def once():
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+    once()
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(calls):
+        once()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start) / calls
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc thresholds")
+def test_a_young_child_reuses_its_temporaries_as_the_evaluator_does(tmp_path):
+    """The same kernel must cost the same in the child as in the evaluator. Left to adapt,
+    glibc mapped a young child's 2 MB temporaries afresh on every call (about 1,000 page
+    faults each: an honest numpy softmax read 4x slower than itself as the baseline)."""
+    (tmp_path / "temps.py").write_text(TEMPORARIES)
+    x = np.full((256, 2048), 0.5, dtype=np.float32)  # 2 MB: above glibc's default 128 KiB
+    with CandidateProcess(tmp_path / "temps.py", timeout=20) as proc:
+        faults = proc.call("faults_per_call", x)
+    assert faults < 50, f"{faults:.0f} page faults per call: the child maps its temporaries afresh"
+
+
+WIDEN = '''
+import os
+import threading
+
+def widen_from(where):
+    """sched_setaffinity to every core, from the main thread or a new one; the error's errno"""
+    got = []
+    def attempt():
+        try:
+            os.sched_setaffinity(0, range(os.cpu_count() or 1))
+            got.append(0)
+        except OSError as exc:
+            got.append(exc.errno)
+    if where == "thread":
+        t = threading.Thread(target=attempt)
+        t.start()
+        t.join()
+    elif where == "fork":
+        pid = os.fork()
+        if pid == 0:
+            attempt()
+            os._exit(got[0])
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    else:
+        attempt()
+    return got[0]
+
+def cpus():
+    return sorted(os.sched_getaffinity(0))
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux and two CPUs to pin the child to one")
+def test_a_child_cannot_widen_its_cpus_from_any_thread_or_process(tmp_path):
+    """A child pinned to one core that could widen its affinity would time its calls on
+    whichever core is idle, while the baseline it is compared with ran on the busy one."""
+    (tmp_path / "widen.py").write_text(WIDEN)
+    one = min(os.sched_getaffinity(0))
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {one})  # the evaluator's slot: one core; the child inherits it
+    try:
+        with CandidateProcess(tmp_path / "widen.py", timeout=20) as proc:
+            for where in ("main", "thread", "fork"):
+                assert proc.call("widen_from", where) == errno.EPERM, where
+            assert proc.call("cpus") == [one]
+    finally:
+        os.sched_setaffinity(0, saved)
 
 
 @pytest.mark.gpu

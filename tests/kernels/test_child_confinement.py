@@ -315,7 +315,10 @@ def ref(x):
     e = np.exp(x - x.max(axis=1, keepdims=True)); return e / e.sum(axis=1, keepdims=True)
 with rk.CandidateProcess(sys.argv[1]) as cand:
     r = rk.bench(cand.function("softmax"), make, {"rows": 32, "cols": 128}, reference=ref, max_time_s=0.5, min_reps=5, calls=2)
-    peak = cand.call("peak_cores") if sys.argv[1].endswith("widen.py") else 0.0
+    try:  # a child refused its widening may be gone by now
+        peak = cand.call("peak_cores") if sys.argv[1].endswith("widen.py") else 0.0
+    except rk.CandidateError:
+        peak = 0.0
 print(json.dumps({"ok": r.ok, "reasons": r.reasons, "peak_cores": peak}))
 '''
 
@@ -323,8 +326,10 @@ print(json.dumps({"ok": r.ok, "reasons": r.reasons, "peak_cores": peak}))
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to widen an affinity onto")
 @pytest.mark.timing  # measures the child's CPU use: other tests' load blurs it
 def test_a_child_that_widens_its_affinity_is_caught(tmp_path):
-    """The evaluator runs on one CPU; a child that moves itself (and helper threads) onto
-    the others while timed used more CPU than its time on one CPU allows."""
+    """The evaluator runs on one CPU; a child that tries to move itself (and helper
+    threads) onto the others is refused by the kernel (the child's seccomp filter: its
+    call fails), or, where no such filter can be installed, used more CPU while timed than
+    its time on one CPU allows (the parent's CPU check)."""
     (tmp_path / "widen.py").write_text(WIDEN)
     (tmp_path / "honest.py").write_text(KERNEL)
     (tmp_path / "run.py").write_text(textwrap.dedent(WIDEN_RUN))
@@ -339,4 +344,5 @@ def test_a_child_that_widens_its_affinity_is_caught(tmp_path):
     if widen["ok"] and widen["peak_cores"] < 1.3:
         pytest.skip(f"the machine gave the widened child no second CPU (peak {widen['peak_cores']:.2f} CPUs; load): "
                     "nothing it gained, nothing to catch")
-    assert not widen["ok"] and "CPUs' worth" in widen["reasons"][0], results
+    assert not widen["ok"], results
+    assert "CPUs' worth" in widen["reasons"][0] or "Operation not permitted" in widen["reasons"][0], results

@@ -1,16 +1,20 @@
 """Red team, second round (issue 21): the candidate child attacks the verdict from outside
 the evaluator's process. Every case goes through `ratchet submit` + `ratchet wait`.
 
-Real torch-CPU studies per confinement, the cheats in three groups and the honest control
-in a fourth (each a temp git repo, the local backend, the real
-worker), its evaluator written as docs/kernels.md says: imports first, run as `python -P`,
-the candidate in `rk.CandidateProcess`, torch.softmax as the trusted baseline, the
-hold-out shapes in the study's hidden hold-out data. The incumbent is an honest torch
-kernel (torch.softmax, done REPEAT = 8 times); every cheat is that same kernel plus its
-trick, so a keep can only mean the trick worked. The honest way up (REPEAT = 1) is still
-kept. The gain is that large on purpose: the cheats that must reach the hold-out run to be
-caught there (right, and as fast, on the public shapes only) must clear the noise margin
-of a loaded 2-core machine first (measured: REPEAT 4 -> 1 gave only 2.2x there).
+Real studies per confinement, the cheats in three groups and the honest control in a
+fourth (each a temp git repo, the local backend, the real worker), its evaluator written as
+docs/kernels.md says: imports first, run as `python -P`, the candidate in
+`rk.CandidateProcess`, a library softmax as the trusted baseline, the hold-out shapes in the
+study's hidden hold-out data. The incumbent is an honest kernel (that softmax, done
+REPEAT = 8 times); every cheat is that same kernel plus its trick, so a keep can only mean
+the trick worked. The honest way up (REPEAT = 1) is still kept. The gain is that large on
+purpose: the cheats that must reach the hold-out run to be caught there (right, and as
+fast, on the public shapes only) must clear the noise margin of a loaded 2-core machine
+first (measured: REPEAT 4 -> 1 gave only 2.2x there).
+
+The timing group runs in torch (one trick watches a tensor's poison); the file and channel
+groups and the control run in numpy: they attack the process boundary, not the library,
+and importing torch twice per evaluation was most of their cost (FLAVOURS below).
 
 The evaluator breaks one rule of the docs on purpose: it imports one module after the
 child has started (case 7), so the test shows that `python -P` and the read-only tree
@@ -129,7 +133,63 @@ def softmax(x):
     return torch.softmax(x, dim=-1)
 '''
 
-HONEST = INCUMBENT.replace("REPEAT = 8", "REPEAT = 1")
+
+# The same study in numpy, for the groups whose tricks do not touch torch (files, channel)
+# and the honest control: what they attack is the process boundary (the hold-out's place,
+# the channel, the tree, the CPUs), and `import torch` (2 CPU-seconds, twice per
+# evaluation: the evaluator and the child) was most of each evaluation's cost.
+NP_EVALUATOR = (EVALUATOR
+                .replace("kernel.py's softmax against torch.softmax (CPU)", "kernel.py's softmax against numpy's")
+                .replace("import numpy as np  # noqa: F401\nimport torch\n", "import numpy as np\n")
+                .replace("torch.set_num_threads(1)\n", "")
+                .replace("""def make_inputs(shape, dtype, rng):
+    g = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    return (torch.rand(shape["rows"], shape["cols"], generator=g) - 0.5) * 8
+
+
+def reference(x):
+    return torch.softmax(x, dim=-1)
+
+
+def baseline(x):
+    return torch.softmax(x, dim=-1)
+""", """def make_inputs(shape, dtype, rng):
+    return ((rng.random((shape["rows"], shape["cols"])) - 0.5) * 8).astype(np.float32)
+
+
+def reference(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def baseline(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+""")
+                .replace('names=("torch", "kernel")', 'names=("numpy", "kernel")'))
+assert "torch" not in NP_EVALUATOR, NP_EVALUATOR
+
+NP_INCUMBENT = '''
+"""The kernel under research: a row softmax in numpy, done REPEAT times."""
+import numpy as np
+
+REPEAT = 8
+
+
+def _once(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax(x):
+    for _ in range(REPEAT - 1):
+        _once(x)
+    return _once(x)
+'''
+
+NP_HONEST = NP_INCUMBENT.replace("REPEAT = 8", "REPEAT = 1")
+# right on the shapes it is given, wrong on every one (a cheat that must be caught)
+NP_WRONG = NP_INCUMBENT.replace("    return _once(x)\n", "    return np.full_like(x, 1.0 / x.shape[1])\n")
 
 # Helpers the tricks share: where the evaluator is (walking up the parent chain), and a
 # kernel that is right (and honest-fast) only on shapes it knows.
@@ -155,8 +215,8 @@ _KNOWN = {(256, 2048), (512, 1024)}  # the public shapes, read from evaluate.py
 
 def softmax(x):
     if tuple(x.shape) in _KNOWN:
-        return torch.softmax(x, dim=-1)  # once: fast, and right
-    return torch.full_like(x, 1.0 / x.shape[1])  # wrong on every shape the evaluator does not run
+        return _once(x)  # once: fast, and right
+    return np.full_like(x, 1.0 / x.shape[1])  # wrong on every shape the evaluator does not run
 '''
 
 CHEATS: dict[str, str] = {
@@ -224,7 +284,7 @@ if os.fork() == 0:
 os.wait()
 ''',
     # 3. read the hold-out shapes and be right on them too
-    "read_holdout": INCUMBENT + KNOWN_ONLY + '''
+    "read_holdout": NP_INCUMBENT + KNOWN_ONLY + '''
 import json
 import os
 from pathlib import Path
@@ -253,7 +313,7 @@ print("hold-out shapes found:", _shapes, flush=True)
 _KNOWN |= {(s["rows"], s["cols"]) for s in _shapes}
 ''',
     # 4. plant a ratchet package in the work tree, for the hold-out run's evaluator
-    "shadow_package": INCUMBENT + KNOWN_ONLY + '''
+    "shadow_package": NP_INCUMBENT + KNOWN_ONLY + '''
 import os
 
 _SHADOW = """
@@ -279,7 +339,7 @@ except OSError as exc:
 ''',
     # 5. write a fake line into the evaluator's metric pipe, padded to overflow it, then
     # flood its stdout so the printed echo falls into the capped log's dropped middle
-    "forge_channel": INCUMBENT.replace("return torch.softmax(x, dim=-1)\n", "return torch.full_like(x, 1.0 / x.shape[1])\n")
+    "forge_channel": NP_WRONG
     + FIND_EVALUATOR + '''
 import json
 import threading
@@ -307,7 +367,7 @@ except OSError as exc:
     print("channel out of reach:", exc, flush=True)
 ''',
     # 6. write the hold-out job's result file before that job runs
-    "forge_holdout_result": INCUMBENT + KNOWN_ONLY + '''
+    "forge_holdout_result": NP_INCUMBENT + KNOWN_ONLY + '''
 import json
 import os
 from pathlib import Path
@@ -329,7 +389,7 @@ else:
     print("jobs directory not found from", Path.cwd(), flush=True)
 ''',
     # 7. plant the module the evaluator imports after the child started
-    "planted_module": INCUMBENT.replace("return torch.softmax(x, dim=-1)\n", "return torch.full_like(x, 1.0 / x.shape[1])\n")
+    "planted_module": NP_WRONG
     + '''
 _PLANT = """
 import ratchet.evaluator.channel as ch
@@ -379,14 +439,32 @@ def _watch():
 _child.one_call = _one_call
 threading.Thread(target=_watch, daemon=True).start()
 ''',
-    # near miss: widen the child's CPU affinity beyond the job's slot and use the extra core
-    "widen_affinity": INCUMBENT.replace("torch.set_num_threads(1)", "torch.set_num_threads(os.cpu_count() or 1)")
-    .replace("import torch\n", "import os\n\nimport torch\n", 1) + '''
+    # near miss: widen the child's CPU affinity beyond the job's slot and share the same
+    # work out over every core it then reaches (numpy releases the GIL in its loops)
+    "widen_affinity": NP_INCUMBENT + '''
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 try:
     os.sched_setaffinity(0, range(os.cpu_count() or 1))
     print("affinity now", sorted(os.sched_getaffinity(0)), flush=True)
 except OSError as exc:
     print("could not widen:", exc, flush=True)
+
+_serial = softmax
+_workers = max(2, len(os.sched_getaffinity(0)))
+_pool = ThreadPoolExecutor(_workers)
+
+
+def softmax(x):
+    out = np.empty_like(x)
+    bounds = np.linspace(0, x.shape[0], _workers + 1).astype(int)
+
+    def part(i):
+        out[bounds[i]:bounds[i + 1]] = _serial(x[bounds[i]:bounds[i + 1]])
+
+    list(_pool.map(part, range(_workers)))
+    return out
 ''',
 }
 
@@ -471,7 +549,14 @@ assert sorted(n for names in GROUPS.values() for n in names) == sorted(CHEATS)
 CHEAT_ACCEPTANCE = "confirm_pairs = 6\nnoise_floor = 3"
 
 
-def _study_repo(tmp_path_factory, level: str, label: str, acceptance: str = "") -> Path:
+# What each study's evaluator and incumbent are written in: the timing tricks reach into
+# torch (work_before_clock watches a tensor's NaN poison), the others need no torch.
+FLAVOURS = {"torch": (EVALUATOR, INCUMBENT), "numpy": (NP_EVALUATOR, NP_INCUMBENT)}
+GROUP_FLAVOUR = {"timing": "torch", "files": "numpy", "channel": "numpy"}
+
+
+def _study_repo(tmp_path_factory, level: str, label: str, acceptance: str = "",
+                flavour: str = "numpy") -> Path:
     why = _available(LEVELS[level][1])
     if why:
         pytest.skip(why)
@@ -479,8 +564,8 @@ def _study_repo(tmp_path_factory, level: str, label: str, acceptance: str = "") 
     repo = make_repo(tmp_path_factory.mktemp(f"rt-child-{label}") / "repo", {
         "ratchet.toml": CONFIG.replace("{backend_sandbox}", backend_sandbox)
                               .replace("{acceptance}", acceptance),
-        "evaluate.py": EVALUATOR.replace("{confine}", confine),
-        "kernel.py": INCUMBENT,
+        "evaluate.py": FLAVOURS[flavour][0].replace("{confine}", confine),
+        "kernel.py": FLAVOURS[flavour][1],
         ".gitignore": "holdout/\n",
     })
     (repo / "holdout").mkdir()
@@ -510,7 +595,7 @@ def study(request, tmp_path_factory):
     """One study per confinement and group of cheats, judged through `ratchet submit` /
     `ratchet wait`."""
     level, group = request.param.split("-")
-    repo = _study_repo(tmp_path_factory, level, request.param, CHEAT_ACCEPTANCE)
+    repo = _study_repo(tmp_path_factory, level, request.param, CHEAT_ACCEPTANCE, GROUP_FLAVOUR[group])
     ids = {name: _submit(repo, _branch(repo, name, CHEATS[name])) for name in GROUPS[group]}
     verdicts = {v["id"]: v for v in _wait(repo, list(ids.values())) if "id" in v}
     results = {name: verdicts.get(cid, {}) for name, cid in ids.items()}
@@ -529,7 +614,7 @@ def control(request, tmp_path_factory):
     "within margin"); a second submission measures again."""
     repo = _study_repo(tmp_path_factory, request.param, f"{request.param}-honest")
     for attempt in ("honest", "honest-again"):
-        honest = _submit(repo, _branch(repo, attempt, HONEST))
+        honest = _submit(repo, _branch(repo, attempt, NP_HONEST))
         [verdict] = [v for v in _wait(repo, [honest]) if v.get("id") == honest]
         print(f"redteam[{request.param}] {attempt} {verdict.get('status')} {verdict.get('metric')} "
               f"{str(verdict.get('reasons'))[:120]}")
@@ -607,7 +692,7 @@ def test_unconfined_child_is_still_caught_by_the_channel(tmp_path):
     from ratchet.job.jobspec import collect_metrics
 
     (tmp_path / "kernel.py").write_text(textwrap.dedent(CHEATS["forge_channel"]).lstrip("\n"))
-    evaluator = EVALUATOR.replace("{confine}", "off").replace('rk.load_holdout("holdout.json")', "[]")
+    evaluator = NP_EVALUATOR.replace("{confine}", "off").replace('rk.load_holdout("holdout.json")', "[]")
     (tmp_path / "evaluate.py").write_text(evaluator)
     import subprocess
     import sys

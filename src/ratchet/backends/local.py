@@ -112,6 +112,7 @@ class LocalBackend(Backend):
         self.jobs_dir = state_dir / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.keys = seal.KeyStore(state_dir)  # each job's result key: driver and worker only
+        self._keys: dict[str, bytes] = {}  # the keys read or made by this driver, by job id
         self.lock_dir = state_dir / "slots"
         self.slots = plan_slots(backend.slots, backend.gpus)
         self.build_slots = plan_build_slots(backend.build_slots)
@@ -182,7 +183,7 @@ class LocalBackend(Backend):
         return spec.job_id
 
     def _place(self, job_dir: Path, job_id: str) -> None:
-        key = self.keys.create(job_id)
+        key = self._keys[job_id] = self.keys.create(job_id)
         spare = self._spares.take() if self.standby else None
         if spare is not None:
             # pid.json first: a driver killed before the hand-over leaves a job that never
@@ -231,6 +232,14 @@ class LocalBackend(Backend):
 
     def status(self, job_id: str) -> JobState:
         self._top_up_spares()  # someone is waiting on jobs: the next ones will need workers
+        return self._state(job_id)
+
+    def poll(self, job_ids: list[str]) -> dict[str, JobState]:
+        """Every job's state, the spares topped up once per look rather than once a job."""
+        self._top_up_spares()
+        return {job_id: self._state(job_id) for job_id in job_ids}
+
+    def _state(self, job_id: str) -> JobState:
         job_dir = self.job_dir(job_id)
         if self._sealed(job_id) is not None:
             self._reap(job_id, block=False)  # the worker may still be exiting: don't wait
@@ -260,9 +269,12 @@ class LocalBackend(Backend):
         """The job's result.json, if its worker sealed it with the job's key. Anything else
         there (a candidate's daemon or another party wrote it) is not a result: the real
         worker replaces it, or the job is lost and rerun, never judged on it."""
-        key = self.keys.get(job_id)
+        # the key as this driver made or first read it: keys live in the state directory,
+        # which only trusted code writes (a poll reads it for every job, every look)
+        key = self._keys.get(job_id) or self.keys.get(job_id)
         if key is None:
             return None
+        self._keys[job_id] = key
         try:
             text = (self.job_dir(job_id) / "result.json").read_text()
             return JobResult.from_sealed(text, key, job_id)

@@ -215,7 +215,7 @@ class Guard:
             "refs": dict(line.split() for line in out.splitlines() if line.strip()),
             "tsv": tsv.read_bytes() if tsv.exists() else None,
             "verdicts": self.ledger.verdicts(),
-            "rows": {c.id: row_key(c) for c in self.ledger.candidates()},
+            "rows": self.ledger.columns(ROW_FIELDS),  # row_key of every row, undecoded
         }
 
     def trusted_keys(self) -> list[str]:
@@ -343,10 +343,16 @@ class Guard:
         from ratchet.driver.candidate import study_ref
 
         bad = {}
-        for cand in cands:
-            if cand.kind != Kind.CANDIDATE or not cand.commit_sha:
+        # their refs in one call: a ref naming the row's commit itself is what rev-parse
+        # would say; any other (absent, a tag, another commit) is asked of rev-parse
+        bound = [c for c in cands if c.kind == Kind.CANDIDATE and c.commit_sha]
+        listed = gitrepo.refs(self.repo, *(study_ref(self.study, c.id) for c in bound)) \
+            if bound else {}
+        for cand in bound:
+            ref = study_ref(self.study, cand.id)
+            if listed.get(ref) == (cand.commit_sha, "commit"):
                 continue
-            named = gitrepo.try_rev_parse(self.repo, study_ref(self.study, cand.id))
+            named = gitrepo.try_rev_parse(self.repo, ref)
             if named != cand.commit_sha:
                 bad[cand.id] = named
         return bad

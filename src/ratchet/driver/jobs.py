@@ -292,31 +292,38 @@ class Jobs:
     def poll(self, ids: list[str]) -> list[tuple[str, str, float, str]]:
         """One look at the submitted jobs among `ids`: record what finished, rerun what was
         lost, and return what still runs as (id, description, seconds, state)."""
-        placed = [(c, c.job_id) for c in self.ledger.rows(ids)
-                  if c.status == Status.SUBMITTED and c.job_id]
+        # the placed jobs' few columns each look; a whole row (decoded) only for a job
+        # that ended, which is recorded or rerun from it
+        placed = self.ledger.placed(ids)
         if not placed:
             return []
         states: dict[str, JobState] = self.call(
-            "status", lambda: self.backend.poll([job_id for _, job_id in placed]))
+            "status", lambda: self.backend.poll([job_id for _, job_id, _, _ in placed]))
         running: list[tuple[str, str, float, str]] = []
-        done: list[tuple[Candidate, JobResult]] = []
-        lost: list[Candidate] = []
+        ended: dict[str, JobResult | None] = {}  # id -> its result (None: lost)
+        job_ids = {cand_id: job_id for cand_id, job_id, _, _ in placed}
         now = time.time()
-        for cand, job_id in placed:
+        for cand_id, job_id, description, submitted_at in placed:
             state = states.get(job_id, JobState.LOST)
             if state == JobState.DONE:
-                result = self.call("result", functools.partial(self.backend.result, job_id),
-                                   cand.id)
-                if result is not None:
-                    done.append((cand, result))
-                else:
-                    lost.append(cand)
+                ended[cand_id] = self.call(
+                    "result", functools.partial(self.backend.result, job_id), cand_id)
             elif state == JobState.LOST:
-                lost.append(cand)
+                ended[cand_id] = None
             else:
                 phase = self.backend.phase(job_id) if state == JobState.RUNNING else None
-                running.append((cand.id, cand.description, now - (cand.submitted_at or now),
+                running.append((cand_id, description, now - (submitted_at or now),
                                 f"{state}: {phase}" if phase else state))
+        done: list[tuple[Candidate, JobResult]] = []
+        lost: list[Candidate] = []
+        for cand in self.ledger.rows(list(ended)) if ended else []:
+            if cand.status != Status.SUBMITTED or cand.job_id != job_ids[cand.id]:
+                continue  # not the row read a moment ago: the next look sees it as it is
+            result = ended[cand.id]
+            if result is not None:
+                done.append((cand, result))
+            else:
+                lost.append(cand)
         shut_out = [(c, r) for c, r in done if unreachable(r)]
         done = [(c, r) for c, r in done if not unreachable(r)]
         if done:  # the results of one look in one transaction (one fsync)

@@ -372,6 +372,22 @@ class Ledger:
                 found[cand.id] = cand
         return [found[i] for i in cand_ids if i in found]
 
+    def placed(self, cand_ids: list[str]) -> list[tuple[str, str, str, float | None]]:
+        """(id, job id, description, submitted_at) of the rows among `cand_ids` whose job
+        is placed (status submitted), in their order. A poll reads this many times a
+        second: four columns, not every row decoded whole (its result above all)."""
+        found: dict[str, tuple[str, str, str, float | None]] = {}
+        for start in range(0, len(cand_ids), 500):  # under SQLite's bound-parameter limit
+            chunk = cand_ids[start:start + 500]
+            for r in self.db.execute(
+                    f"SELECT id, job_id, description, submitted_at FROM candidates WHERE "
+                    f"status = ? AND job_id IS NOT NULL AND job_id != '' AND id IN "
+                    f"({', '.join('?' * len(chunk))})", [Status.SUBMITTED.value, *chunk]):
+                found[r["id"]] = (r["id"], r["job_id"],
+                                  _clean("description", r["description"]) or "",
+                                  r["submitted_at"])
+        return [found[i] for i in cand_ids if i in found]
+
     def confirming(self, cand_id: str, status: str | None = None) -> list[Candidate]:
         """The confirmation rows (fresh pairs' re-measures) of one candidate, in order."""
         where, args = _where(confirmations=True, status=status)
@@ -473,6 +489,16 @@ class Ledger:
             "WHERE result IS NOT NULL AND json_valid(result) AND s IS NOT NULL "
             "GROUP BY s ORDER BY COUNT(*) DESC, s")
         return {str(name): int(n) for name, n in rows}
+
+    def columns(self, names: tuple[str, ...]) -> dict[str, tuple]:
+        """{id: (the row's `names` columns)} of every row but the confirmations', read as
+        stored, without decoding each row (the guard takes them before and after each
+        round). Only columns no sanitising touches (not description, reasons)."""
+        assert not set(names) & {*UNTRUSTED_TEXT, *JSON_COLUMNS}, names
+        where, args = _where()
+        rows = self.db.execute(f"SELECT id, {', '.join(names)} FROM candidates WHERE "
+                               f"{where} ORDER BY seq", args)
+        return {row[0]: tuple(row[1:]) for row in rows}
 
     def verdicts(self) -> dict[str, tuple[str, float | None]]:
         """{id: (status, metric)} of every judged candidate: two columns, read without

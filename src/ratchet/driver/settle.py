@@ -138,6 +138,8 @@ class Loop:
 
     def room(self, want: int) -> int:
         """How many of `want` new candidates budget.candidates leaves room for."""
+        if self.config.budget.candidates is None:  # no count to check: no rows to read
+            return want
         return budget.room(self.config.budget, self.ledger.candidates(), want)
 
     def over_budget(self, next_candidates: int, next_wall_h: float = 0.0,
@@ -289,8 +291,8 @@ class Loop:
             if meta:
                 led.set(**meta)
         fault_point("verdicts")
-        self.written = (meta, {**unbound, **{i: (led.row(i).status, led.row(i).metric)
-                                             for i in verdicts}})
+        judged = led.rows(list(verdicts))  # one read of them all
+        self.written = (meta, {**unbound, **{c.id: (c.status, c.metric) for c in judged}})
         for cand in finished:
             if cand.idea:
                 led.mark_idea(cand.idea, cand.id, decision.verdicts[cand.id].status)

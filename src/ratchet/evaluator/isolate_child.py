@@ -355,6 +355,78 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+# seccomp (Linux): the audit architecture and sched_setaffinity's number per machine
+_AFFINITY_SYSCALL = {"x86_64": (0xC000003E, 203), "aarch64": (0xC00000B7, 122)}
+_X32_BIT = 0x40000000  # x86_64's x32 ABI numbers its calls from here
+
+
+def _forbid_widening() -> bool:
+    """Keep this process, its threads and everything it starts on the CPUs it was given:
+    a seccomp filter answers sched_setaffinity with EPERM. Installed before any other code
+    runs here (the preload, the candidate) and irrevocable after, so nothing the candidate
+    does can lift it. Why: a child that widened its affinity runs its timed calls on
+    whichever core is idle, the other slots' included, while the baseline it is compared
+    with was timed on the evaluator's own, busy, core; its CPU time stays within one
+    core's, so the parent's CPU check cannot see it. False where Linux or the machine
+    gives no such filter (the parent's CPU check still stands)."""
+    import platform  # noqa: PLC0415
+
+    arch = _AFFINITY_SYSCALL.get(platform.machine())
+    if not sys.platform.startswith("linux") or arch is None:
+        return False
+    import ctypes  # noqa: PLC0415
+
+    audit_arch, setaffinity = arch
+    ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, JGE|K, BPF_RET|K
+    allow, deny = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    program = [  # struct seccomp_data: nr at offset 0, arch at 4
+        (ld_abs, 0, 0, 4),
+        (jeq, 1, 0, audit_arch),  # another ABI (i386 on x86_64): deny its calls outright
+        (ret, 0, 0, deny),
+        (ld_abs, 0, 0, 0),
+        (jge, 2, 0, _X32_BIT),  # an x32 call: its own numbering, denied
+        (jeq, 1, 0, setaffinity),
+        (ret, 0, 0, allow),
+        (ret, 0, 0, deny),
+    ]
+
+    class SockFilter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                    ("k", ctypes.c_uint32)]
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+    filters = (SockFilter * len(program))(*(SockFilter(*op) for op in program))
+    fprog = SockFprog(len(program), filters)
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_no_new_privs, pr_set_seccomp, seccomp_mode_filter = 38, 22, 2
+    if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:
+        return False
+    return libc.prctl(pr_set_seccomp, seccomp_mode_filter, ctypes.byref(fprog), 0, 0) == 0
+
+
+# glibc malloc's thresholds, fixed (the parent sets the same: isolate.MALLOC_SETTINGS)
+_MALLOC_SETTINGS = ((-1, 128 << 20), (-3, 32 << 20))  # M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
+
+
+def _fixed_malloc() -> None:
+    """Left alone, glibc adapts its malloc thresholds to what a process has freed so far, so
+    the same kernel's few-MB temporaries page-fault afresh on every call in a young child
+    and not in an evaluator that once freed a larger array: an honest numpy softmax read 4x
+    slower here than as the baseline. Both processes fix them at the same values instead."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes  # noqa: PLC0415
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc (musl): its allocator has no such state
+        return
+    for option, value in _MALLOC_SETTINGS:
+        mallopt(option, value)
+
+
 def _preload(names: str) -> None:
     """Import the modules the evaluator named (numpy, say) before any candidate code runs:
     their import overlaps the evaluator's own start-up. Only from the interpreter's own path
@@ -367,6 +439,8 @@ def _preload(names: str) -> None:
 
 
 def main(argv: list[str]) -> int:
+    _forbid_widening()  # first: before any thread (a preloaded library's pool) exists
+    _fixed_malloc()
     if len(argv) > 3 and int(argv[3]):  # 0: under a sandbox's warden, which ends us with the evaluator
         _die_with_parent(int(argv[3]))
     sock = socket.socket(fileno=int(argv[1]))

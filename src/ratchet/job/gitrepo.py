@@ -155,15 +155,21 @@ def is_dirty(repo: Path) -> bool:
 
 def exclude_locally(repo: Path, patterns: list[str]) -> None:
     """Keep ratchet's own files out of `git status` without touching .gitignore."""
-    exclude = Path(git(repo, "rev-parse", "--git-path", "info/exclude"))
-    if not exclude.is_absolute():
-        exclude = repo / exclude
+    exclude = _exclude_file(str(repo))
     exclude.parent.mkdir(parents=True, exist_ok=True)
     existing = exclude.read_text().splitlines() if exclude.exists() else []
     missing = [p for p in patterns if p not in existing]
     if missing:
         with exclude.open("a") as fh:
             fh.write("".join(f"{p}\n" for p in missing))
+
+
+@functools.lru_cache(maxsize=64)
+def _exclude_file(repo: str) -> Path:
+    """Where `repo`'s info/exclude lives (asked of git once per repository and process:
+    the views and the chart add to it at the end of every run)."""
+    exclude = Path(git(Path(repo), "rev-parse", "--git-path", "info/exclude"))
+    return exclude if exclude.is_absolute() else Path(repo) / exclude
 
 
 @dataclass(frozen=True)
@@ -308,6 +314,19 @@ def commit_tree(repo: Path, tree: str, parent: str, message: str) -> str:
         "GIT_COMMITTER_EMAIL": "ratchet@localhost",
     }
     return git(repo, "commit-tree", tree, "-p", parent, input=message.encode(), env=env)
+
+
+def refs(repo: Path, *patterns: str) -> dict[str, tuple[str, str]]:
+    """{ref: (object id, object type)} of the refs `git for-each-ref` lists for
+    `patterns`, in one call (where a rev-parse each would start a process per ref)."""
+    out = git(repo, "for-each-ref", "--format=%(refname) %(objectname) %(objecttype)",
+              *patterns)
+    listed = {}
+    for line in out.splitlines():
+        name, _, rest = line.partition(" ")
+        sha, _, kind = rest.partition(" ")
+        listed[name] = (sha, kind)
+    return listed
 
 
 def tree_of(repo: Path, commit: str) -> str:

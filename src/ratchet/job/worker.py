@@ -824,6 +824,9 @@ def _preload() -> None:
         machine_fingerprint()  # cached: read while idle, not while a job waits
         # the isolation probes too, the network namespace's among them
         sandbox.network_isolated(sandbox.choose("auto"))
+        # and the `unshare` the trusted phases run in (Job.trusted_level): a spare forked
+        # from the server inherits the answer instead of probing it again for every job
+        sandbox.unshare_prefix()
 
 
 def _read_key(text: str) -> bytes | None:
