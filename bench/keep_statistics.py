@@ -38,10 +38,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from ratchet import stats  # noqa: E402
+from ratchet.core import stats  # noqa: E402
+from ratchet.core.candidate import Incumbent  # noqa: E402
+from ratchet.core.config import Config  # noqa: E402
+from ratchet.core.vocab import Kind, Outcome  # noqa: E402
 from ratchet.driver import judge  # noqa: E402
-from ratchet.driver.config import Config, loads_config  # noqa: E402
-from ratchet.driver.ledger import Incumbent, Kind  # noqa: E402
+from ratchet.driver.config import loads_config  # noqa: E402
 from ratchet.job.jobspec import JobResult  # noqa: E402
 
 TOML = """
@@ -102,7 +104,7 @@ class SimStudy:
     def result(self, commit: str) -> JobResult:
         repeats = self.cfg.acceptance.repeats
         samples = [self.evaluate(commit) for _ in range(repeats)]
-        return JobResult(job_id=commit, outcome="ok", samples=samples,
+        return JobResult(job_id=commit, outcome=Outcome.OK, samples=samples,
                          metric=sorted(samples)[len(samples) // 2])
 
     def new_commit(self, effect: float, base: str) -> str:

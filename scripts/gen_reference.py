@@ -4,7 +4,7 @@
     python scripts/gen_reference.py --check    # exit 1 naming each page that is stale
 
 docs/reference/config.md comes from the pydantic models of ratchet.toml
-(ratchet.driver.config and the settings models the proposers and backends register): every
+(ratchet.core.config and the settings models the proposers and backends register): every
 key, its type, its default and its bounds from the model, its meaning from the model's own
 `Field(description=...)` or else the comment beside (or just above) the field in the source.
 docs/reference/cli.md comes from the typer app (ratchet.cli): every command, its usage,
@@ -83,7 +83,7 @@ def describe(model: type[BaseModel], name: str, info: FieldInfo) -> str:
 # ---------------------------------------------------------------------------------------
 # types, defaults and bounds, as a ratchet.toml writer reads them
 
-# the parsers behind Annotated value types (ratchet.driver.config): what they accept
+# the parsers behind Annotated value types (ratchet.core.config): what they accept
 VALUE_TYPES = {
     "parse_duration": 'duration (`"90s"`, `"10m"`, `"1.5h"`, or seconds)',
     "parse_improvement": 'margin (absolute `0.001` or relative `"0.5%"`)',
@@ -178,7 +178,7 @@ class Section:
 
 def sections() -> list[Section]:
     from ratchet.backends import backends
-    from ratchet.driver import config as c
+    from ratchet.core import config as c
     from ratchet.proposers import proposer_kinds
     from ratchet.proposers.context import ContextSettings
     from ratchet.proposers.llm import ModelSpec

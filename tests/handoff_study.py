@@ -22,7 +22,8 @@ from pathlib import Path
 
 from helpers import config_text, git, make_repo, ratchet
 
-from ratchet.driver.ledger import Candidate, Ledger
+from ratchet.core.candidate import Candidate
+from ratchet.driver.ledger import Ledger
 
 EVALUATOR = '''
 import sys

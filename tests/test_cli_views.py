@@ -10,8 +10,8 @@ import pytest
 from helpers import RATCHET, ROOT, config_text, make_repo, ratchet, score_repo
 from terminal import run_on_tty, screen
 
+from ratchet.core.candidate import Candidate
 from ratchet.driver import views
-from ratchet.driver.ledger import Candidate
 
 SLOW_KNOBS = ('[tune.knobs]\n"solution.py:X" = { choices = [3.0, 2.0, 1.5, 1.0, 0.0, 5.0] }\n'
               '"solution.py:SLEEP" = { choices = [0.6, 0.7] }\n')

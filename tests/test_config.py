@@ -3,7 +3,8 @@
 import pytest
 from helpers import config_text, ratchet, score_repo
 
-from ratchet.driver.config import ConfigError, loads_config, parse_duration
+from ratchet.core.config import ConfigError, parse_duration
+from ratchet.driver.config import loads_config
 
 
 def load(text: str):
@@ -126,7 +127,7 @@ def test_misspelling_helper_works_for_any_section_model():
     """Engines and proposers validate their own sections; they can name the key meant."""
     from pydantic import BaseModel, ConfigDict, ValidationError
 
-    from ratchet.driver.config import misspelling
+    from ratchet.core.config import misspelling
 
     class Section(BaseModel):
         model_config = ConfigDict(extra="forbid")

@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, config_text, make_repo, ratchet
 
-from ratchet import stats
+from ratchet.core import stats
+from ratchet.core.candidate import Incumbent
+from ratchet.core.vocab import Kind, Outcome
 from ratchet.driver import judge
 from ratchet.driver.config import loads_config
-from ratchet.driver.ledger import Incumbent, Kind, Ledger
+from ratchet.driver.ledger import Ledger
 from ratchet.job.jobspec import JobResult
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -169,7 +171,7 @@ CONFIG = loads_config(b'[task]\nname = "t"\neditable = ["x.py"]\nevaluate = "e"\
 
 def confirm(pairs: list[tuple[float, float]], groups: dict[str, list[float]]) -> stats.Test:
     entry = judge.Entry(id="c1", kind=Kind.CANDIDATE, seq=1, commit="c1",
-                        result=JobResult(job_id="j", outcome="ok", metric=1.0, samples=[1.0]))
+                        result=JobResult(job_id="j", outcome=Outcome.OK, metric=1.0, samples=[1.0]))
     incumbent = Incumbent(commit="c0", id="c0", metric=2.0, samples=[2.0, 2.0, 2.0])
 
     def measure(_: judge.Entry, need: int) -> list[tuple[float, float]]:

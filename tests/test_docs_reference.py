@@ -34,7 +34,7 @@ def test_every_key_and_every_command_is_in_the_reference():
     import typer.main
 
     from ratchet.cli import app
-    from ratchet.driver import config
+    from ratchet.core import config
 
     page = (REFERENCE / "config.md").read_text()
     for section, model in [("task", config.Task), ("acceptance", config.Acceptance),

@@ -9,7 +9,7 @@ import statistics
 
 from helpers import SCORE_SOLUTION, config_text, make_repo, ratchet
 
-from ratchet import stats
+from ratchet.core import stats
 from ratchet.driver import views
 from ratchet.driver.ledger import Ledger
 

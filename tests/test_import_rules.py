@@ -9,6 +9,11 @@
 
 Each is checked in a fresh interpreter, so a module-level import anywhere down the chain
 (a package `__init__` included) counts.
+
+And, read from the source (every import, a function's included; only those under
+`if TYPE_CHECKING:` left out, as they never run): no import crosses a wing upward, the
+import graph of src/ratchet has no cycle, and ratchet/core imports nothing but the
+standard library, pydantic and itself.
 """
 
 from __future__ import annotations
@@ -24,11 +29,13 @@ from pathlib import Path
 import pytest
 from helpers import ROOT
 
-SHARED = {"ratchet", "ratchet.errors", "ratchet.vocab", "ratchet.stats"}
+# the core modules of the standard library alone, which every side may load
+SHARED = {"ratchet", "ratchet.core", "ratchet.core.errors", "ratchet.core.vocab",
+          "ratchet.core.stats"}
 
 
 def job_side(name: str) -> bool:
-    return name in SHARED - {"ratchet.stats"} or name == "ratchet.job" \
+    return name in SHARED - {"ratchet.core.stats"} or name == "ratchet.job" \
         or name.startswith("ratchet.job.")
 
 
@@ -71,8 +78,9 @@ def test_the_job_side_loads_only_the_standard_library_and_itself(entry):
 
 
 def test_the_evaluator_sdk_never_loads_the_driver():
-    loaded = _loaded("ratchet.evaluator.channel", "ratchet.evaluator.isolate", "ratchet.evaluator.kernels")
-    driver = [m for m in loaded if m.startswith("ratchet") and not sdk(m)]
+    loaded = _loaded("ratchet.channel", "ratchet.isolate", "ratchet.kernels")
+    driver = [m for m in loaded if m.startswith("ratchet") and not sdk(m)
+              and _wing(m) != "sdk"]
     assert driver == [], driver
     foreign = {m.split(".")[0] for m in loaded if _third_party(m)}
     assert foreign <= SDK_THIRD_PARTY, foreign
@@ -81,38 +89,57 @@ def test_the_evaluator_sdk_never_loads_the_driver():
 # -- the wings, read from the source: every import, a function's lazy ones included -------
 
 SRC = ROOT / "src" / "ratchet"
-# wing -> the wings it may import (itself always); `ratchet.<module>` at the top level is
-# its own wing: the CLI front, or the shared vocabulary and arithmetic
+# the evaluator SDK's public names: each module is the real one's (ratchet/kernels/)
+PUBLIC_SDK = {"ratchet.channel", "ratchet.isolate", "ratchet.kernels", "ratchet.stats"}
+# wing -> the wings it may import (itself always); `ratchet.cli` is the front
 MAY_IMPORT = {
-    "job": {"shared"},
-    "evaluator": {"shared", "job"},
-    "shared": {"shared"},
-    "backends": {"shared", "job", "evaluator", "driver", "proposers", "backends"},
-    "proposers": {"shared", "job", "evaluator", "driver", "proposers", "backends"},
-    "driver": {"shared", "job", "evaluator", "driver", "proposers", "backends"},
-    "front": {"shared", "job", "evaluator", "driver", "proposers", "backends", "templates",
+    "core": {"core"},
+    "job": {"core"},
+    "evaluator": {"core", "job"},
+    "sdk": {"core", "evaluator"},
+    "backends": {"core", "job", "evaluator", "backends"},
+    "proposers": {"core", "job", "evaluator", "driver", "proposers", "backends"},
+    "driver": {"core", "job", "evaluator", "driver", "proposers", "backends"},
+    "front": {"core", "job", "evaluator", "driver", "proposers", "backends", "templates",
               "mcp"},
     # `ratchet mcp`'s server: another front over the driver, never over the CLI
-    "mcp": {"shared", "job", "evaluator", "driver", "proposers", "backends", "mcp"},
+    "mcp": {"core", "job", "evaluator", "driver", "proposers", "backends", "mcp"},
 }
+# what ratchet/core may import beyond itself and the standard library
+CORE_THIRD_PARTY = {"pydantic"}
 
 
 def _wing(module: str) -> str:
     parts = module.split(".")
     if len(parts) == 1:
-        return "shared"  # the package itself: its public SDK names
+        return "core"  # the package itself: its version
+    if ".".join(parts[:2]) in PUBLIC_SDK:
+        return "sdk"
     head = parts[1]
-    if head in {"job", "evaluator", "driver", "proposers", "backends", "templates", "mcp"}:
+    if head in {"core", "job", "evaluator", "driver", "proposers", "backends", "templates",
+                "mcp"}:
         return head
-    # plugins: the entry-point loader, standard library only (it imports plug-ins by name)
-    return "front" if head == "cli" else "shared" \
-        if head in {"errors", "vocab", "stats", "plugins"} else f"stray:{head}"
+    return "front" if head == "cli" else f"stray:{head}"
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """The nodes under `if TYPE_CHECKING:` (annotations only: they never run)."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        test = node.test if isinstance(node, ast.If) else None
+        if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+                isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"):
+            skip.update(id(sub) for stmt in node.body for sub in ast.walk(stmt))
+    return skip
 
 
 def _imports(path: Path, module: str) -> list[tuple[int, str]]:
     tree = ast.parse(path.read_text(), str(path))
+    skip = _type_checking_only(tree)
     found = []
     for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names if a.name.startswith("ratchet")]
         elif isinstance(node, ast.ImportFrom):
@@ -161,6 +188,78 @@ def test_no_import_crosses_a_wing_upward_lazy_ones_included():
     assert wrong == [], "\n".join(wrong)
 
 
+def _graph() -> dict[str, set[str]]:
+    """module -> the modules of src/ratchet it imports (a package's `__init__` by its
+    package's name)."""
+    modules = dict((m, p) for p, m in _modules())
+    return {m: {t for _, t in _imports(p, m) if t in modules and t != m}
+            for m, p in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_import_graph_has_no_cycle_lazy_imports_included():
+    """A cycle is a pair of rooms that each need the other: what both need belongs in a
+    room below them (ratchet/core, or a smaller module of the wing)."""
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_finder_finds_one():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_core_imports_only_the_standard_library_pydantic_and_itself():
+    foreign = []
+    for path in sorted((SRC / "core").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level \
+                else []
+            if isinstance(node, ast.ImportFrom) and node.level:
+                names = ["ratchet.core"] if node.level == 1 else ["ratchet.?"]
+            for name in names:
+                top = name.split(".")[0]
+                inside = name == "ratchet.core" or name.startswith("ratchet.core.")
+                if not (inside or top in sys.stdlib_module_names or top in CORE_THIRD_PARTY):
+                    foreign.append(f"{path.relative_to(SRC)}:{node.lineno} imports {name}")
+    assert foreign == [], foreign
+    # and in a fresh interpreter: importing all of core loads nothing else of ratchet
+    loaded = _loaded(*(f"ratchet.core.{p.stem}" for p in sorted((SRC / "core").glob("*.py"))
+                       if p.stem != "__init__"))
+    assert [m for m in loaded if m.startswith("ratchet") and _wing(m) != "core"] == []
+
+
 def test_the_public_sdk_names_are_the_evaluator_wing_modules_themselves():
     """`ratchet.kernels`, `ratchet.channel` and `ratchet.isolate` (what users' evaluators and
     the docs import) are the very module objects of the evaluator wing."""
@@ -184,7 +283,8 @@ def test_the_documented_layout_names_every_module_where_it_lives():
     block = block[block.index("```"):block.index("```", block.index("```") + 3)]
     missing = []
     for path, module in _modules():
-        if path.name == "__init__.py" or module.startswith("ratchet.evaluator.kernels."):
+        if path.name == "__init__.py" or module.startswith(("ratchet.evaluator.kernels.",
+                                                            "ratchet.kernels.")):
             continue
         if module.startswith(("ratchet.proposers.", "ratchet.backends.")):
             continue  # listed by name within their wing's line

@@ -7,6 +7,7 @@ import math
 import pytest
 from helpers import config_text
 
+from ratchet.core.vocab import Outcome, Status
 from ratchet.driver import judge
 from ratchet.driver.config import loads_config
 from ratchet.job.jobspec import JobResult
@@ -20,7 +21,7 @@ def config(extra: str = "", task_extra: str = ""):
 
 
 def ok(metric: float, samples: list[float] | None = None, **extra) -> JobResult:
-    return JobResult(job_id="j", outcome="ok", metric=metric,
+    return JobResult(job_id="j", outcome=Outcome.OK, metric=metric,
                      samples=samples if samples is not None else [metric], extra=extra)
 
 
@@ -42,15 +43,20 @@ def test_keep_discard_crash_rejected_in_one_group():
     entries = [
         entry("c1", ok(8.0), seq=1),                       # better: keep
         entry("c2", ok(12.0), seq=2),                      # worse: discard
-        entry("c3", JobResult(job_id="j", outcome="timeout", reason="timed out"), seq=3),
-        entry("c4", JobResult(job_id="j", outcome="violation", reason="touched x"), seq=4),
-        entry("c5", JobResult(job_id="j", outcome="failed", failed_stage="evaluate",
-                              reason="evaluate: correct: false"), seq=5),
+        entry("c3", JobResult(job_id="j", outcome=Outcome.TIMEOUT, reason="timed out"), seq=3),
+        entry("c4", JobResult(job_id="j", outcome=Outcome.VIOLATION, reason="touched x"),
+              seq=4),
+        # a wrong result is the evaluator's `correct: false`, read from the field the worker
+        # sets, never from the reason's text (which quotes the candidate's own output)
+        entry("c5", JobResult(job_id="j", outcome=Outcome.FAILED, failed_stage="evaluate",
+                              correct=False, reason="evaluate: evaluator reported it"), seq=5),
+        entry("c6", JobResult(job_id="j", outcome=Outcome.FAILED, failed_stage="run",
+                              reason="run failed: exit 1 (printed 'correct: false')"), seq=6),
     ]
     decision = judge.judge_group(cfg, entries, INC, no_holdout)
     status = {k: v.status for k, v in decision.verdicts.items()}
-    assert status == {"c1": "keep", "c2": "discard", "c3": "crash", "c4": "rejected",
-                      "c5": "rejected"}
+    assert status == {"c1": Status.KEEP, "c2": Status.DISCARD, "c3": Status.CRASH,
+                      "c4": Status.REJECTED, "c5": Status.REJECTED, "c6": Status.CRASH}
     assert decision.winner == "c1"
     assert decision.incumbent.metric == 8.0 and decision.incumbent.commit == "sha-c1"
     assert "no improvement" in decision.verdicts["c2"].reasons[0]
@@ -123,7 +129,7 @@ def test_holdout_runs_only_for_the_would_be_keep():
 
     def holdout(e: judge.Entry) -> JobResult:
         asked.append(e.id)
-        return JobResult(job_id="h", outcome="ok", holdout=4.0)
+        return JobResult(job_id="h", outcome=Outcome.OK, holdout=4.0)
 
     inc = judge.Incumbent(metric=10.0, samples=[10.0], holdout=5.0)
     decision = judge.judge_group(cfg, [entry("a", ok(9.0), seq=1), entry("b", ok(8.0), seq=2),
@@ -134,8 +140,8 @@ def test_holdout_runs_only_for_the_would_be_keep():
 
 def test_holdout_failure_or_regression_is_rejected_and_the_next_best_tried():
     cfg = config(task_extra='holdout = "python evaluate.py --holdout"\n')
-    answers = {"b": JobResult(job_id="h", outcome="failed", reason="exit code 3"),
-               "a": JobResult(job_id="h", outcome="ok", holdout=9.0)}
+    answers = {"b": JobResult(job_id="h", outcome=Outcome.FAILED, reason="exit code 3"),
+               "a": JobResult(job_id="h", outcome=Outcome.OK, holdout=9.0)}
     inc = judge.Incumbent(metric=10.0, samples=[10.0], holdout=5.0)
     decision = judge.judge_group(cfg, [entry("a", ok(9.0), seq=1), entry("b", ok(8.0), seq=2)],
                                  inc, lambda e: answers[e.id])
@@ -160,7 +166,7 @@ def test_baseline_sets_the_comparison_and_a_stale_candidate_cannot_win():
 
 def test_failed_baseline_leaves_nothing_to_compare():
     decision = judge.judge_group(
-        config(), [entry("base", JobResult(job_id="j", outcome="failed", reason="boom"),
+        config(), [entry("base", JobResult(job_id="j", outcome=Outcome.FAILED, reason="boom"),
                          kind="baseline", seq=0), entry("a", ok(1.0))],
         judge.Incumbent(), no_holdout)
     assert decision.verdicts["base"].status == "crash"

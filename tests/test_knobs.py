@@ -82,7 +82,7 @@ def _values(proposal):
 
 
 def test_tuner_never_reproposes_the_baseline_after_the_incumbent_moved(tmp_path):
-    from ratchet.driver.ledger import Candidate
+    from ratchet.core.candidate import Candidate
 
     repo, config, git = _kernel_repo(tmp_path)
     base = git(repo, "rev-parse", "HEAD")
@@ -106,7 +106,7 @@ def test_tuner_never_reproposes_the_baseline_after_the_incumbent_moved(tmp_path)
 def test_tuner_compares_file_contents_not_only_recorded_params(tmp_path):
     """A candidate recorded under other knobs (the config grew a knob) is still the same
     experiment as a proposal that produces the same bytes."""
-    from ratchet.driver.ledger import Candidate
+    from ratchet.core.candidate import Candidate
 
     repo, config, git = _kernel_repo(tmp_path)
     base = git(repo, "rev-parse", "HEAD")

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ratchet.driver.ledger import SCHEMA_VERSION, Kind, Ledger, LedgerError, Status
+from ratchet.core.vocab import Kind, Status
+from ratchet.driver.ledger import SCHEMA_VERSION, Ledger, LedgerError
 
 V0 = Path(__file__).parent / "data" / "ledger-v0.db"
 

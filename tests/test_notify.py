@@ -213,7 +213,7 @@ def test_the_docs_notify_example_is_a_valid_section():
 
     from helpers import ROOT
 
-    from ratchet.driver.config import Notify
+    from ratchet.core.config import Notify
 
     text = (ROOT / "docs" / "watching.md").read_text()
     (block,) = [b for b in re.findall(r"^```toml\n(.*?)^```", text, re.MULTILINE | re.DOTALL)

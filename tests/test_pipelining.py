@@ -14,7 +14,8 @@ from pathlib import Path
 
 from helpers import ROOT, config_text, git, make_repo, ratchet
 
-from ratchet.driver.ledger import Candidate, Ledger, slot_seconds, throughput
+from ratchet.core.candidate import Candidate
+from ratchet.driver.ledger import Ledger, slot_seconds, throughput
 from ratchet.job.slots import WaitingLine
 
 BUILD = '''

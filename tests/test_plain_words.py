@@ -19,9 +19,9 @@ import re
 import pytest
 from helpers import SCORE_SOLUTION, config_text, make_repo, ratchet, results_tsv, score_repo
 
+from ratchet.core.candidate import Candidate
+from ratchet.core.verdict import Reason
 from ratchet.driver import words
-from ratchet.driver.judge import Reason
-from ratchet.driver.ledger import Candidate
 
 
 @pytest.fixture(scope="module")

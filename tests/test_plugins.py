@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, git, ratchet, results_tsv, score_repo
 
-from ratchet import plugins
+from ratchet.core import plugins
 from ratchet.driver.budget import preview, prompt_tokens
 from ratchet.driver.config import load_config
 from ratchet.driver.ledger import Ledger
@@ -70,7 +70,7 @@ import subprocess
 
 from pydantic import BaseModel, ConfigDict
 
-from ratchet.driver.candidate import Proposal
+from ratchet.core.candidate import Proposal
 from ratchet.proposers import Estimate, Proposer, plugin_settings
 
 
@@ -251,7 +251,7 @@ def test_a_plugin_that_is_no_proposer_is_refused_in_one_line(installed, tmp_path
 
 _BUILT_INS = """
 import json
-from ratchet import plugins
+from ratchet.core import plugins
 from ratchet.backends import backends
 from ratchet.proposers import proposer_kinds
 found = {group.value: {name: [p.package, p.declared, p.value]

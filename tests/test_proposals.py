@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from helpers import git, make_repo
 
-from ratchet.driver.candidate import Proposal, rebase
-from ratchet.driver.ledger import Candidate, throughput
+from ratchet.core.candidate import Candidate, Proposal
+from ratchet.driver.candidate import rebase
+from ratchet.driver.ledger import throughput
 from ratchet.driver.settle import without_verdict
 from ratchet.job import gitrepo
 

@@ -7,8 +7,9 @@ import pytest
 from helpers import score_repo
 
 from ratchet import proposers
-from ratchet.driver.candidate import Proposal
-from ratchet.driver.config import ConfigError, load_config
+from ratchet.core.candidate import Proposal
+from ratchet.core.config import ConfigError
+from ratchet.driver.config import load_config
 from ratchet.driver.study import Study
 from ratchet.proposers import ProposalContext, Proposer, register_proposer
 

@@ -30,8 +30,8 @@ from helpers import (
 )
 from test_cli_tune import EVALUATOR as KERNEL_EVALUATOR
 
+from ratchet.core.vocab import Kind
 from ratchet.driver.ledger import Ledger
-from ratchet.vocab import Kind
 
 
 def test_an_exhausted_search_space_ends_the_study_and_says_so(tmp_path):

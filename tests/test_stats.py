@@ -1,4 +1,4 @@
-"""The statistics of a keep (ratchet.stats): distributions, the noise pool, the pooled
+"""The statistics of a keep (ratchet.core.stats): distributions, the noise pool, the pooled
 estimate, the sequential confirmation test and early stopping. Pure functions: numbers in,
 numbers out, checked against tabulated values and against simulation."""
 
@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from ratchet import stats
-from ratchet.stats import Noise, Step
+from ratchet.core import stats
+from ratchet.core.stats import Noise, Step
 
 
 @pytest.mark.parametrize(("p", "df", "table"), [

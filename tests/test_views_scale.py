@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, ratchet
 
-from ratchet import stats
+from ratchet.core import stats
+from ratchet.core.vocab import Kind, Status
 from ratchet.driver import spend, views
 from ratchet.driver.judge import Confirmation, reported_noise
-from ratchet.driver.ledger import Kind, Ledger, Status, slot_seconds, study_wall, throughput
+from ratchet.driver.ledger import Ledger, slot_seconds, study_wall, throughput
 from ratchet.job.jobspec import JobResult
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -125,15 +126,15 @@ def test_rows_since_a_revision_are_the_rows_written_since(ledger):
 
 
 def test_the_dashboard_draws_a_bounded_chart_and_pages_the_table(ledger, monkeypatch):
-    from ratchet.driver import pages, serve
+    from ratchet.driver import blocks, pages, serve
 
-    monkeypatch.setattr(pages, "CHART_POINTS", 100)  # 500 rows: a study past the bound
+    monkeypatch.setattr(blocks, "CHART_POINTS", 100)  # 500 rows: a study past the bound
     repo = Path(ledger.path).parents[1]
     study = serve.ReadOnlyStudy(repo)
     try:
         app = serve.Dashboard(study, "x" * 24, "127.0.0.1", True)
         overview, _, _, _ = app.render(serve.overview_view(), True)
-        assert overview.count('data-metric="') <= pages.CHART_POINTS + 50
+        assert overview.count('data-metric="') <= blocks.CHART_POINTS + 50
         assert "points drawn" in overview
         table, _, _, _ = app.render(serve.candidates_view(serve.TableQuery(page=2)), True)
         assert table.count("<tr") <= pages.PAGE_ROWS + 1

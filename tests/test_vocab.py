@@ -6,9 +6,9 @@ import sqlite3
 
 import pytest
 
-from ratchet import vocab
+from ratchet.core import vocab
+from ratchet.core.vocab import JobState, Kind, Outcome, Status
 from ratchet.driver.ledger import Ledger
-from ratchet.vocab import JobState, Kind, Status
 
 
 def test_a_status_and_kind_written_as_members_read_back_as_the_same_text(tmp_path):
@@ -55,12 +55,15 @@ def test_an_unknown_stored_status_is_named_with_the_known_ones():
         vocab.status_of("kept")
 
 
-def test_no_status_or_kind_is_compared_or_set_as_a_bare_string_outside_the_vocabulary():
-    """`c.status == "keep"`, `kind in ("baseline",)` or `update(..., status="keep")` in the
+def test_no_status_kind_or_outcome_is_compared_or_set_as_a_bare_string():
+    """`c.status == "keep"`, `kind in ("baseline",)`, `result.outcome != "ok"`,
+    `update(..., status="keep")`, `{"status": "rejected"}` or `r.outcome = "ok"` in the
     code are the strings-for-types the vocabulary replaced: one typo is a silent bug."""
     import ast
 
     from helpers import ROOT
+
+    fields = ("status", "kind", "outcome", "stop_outcome")
 
     def named(node: ast.AST) -> str | None:
         if isinstance(node, ast.Attribute):
@@ -69,17 +72,23 @@ def test_no_status_or_kind_is_compared_or_set_as_a_bare_string_outside_the_vocab
             return node.id
         if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
             return str(node.slice.value)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "get" and node.args \
+                and isinstance(node.args[0], ast.Constant):
+            return str(node.args[0].value)  # row.get("status")
         return None
 
-    # a candidate's words (others, such as Ray's job states or git's change letters, are
-    # other vocabularies)
-    words = {s.value for s in Status} | {k.value for k in Kind}
+    # a candidate's and a job's words (others, such as Ray's job states or git's change
+    # letters, are other vocabularies)
+    words = {s.value for s in Status} | {k.value for k in Kind} | {o.value for o in Outcome}
 
-    def bare(node: ast.AST) -> bool:
+    def bare(node: ast.AST | None) -> bool:
         if isinstance(node, ast.Constant):
             return node.value in words
         if isinstance(node, ast.Tuple | ast.List | ast.Set):
             return any(bare(e) for e in node.elts)
+        if isinstance(node, ast.IfExp):
+            return bare(node.body) or bare(node.orelse)
         return False
 
     found = []
@@ -89,10 +98,53 @@ def test_no_status_or_kind_is_compared_or_set_as_a_bare_string_outside_the_vocab
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             where = f"{path.relative_to(src)}:{getattr(node, 'lineno', 0)}"
-            if isinstance(node, ast.Compare) and named(node.left) in ("status", "kind") \
-                    and any(bare(c) for c in node.comparators):
-                found.append(where)
-            if isinstance(node, ast.Call):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(named(a) in fields for a in sides) and any(bare(b) for b in sides):
+                    found.append(where)
+            elif isinstance(node, ast.Call):
                 found += [where for kw in node.keywords
-                          if kw.arg in ("status", "kind") and bare(kw.value)]
+                          if kw.arg in fields and bare(kw.value)]
+            elif isinstance(node, ast.Dict):
+                found += [where for k, v in zip(node.keys, node.values, strict=True)
+                          if isinstance(k, ast.Constant) and k.value in fields and bare(v)]
+            elif isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                # a record's field (`r.outcome = "ok"`, `row["status"] = ...`); a local
+                # name is some other text (an evaluator's own "ok" line)
+                if any(named(t) in fields for t in targets
+                       if isinstance(t, ast.Attribute | ast.Subscript)) and bare(node.value):
+                    found.append(where)
     assert found == [], found
+
+
+def test_a_job_outcome_is_a_member_and_its_json_the_same_word():
+    from ratchet.job.jobspec import JobResult
+
+    result = JobResult(job_id="j", outcome="timeout")  # type: ignore[arg-type]
+    assert result.outcome is Outcome.TIMEOUT
+    text = result.to_json()
+    assert '"outcome": "timeout"' in text
+    assert JobResult.from_json(text).outcome is Outcome.TIMEOUT
+    with pytest.raises(ValueError, match="'timed out'"):
+        JobResult(job_id="j", outcome="timed out")  # type: ignore[arg-type]
+
+
+def test_a_candidate_read_back_holds_members(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.db")
+    cand = ledger.new_candidate(1, kind=Kind.BASELINE, status=Status.COMMITTED)
+    again = ledger.candidate(cand.id)
+    assert again is not None
+    assert again.status is Status.COMMITTED and again.kind is Kind.BASELINE
+
+
+def test_every_infrastructure_fault_is_the_one_infrastructure_error():
+    """A machine's fault, a backend that does not answer, a lost job's backend: one base
+    (core.errors.InfrastructureError), never blamed on a candidate, shown as one line."""
+    from ratchet.backends.base import BackendError
+    from ratchet.core.errors import InfrastructureError, UserError
+    from ratchet.driver.infra import InfraFault
+    from ratchet.driver.jobs import BackendDown
+
+    for fault in (InfraFault, BackendError, BackendDown):
+        assert issubclass(fault, InfrastructureError) and issubclass(fault, UserError), fault

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 import ratchet.kernels as rk
-from ratchet.errors import UserError
+from ratchet.core.errors import UserError
 from ratchet.kernels import endtoend
 from ratchet.kernels import workload as wl
 from ratchet.kernels.profile import load_model_module, whats_left

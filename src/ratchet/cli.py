@@ -20,13 +20,14 @@ from rich.console import Console, Group
 from rich.text import Text
 
 from ratchet import __version__, backends, proposers
+from ratchet.core.candidate import Candidate
+from ratchet.core.errors import UserError
+from ratchet.core.vocab import Kind, Status
 from ratchet.driver import audit, budget, infra, opening, results, spend, views, words
-from ratchet.driver.ledger import Candidate, Ledger
+from ratchet.driver.ledger import Ledger
 from ratchet.driver.study import Progress, Study
 from ratchet.driver.tally import Tally, sandboxes_text
-from ratchet.errors import UserError
 from ratchet.job import gitrepo
-from ratchet.vocab import Kind, Status
 
 if TYPE_CHECKING:
     from rich.live import Live
@@ -262,7 +263,7 @@ class RunView:
             if not cands or not all(c.is_judged for c in cands):
                 return
             rounds = max(self.rounds, self.next_round)
-            for line in views.round_lines(cands, self.next_round, rounds, self.metric,
+            for line in words.round_lines(cands, self.next_round, rounds, self.metric,
                                           self.goal):
                 emit(out, line)
             self.hint(cands, out)
@@ -290,7 +291,7 @@ class RunView:
         fresh = [c for c in self.study.ledger.candidates()
                  if c.is_judged and c.id not in self.printed]
         for cand in fresh:  # the ledger's order: by id
-            for line in views.round_lines([cand], cand.round, cand.round, self.metric,
+            for line in words.round_lines([cand], cand.round, cand.round, self.metric,
                                           self.goal)[1:]:
                 emit(out, line)  # [1:]: a verdict line without its round header
             self.printed.add(cand.id)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ratchet.backends.ray import RayConfig
+from ratchet.backends.ray_settings import RayConfig
 from ratchet.backends.shell import load_shell_config
-from ratchet.driver.config import section
+from ratchet.core.config import section
 
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
 

@@ -16,8 +16,9 @@ from pydantic import BaseModel, ConfigDict
 from ratchet import backends
 from ratchet.backends import make_backend, register_backend
 from ratchet.backends.local import LocalBackend
-from ratchet.driver.config import Backend as BackendSection
-from ratchet.driver.config import ConfigError, load_config
+from ratchet.core.config import Backend as BackendSection
+from ratchet.core.config import ConfigError
+from ratchet.driver.config import load_config
 from ratchet.driver.study import Study
 from ratchet.job.jobspec import JobSpec
 
@@ -100,7 +101,7 @@ def test_an_unknown_kind_lists_every_registered_backend(tmp_path, recording):
 
 
 def test_the_built_in_backends_are_in_the_registry_with_their_models():
-    from ratchet.backends.ray import RayConfig
+    from ratchet.backends.ray_settings import RayConfig
     from ratchet.backends.shell import ShellConfig
 
     found = backends.backends()

@@ -188,7 +188,7 @@ def test_job_mode_places_one_ray_job_per_candidate(tmp_path, ray_cluster):  # no
 
 
 def test_prep_across_nodes_needs_a_shared_location():
-    from ratchet.backends.ray import check_shared_prep
+    from ratchet.backends.ray_settings import check_shared_prep
     from ratchet.job.prep import PrepError
 
     check_shared_prep(1)  # a single node sees the driver's cache

@@ -18,7 +18,8 @@ from tasks import check_holdout_everywhere, make_task, summary
 
 from ratchet.backends import make_backend
 from ratchet.backends.shell import load_shell_config
-from ratchet.driver.config import ConfigError, load_config
+from ratchet.core.config import ConfigError
+from ratchet.driver.config import load_config
 from ratchet.driver.study import Study, StudyError
 
 FAKES = Path(__file__).parent / "fakes"

@@ -23,7 +23,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the model loop needs torch (make install puts it in .venv)")
 
 import ratchet.evaluator.kernels as rk  # noqa: E402
-from ratchet.errors import UserError  # noqa: E402
+from ratchet.core.errors import UserError  # noqa: E402
 from ratchet.evaluator.kernels import endtoend  # noqa: E402
 from ratchet.evaluator.kernels import workload as wl  # noqa: E402
 from ratchet.evaluator.kernels.e2e_runner import model_runner  # noqa: E402

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from helpers import git, make_repo, ratchet
 
-from ratchet.driver.judge import Reason
+from ratchet.core.verdict import Reason
 from ratchet.driver.ledger import Ledger
 
 CONFIG = """

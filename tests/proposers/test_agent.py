@@ -12,7 +12,7 @@ import psutil
 import pytest
 from conftest import context_for, git, ledger_of, make_repo
 
-from ratchet.driver.candidate import Proposal
+from ratchet.core.candidate import Proposal
 from ratchet.driver.config import load_config
 from ratchet.driver.study import Study
 from ratchet.proposers import ProposerError

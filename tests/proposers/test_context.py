@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from conftest import context_for, make_repo
 
+from ratchet.core.candidate import Candidate
 from ratchet.driver.config import load_config
 from ratchet.driver.ideas import IdeasError, parse_ideas, read_ideas_file
-from ratchet.driver.ledger import Candidate
 from ratchet.proposers import ProposerError
 from ratchet.proposers.context import build_context, context_settings, hardware_text
 

@@ -14,8 +14,8 @@ import pytest
 from conftest import context_for, edit, git, ledger_of, make_repo
 from llm_server import Answer
 
+from ratchet.core.candidate import Candidate
 from ratchet.driver.config import load_config
-from ratchet.driver.ledger import Candidate
 from ratchet.driver.study import Study, StudyError
 from ratchet.proposers import ProposerError
 from ratchet.proposers.llm import LLMProposer

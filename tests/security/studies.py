@@ -10,7 +10,8 @@ from pathlib import Path
 
 from helpers import git, ratchet
 
-from ratchet.driver.ledger import Candidate, Ledger
+from ratchet.core.candidate import Candidate
+from ratchet.driver.ledger import Ledger
 from security.evidence import processes_in
 
 LEVELS = ["bwrap", "pidns"]

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from helpers import config_text, make_repo, ratchet
 
-from ratchet.driver import pages, serve, slots, svg
+from ratchet.driver import blocks, serve, slots, svg
 from ratchet.driver.ledger import Ledger
 from web.browser import Browser, BrowserError, needs_chromium
 from web.test_serve import at, base_of, bearer, fetch, serving, shots_dir
@@ -423,7 +423,7 @@ def test_jobs_with_no_slot_are_packed_into_lanes_and_said_so(study):
     # and the page draws those lanes and says why
     study_ro = serve.ReadOnlyStudy(study)
     try:
-        html = slots.slot_timeline(pages.snapshot(study_ro, cands), pages.LIVE)
+        html = slots.slot_timeline(blocks.snapshot(study_ro, cands), blocks.LIVE)
     finally:
         study_ro.close()
     assert 'id="timeline-packed"' in html

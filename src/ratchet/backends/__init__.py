@@ -21,9 +21,9 @@ and declare it as an entry point of its package (docs/backends.md, "Writing a pl
 
 `[backend] kind`'s accepted values, the check of `[backend.<name>]` tables and the CLI's
 `--backend` help all come from here. The built-in backends are entry points of ratchet
-itself, loaded by the same loader (ratchet.plugins) as any other package's; a module is
-imported only when `backends()` is asked (the job side imports this package for
-`remote` and must stay light), and one that fails to load is left out with a warning.
+itself, loaded by the same loader (ratchet.core.plugins) as any other package's; a module is
+imported only when `backends()` is asked (the config's check of `[backend] kind` and
+the CLI's help need only names), and one that fails to load is left out with a warning.
 """
 
 from __future__ import annotations
@@ -33,14 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ratchet import plugins
 from ratchet.backends.base import Backend, BackendError
-from ratchet.vocab import JobState
+from ratchet.core import plugins
+from ratchet.core.config import ConfigError, SectionError, section
+from ratchet.core.vocab import JobState
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from ratchet.driver.config import Backend as BackendSection
+    from ratchet.core.config import Backend as BackendSection
 
 __all__ = ["Backend", "BackendError", "BackendPlugin", "JobState", "backends", "make_backend",
            "names", "register_backend"]
@@ -118,10 +119,13 @@ def make_backend(kind: str, state_dir: Path, backend: BackendSection) -> Backend
     config was loaded, or its defaults)."""
     plugin = backends().get(kind)
     if plugin is None:
-        from ratchet.driver.config import ConfigError
-
         broken = plugins.failure(plugins.Group.BACKENDS, kind)
         raise ConfigError(broken or f"backend {kind!r} is not known "
                                     f"(expected {' | '.join(backends())})")
-    settings: Any = backend.settings(kind)
+    settings: Any = backend.engines.get(kind)
+    if settings is None:  # no `[backend.<kind>]` table: its model's defaults
+        try:
+            settings = section(plugin.settings, {}, f"backend.{kind}")
+        except SectionError as exc:  # the model has required keys
+            raise ConfigError(f"{exc} (add a [backend.{kind}] table)") from None
     return plugin.factory(state_dir, settings, backend)

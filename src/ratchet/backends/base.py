@@ -20,9 +20,9 @@ import os
 import shutil
 from pathlib import Path
 
-from ratchet.errors import InfrastructureError
+from ratchet.core.errors import InfrastructureError
+from ratchet.core.vocab import JobState  # pending | running | done | lost
 from ratchet.job.jobspec import JobResult, JobSpec
-from ratchet.vocab import JobState  # pending | running | done | lost
 
 
 class BackendError(InfrastructureError):

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from ratchet.backends import BackendError
+from ratchet.core.vocab import JobState, Outcome
 from ratchet.job.jobspec import JobResult
 from ratchet.job.seal import KeyStore
-from ratchet.vocab import JobState
 
 log = logging.getLogger("ratchet.backends")
 T = TypeVar("T")
@@ -53,7 +53,7 @@ class JobRecord:
     submitted_at: float = 0.0
     running_at: float | None = None  # first time we saw it run (engine time if known)
     stop_reason: str | None = None  # set before we stop a job ourselves
-    stop_outcome: str = "timeout"  # the outcome a job we stopped is reported with
+    stop_outcome: Outcome = Outcome.TIMEOUT  # the outcome a job we stopped is reported with
     timeout_s: float = 0.0
     lost: str | None = None  # why the job was judged lost (for the logs)
 
@@ -87,7 +87,7 @@ class RecordStore:
         record = self.get(job_id)
         if record is None or self.cached_result(job_id) is not None:
             return None
-        record.stop_reason, record.stop_outcome = "cancelled", "cancelled"
+        record.stop_reason, record.stop_outcome = "cancelled", Outcome.CANCELLED
         self.put(record)
         return record
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ratchet.backends import Backend, JobState, register_backend
 from ratchet.backends.spares import Spare, SpareServer, running
-from ratchet.driver.config import Backend as BackendSection
+from ratchet.core.config import Backend as BackendSection
 from ratchet.job import seal
 from ratchet.job.faults import fault_point
 from ratchet.job.jobspec import JobResult, JobSpec, Slot, scrub_env, worker_env

@@ -36,8 +36,9 @@ from ratchet.backends.engine import (
     overdue,
     stopped_result,
 )
-from ratchet.backends.ray import RayConfig, check_shared_prep
+from ratchet.backends.ray_settings import RayConfig, check_shared_prep
 from ratchet.backends.remote import forward_env, holdout_tar
+from ratchet.core.vocab import Outcome
 from ratchet.job.jobspec import JobResult, JobSpec
 from ratchet.job.node import HOLDOUT_TAR
 from ratchet.job.ray_slots import SlotRunner
@@ -357,7 +358,7 @@ class RayActors(Backend):
         return JobState.LOST
 
     def _stop(self, record: JobRecord, reason: str) -> JobState:
-        record.stop_reason, record.stop_outcome = reason, "timeout"
+        record.stop_reason, record.stop_outcome = reason, Outcome.TIMEOUT
         self.store.put(record)
         self.store.note(f"{record.job_id}: {reason}")
         actor = self._actors.get(record.engine_id) if record.engine_id else None

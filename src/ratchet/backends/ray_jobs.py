@@ -36,7 +36,7 @@ from ratchet.backends.engine import (
     overdue,
     stopped_result,
 )
-from ratchet.backends.ray import RayConfig, check_shared_prep
+from ratchet.backends.ray_settings import RayConfig, check_shared_prep
 from ratchet.backends.remote import (
     forward_env,
     holdout_tar,
@@ -44,6 +44,7 @@ from ratchet.backends.remote import (
     parse_result,
     shared_prep,
 )
+from ratchet.core.vocab import Outcome
 from ratchet.job import gitrepo
 from ratchet.job.jobspec import JobResult, JobSpec
 from ratchet.job.node import HOLDOUT_TAR, SPEC_DIR
@@ -227,7 +228,7 @@ class RayJobs(Backend):
         if status in ("PENDING", "RUNNING"):
             state = status.lower()
             reason = overdue(record, state, self.cfg.queue_timeout, self.store, time.time())
-            return self._stop(record, reason, "timeout") if reason else JobState(state)
+            return self._stop(record, reason, Outcome.TIMEOUT) if reason else JobState(state)
         if status not in TERMINAL:
             return JobState.RUNNING
         try:
@@ -251,7 +252,7 @@ class RayJobs(Backend):
         self.store.cache_result(job_id, add_engine_queue(worker, record), logs)
         return JobState.DONE
 
-    def _stop(self, record: JobRecord, reason: str, outcome: str) -> JobState:
+    def _stop(self, record: JobRecord, reason: str, outcome: Outcome) -> JobState:
         record.stop_reason, record.stop_outcome = reason, outcome
         self.store.put(record)
         self.store.note(f"{record.job_id}: {reason}")

@@ -56,8 +56,9 @@ from ratchet.backends.remote import (
     parse_result,
     shared_prep,
 )
-from ratchet.driver.config import Backend as BackendSection
-from ratchet.driver.config import ConfigError, Duration, SectionError, section
+from ratchet.core.config import Backend as BackendSection
+from ratchet.core.config import ConfigError, Duration, SectionError, section
+from ratchet.core.vocab import Outcome
 from ratchet.job import gitrepo
 from ratchet.job.jobspec import JobResult, JobSpec
 from ratchet.job.node import HOLDOUT_TAR
@@ -489,7 +490,7 @@ class ShellBackend(Backend):
         if state is not None and state.in_flight:
             self._gone_since.pop(job_id, None)
             reason = overdue(record, state, self.cfg.queue_timeout, self.store, time.time())
-            return self._stop(record, name, reason, "timeout") if reason else JobState(state)
+            return self._stop(record, name, reason, Outcome.TIMEOUT) if reason else JobState(state)
         # finished, or left the queue: the job's log decides (its last line is the
         # worker's result); no second call when it is there
         logs = self._logs(name, engine_id)
@@ -523,7 +524,7 @@ class ShellBackend(Backend):
             return ""
         return out if ok else ""
 
-    def _stop(self, record: JobRecord, name: str, reason: str, outcome: str) -> JobState:
+    def _stop(self, record: JobRecord, name: str, reason: str, outcome: Outcome) -> JobState:
         record.stop_reason, record.stop_outcome = reason, outcome
         self.store.put(record)
         self.store.note(f"{record.job_id}: {reason}")

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ratchet.core.candidate import Candidate
+from ratchet.core.errors import UserError
+from ratchet.core.vocab import Kind
 from ratchet.driver import spend, views
-from ratchet.driver.ledger import Candidate
-from ratchet.errors import UserError
 from ratchet.job import gitrepo
-from ratchet.vocab import Kind
 
 if TYPE_CHECKING:
     from ratchet.driver.study import Study

@@ -34,12 +34,11 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from ratchet.core.candidate import Candidate, Proposal
+from ratchet.core.vocab import Kind, Status
 from ratchet.driver import judge
-from ratchet.driver.candidate import Proposal
-from ratchet.driver.ledger import Candidate
 from ratchet.driver.settle import ENDING, OPEN_STATES
 from ratchet.job.jobspec import JobResult
-from ratchet.vocab import Kind, Status
 
 if TYPE_CHECKING:
     from ratchet.driver.rounds import Rounds

@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ratchet.driver.config import Budget, Config, matches_any
-from ratchet.driver.judge import Reason
-from ratchet.driver.ledger import Candidate, Ledger
+from ratchet.core.candidate import Candidate
+from ratchet.core.config import Budget, Config, matches_any
+from ratchet.core.verdict import Reason
+from ratchet.core.vocab import Kind
+from ratchet.driver.ledger import Ledger
 from ratchet.driver.spend import Spend, duration
 from ratchet.job import gitrepo
-from ratchet.vocab import Kind
 
 CHARS_PER_TOKEN = 4  # the context's own approximation (proposers/context.py)
 PROMPT_OVERHEAD_TOKENS = 1500  # system prompt, instructions, history and notes

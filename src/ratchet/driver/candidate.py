@@ -8,32 +8,19 @@ rejected here, before anything runs.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
-from ratchet.driver import infra, paths, sanitize
-from ratchet.driver.config import CONFIG_FILE, Config
+from ratchet.core import paths
+from ratchet.core.candidate import Proposal
+from ratchet.core.config import CONFIG_FILE, Config
+from ratchet.core.vocab import Status
+from ratchet.driver import infra, sanitize
 from ratchet.job import gitrepo
 
 # what a proposer saw is saved with its candidate; a prompt is bounded by the token budget,
 # so anything past this is a reply grown out of bounds, not context worth keeping
 MAX_CONTEXT_CHARS = 2_000_000
-
-
-@dataclass
-class Proposal:
-    """What a proposer hands over: new file contents, or a commit it already made."""
-
-    description: str
-    files: dict[str, bytes | None] = field(default_factory=dict)
-    commit: str | None = None
-    params: dict | None = None
-    idea: str | None = None
-    context: str | None = None  # exactly what the proposer saw (saved with the candidate)
-    error: str | None = None  # a proposal that failed to materialise (bad patch, ...)
-    calls: list[int] = field(default_factory=list)  # the ledger's calls that made it (spend.py)
-    # the same change as proposal N (0-based) of the same reply: it never runs
-    duplicate_of: int | None = None
 
 
 def study_ref(study: str, cand_id: str) -> str:
@@ -130,7 +117,7 @@ def materialise(repo: Path, state_dir: Path, config: Config, proposal: Proposal,
             raise infra.os_fault(exc, str(path)) from None
         fields["context_path"] = str(path)
     if proposal.error:
-        return {**fields, "status": "rejected", "reasons": sanitize.line(proposal.error, 2000)}
+        return {**fields, "status": Status.REJECTED, "reasons": sanitize.line(proposal.error, 2000)}
     try:
         commit = make_commit(repo, incumbent, proposal, cand_id)
     except gitrepo.GitError as exc:
@@ -138,13 +125,13 @@ def materialise(repo: Path, state_dir: Path, config: Config, proposal: Proposal,
         fault = infra.git_fault(".git", str(exc)) or _object_store_fault(repo)
         if fault is not None:
             raise fault from None
-        return {**fields, "status": "rejected", "reasons": f"could not commit: {exc}"}
+        return {**fields, "status": Status.REJECTED, "reasons": f"could not commit: {exc}"}
     known = (checked or {}).get((incumbent, commit))
     problems = known if known is not None else scope_violations(repo, config, incumbent, commit)
     if problems:
-        return {**fields, "commit_sha": commit, "status": "rejected",
+        return {**fields, "commit_sha": commit, "status": Status.REJECTED,
                 "reasons": "; ".join(problems)}
-    return {**fields, "commit_sha": commit, "status": "committed"}
+    return {**fields, "commit_sha": commit, "status": Status.COMMITTED}
 
 
 def _object_store_fault(repo: Path) -> infra.InfraFault | None:

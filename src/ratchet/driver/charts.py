@@ -15,11 +15,12 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ratchet.driver.ledger import Candidate
+from ratchet.core.candidate import Candidate
+from ratchet.driver.blocks import PHASE_COLORS, SMALL_CHART_POINTS, metric_chart, thin
 from ratchet.driver.svg import Axis, Chart, _e, fmt
 
 if TYPE_CHECKING:
-    from ratchet.driver.pages import Site, Snapshot
+    from ratchet.driver.blocks import Site, Snapshot
 
 
 # ---------------------------------------------------------------------------------------
@@ -30,8 +31,6 @@ def overview_metric(snap: Snapshot, site: Site) -> str:
     """The overview's metric chart. Live, a link to /metric (log scale, zoom); in the
     static report, which runs no script, a log-scale switch made of a checkbox and CSS:
     both scales are drawn and the box shows one (where every value is positive)."""
-    from ratchet.driver.pages import metric_chart
-
     values = [c.metric for c in snap.cands if c.metric is not None]
     if site.live or not values or min(values) <= 0:
         return metric_chart(snap, site) + zoom_link(site)
@@ -54,8 +53,6 @@ def zoom_link(site: Site) -> str:
 
 def phase_chart(cands: list[Candidate], site: Site) -> str:
     """Seconds per phase for each candidate that ran: one line per phase."""
-    from ratchet.driver.pages import PHASE_COLORS, SMALL_CHART_POINTS, thin
-
     ran = [c for c in cands if c.phases]
     if not ran:
         return ""
@@ -118,8 +115,6 @@ def metric_page(snap: Snapshot, site: Site, query: MetricQuery, chart: bool = Tr
     """(controls, chart): the metric chart with a log-scale switch (where every value is
     positive) and a zoom: drag across the chart, type a range, or step back to the whole
     study. `chart` False: the controls alone."""
-    from ratchet.driver.pages import metric_chart
-
     values = [c.metric for c in snap.cands if c.metric is not None]
     seqs = [c.seq for c in snap.cands]
     positive = bool(values) and min(values) > 0

@@ -10,11 +10,13 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ratchet.driver.ledger import Candidate
-from ratchet.vocab import Kind
+from ratchet.core.candidate import Candidate
+from ratchet.core.vocab import Kind
+from ratchet.driver import blocks
+from ratchet.driver.blocks import _badge, _e, _num, duration, table, td
 
 if TYPE_CHECKING:
-    from ratchet.driver.pages import Site, Snapshot, StudyLike
+    from ratchet.driver.blocks import Site, Snapshot, StudyLike
 
 CHOICES = 2000  # the most candidates each picker lists (the newest)
 
@@ -22,8 +24,6 @@ CHOICES = 2000  # the most candidates each picker lists (the newest)
 def links(snap: Snapshot, cand: Candidate, site: Site) -> str:
     """Links to `cand` side by side with the incumbent and with its parent's candidate
     (the first row that measured the parent commit: the candidate kept, or the baseline)."""
-    from ratchet.driver.pages import _e
-
     if not site.live:  # the static report writes no page per pair
         return ""
     parent = next((c.id for c in snap.cands if cand.parent and c.commit_sha == cand.parent),
@@ -38,8 +38,6 @@ def links(snap: Snapshot, cand: Candidate, site: Site) -> str:
 
 def pickers(snap: Snapshot, a: str | None, b: str | None) -> str:
     """Two lists of candidates; the live page's script opens the pair picked."""
-    from ratchet.driver.pages import _e
-
     first, second = defaults(snap)
     a, b = a or first, b or second
     rows = sorted(snap.everything, key=lambda c: (c.kind == Kind.CONFIRM, -c.seq))[:CHOICES]
@@ -63,9 +61,6 @@ def defaults(snap: Snapshot) -> tuple[str | None, str | None]:
 
 
 def page(study: StudyLike, snap: Snapshot, a_id: str, b_id: str, site: Site) -> str:
-    from ratchet.driver import pages
-    from ratchet.driver.pages import _badge, _e, _num, duration
-
     a, b = snap.by_id(a_id), snap.by_id(b_id)
     if a is None or b is None:
         raise LookupError(a_id if a is None else b_id)
@@ -108,19 +103,17 @@ def page(study: StudyLike, snap: Snapshot, a_id: str, b_id: str, site: Site) -> 
     def kind(name: str) -> str:  # words wrap; numbers line up on the right
         return "text" if name in words or name.startswith("knob ") else "num"
 
-    rows = [[pages.td(_e(name)), pages.td(show(a), kind(name)), pages.td(show(b), kind(name)),
-             pages.td(_e(change), "num")] for name, show, change in numbers]
+    rows = [[blocks.td(_e(name)), blocks.td(show(a), kind(name)), blocks.td(show(b), kind(name)),
+             blocks.td(_e(change), "num")] for name, show, change in numbers]
     out = [f"<h1>{_e(a.id)} and {_e(b.id)} side by side</h1>",
-           pages.table(["", f"A: {a.id}", f"B: {b.id}", "B − A"], rows, table_id="compare-numbers"),
+           blocks.table(["", f"A: {a.id}", f"B: {b.id}", "B − A"], rows, table_id="compare-numbers"),
            "<h2>Phases</h2>", phase_rows(a, b),
            "<h2>Diff from A to B</h2>",
-           pages.diff_section(study, a.commit_sha, b.commit_sha, snap.diffs)]
+           blocks.diff_section(study, a.commit_sha, b.commit_sha, snap.diffs)]
     return "".join(out)
 
 
 def knob_cell(key: str) -> Callable[[Candidate], str]:
-    from ratchet.driver.pages import _e
-
     return lambda c: _e(json.dumps(params(c).get(key), default=str))
 
 
@@ -129,8 +122,6 @@ def params(cand: Candidate) -> dict[str, Any]:
 
 
 def phase_rows(a: Candidate, b: Candidate) -> str:
-    from ratchet.driver.pages import _e, duration, table, td
-
     def of(c: Candidate) -> dict[str, dict[str, Any]]:
         return {str(p.get("name", "?")): p for p in c.phases or []}
 

@@ -11,13 +11,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ratchet.driver.judge import Reason
-from ratchet.driver.ledger import OPEN, VERDICTS, Candidate, Ledger
+from ratchet.core.candidate import Candidate
+from ratchet.core.errors import UserError
+from ratchet.core.verdict import Reason
+from ratchet.core.vocab import Kind, Status
+from ratchet.driver.ledger import OPEN, VERDICTS, Ledger
 from ratchet.driver.spend import RowSpend
 from ratchet.driver.spend import Step as SpendStep
-from ratchet.errors import UserError
 from ratchet.job import gitrepo
-from ratchet.vocab import Kind, Status
 
 STATUSES = (*OPEN, *VERDICTS)
 # names `ratchet diff` accepts besides candidate ids, job ids and commit prefixes

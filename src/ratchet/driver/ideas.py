@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ratchet.core.errors import UserError
 from ratchet.driver.ledger import Ledger
-from ratchet.errors import UserError
 
 IDEAS_FILE = "ideas.md"
 _BULLET = re.compile(r"^[-*+]\s+(?:\[[ xX]\]\s+)?(.*\S)\s*$")

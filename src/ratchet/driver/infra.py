@@ -14,15 +14,16 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-from ratchet.errors import UserError
+from ratchet.core.errors import InfrastructureError
 
 LEDGER = ".ratchet/ledger.db"
 RESUME = "then run the same command again (the study resumes where it stopped)"
 MIN_FREE_BYTES = 1 << 20
 
 
-class InfraFault(UserError):
-    """The machine, not the candidate, failed; the message names the cause and the fix."""
+class InfraFault(InfrastructureError):
+    """The machine, not the candidate, failed; the message names the cause and the fix
+    (one kind of the one infrastructure error, core.errors.InfrastructureError)."""
 
 
 def cause_of(text: str) -> str | None:

@@ -14,13 +14,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ratchet.driver.config import CONFIG_FILE, Config
-from ratchet.driver.ledger import INCUMBENT_KEYS, Incumbent, Ledger
-from ratchet.driver.paths import protected_by
-from ratchet.errors import UserError
+from ratchet.core.candidate import Incumbent
+from ratchet.core.config import CONFIG_FILE, Config
+from ratchet.core.errors import UserError
+from ratchet.core.paths import protected_by
+from ratchet.core.vocab import SUBMITTED_FROM_OUTSIDE, Kind, Status
+from ratchet.driver.ledger import INCUMBENT_KEYS, Ledger
 from ratchet.job import gitrepo
 from ratchet.job.jobspec import PinnedFile
-from ratchet.vocab import SUBMITTED_FROM_OUTSIDE, Kind, Status
 
 
 class IntegrityError(UserError):

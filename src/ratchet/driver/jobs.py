@@ -20,12 +20,14 @@ from pathlib import Path
 from typing import TypeVar
 
 from ratchet.backends import Backend, JobState, make_backend
+from ratchet.core.candidate import Candidate
+from ratchet.core.config import Config
+from ratchet.core.errors import InfrastructureError
+from ratchet.core.vocab import Kind, Outcome, Status
 from ratchet.driver import reference
-from ratchet.driver.config import Config
 from ratchet.driver.infra import RESUME, InfraFault
-from ratchet.driver.ledger import Candidate, Ledger
+from ratchet.driver.ledger import Ledger
 from ratchet.driver.spend import compute_usd
-from ratchet.errors import InfrastructureError
 from ratchet.job.faults import fault_point
 from ratchet.job.jobspec import (
     COMPILE_CACHE_VARS,
@@ -34,7 +36,6 @@ from ratchet.job.jobspec import (
     JobSpec,
     PinnedFile,
 )
-from ratchet.vocab import Kind, Status
 
 T = TypeVar("T")
 POLL_S = 0.02
@@ -403,7 +404,7 @@ class Jobs:
         self.call("cancel", lambda: self.backend.cancel(job_id), cand.id)
         if self.call("status", lambda: self.backend.status(job_id), cand.id) == JobState.DONE:
             result = self.call("result", lambda: self.backend.result(job_id), cand.id)
-            if result is not None and result.outcome != "cancelled":
+            if result is not None and result.outcome != Outcome.CANCELLED:
                 self.record_result(cand, result)  # it finished before the cancel landed
                 return
         self.ledger.update(cand.id, "interrupted", status=Status.INTERRUPTED,
@@ -420,7 +421,7 @@ class Jobs:
     def handle_lost(self, cand: Candidate) -> None:
         max_attempts = self.backend.max_attempts
         if cand.attempt + 1 >= max_attempts:
-            lost = JobResult(job_id=_placed(cand), outcome="error",
+            lost = JobResult(job_id=_placed(cand), outcome=Outcome.ERROR,
                              failed_stage="infrastructure",
                              reason=f"job lost {max_attempts} times (worker vanished)")
             self.ledger.update(cand.id, "lost", status=Status.FINISHED, reasons=lost.reason,
@@ -438,7 +439,7 @@ class Jobs:
 
     def _record(self, cand: Candidate, result: JobResult) -> None:
         run_s = sum(p.seconds for p in result.phases)
-        if result.outcome == "ok" and result.started_at and result.finished_at:
+        if result.outcome == Outcome.OK and result.started_at and result.finished_at:
             # the worker's own clock: the job's time without the wait to be picked up
             self._took.append(max(0.0, result.finished_at - result.started_at))
         self.ledger.update(
@@ -469,7 +470,7 @@ class Jobs:
         """The hold-out of a finished candidate: recorded, measured in its own job, or run
         now as a follow-up job (only ever for a would-be keep or a baseline)."""
         if cand.holdout is not None:
-            return JobResult(job_id=_placed(cand), outcome="ok", holdout=cand.holdout)
+            return JobResult(job_id=_placed(cand), outcome=Outcome.OK, holdout=cand.holdout)
         result = JobResult.from_json(json.dumps(cand.result))
         if result.holdout is not None or self.backend.holdout_in_job:
             return result
@@ -488,14 +489,14 @@ class Jobs:
                         cand.id) in (JobState.PENDING, JobState.RUNNING):
             time.sleep(POLL_S)
         held = self.call("result", lambda: self.backend.result(spec.job_id), cand.id) or \
-            JobResult(job_id=spec.job_id, outcome="error", reason="hold-out job lost")
+            JobResult(job_id=spec.job_id, outcome=Outcome.ERROR, reason="hold-out job lost")
         if unreachable(held):  # the machine's fault, never `overfit`: stop, judge it later
             self.ledger.event(HOLDOUT_SHUT_OUT, cand.id, job_id=spec.job_id, reason=held.reason)
             raise InfraFault(f"{held.reason}; {RESUME}")
         # the follow-up job held a slot too: its time and price join the row's
         spent = slot_seconds_of(held)
         cand = self.ledger.row(cand.id)
-        self.ledger.update(cand.id, "holdout", holdout=held.holdout if held.outcome == "ok"
+        self.ledger.update(cand.id, "holdout", holdout=held.holdout if held.outcome == Outcome.OK
                            else cand.holdout,
                            extra_slot_s=round((cand.extra_slot_s or 0.0) + spent, 3),
                            cost_usd=round((cand.cost_usd or 0.0)
@@ -531,7 +532,7 @@ def _placed(cand: Candidate) -> str:
 
 def unreachable(result: JobResult) -> bool:
     """Did the job fail because the sandbox could not start one of its parties?"""
-    return result.outcome == "error" and result.failed_stage == UNREACHABLE_STAGE
+    return result.outcome == Outcome.ERROR and result.failed_stage == UNREACHABLE_STAGE
 
 
 def slot_seconds_of(result: JobResult) -> float:

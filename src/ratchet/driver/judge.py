@@ -17,14 +17,13 @@ import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 
-from ratchet import stats
-from ratchet.driver.config import Config
-from ratchet.driver.ledger import Incumbent, Kind, Status
+from ratchet.core import stats
+from ratchet.core.candidate import Incumbent
+from ratchet.core.config import Config
+from ratchet.core.verdict import Reason, Verdict
+from ratchet.core.vocab import Kind, Outcome, Status
 from ratchet.job.jobspec import JobResult
-
-__all__ = ["Incumbent"]  # the one incumbent record lives with the ledger that stores it
 
 # A candidate's improvement must exceed this many standard errors of the difference
 # between its samples and the incumbent's (roughly a one-sided 97.5% test).
@@ -60,55 +59,19 @@ _OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt
         "==": operator.eq, "!=": operator.ne}
 
 
-class Reason(StrEnum):
-    """Why a verdict is what it is: matched by code, never by its text."""
-
-    KEPT = "kept"
-    BASELINE = "baseline"
-    REFERENCE = "reference"
-    NO_GAIN = "no-gain"
-    WITHIN_MARGIN = "within-margin"  # min_improvement or the noise
-    NOT_CONFIRMED = "not-confirmed"  # the fresh paired measurements did not confirm it
-    NO_NOISE = "no-noise-estimate"
-    BEATEN = "beaten"
-    STALE = "not-based-on-incumbent"
-    OVERFIT = "overfit"
-    CONSTRAINT = "constraint"
-    FAILED = "failed"
-    VIOLATION = "violation"
-    CANCELLED = "cancelled"
-    # made on a would-be keep that was not kept, stopped and carried onto the incumbent
-    # (driver/beside.py): never the candidate's fault, and not one of the study's made
-    WITHDRAWN = "withdrawn"
-    NO_INCUMBENT = "no-incumbent"
-    STOPPED_EARLY = "stopped-early"
-
-
-@dataclass
-class Verdict:
-    status: str  # a Status: keep | discard | crash | rejected | cancelled | reference
-    reasons: list[str] = field(default_factory=list)
-    gain: float | None = None
-    margin: float | None = None
-    noise: float | None = None
-    code: Reason | None = None
-    confirmation: stats.Test | None = None  # the sequential test of a would-be keep
-    pairs: list[tuple[float, float]] = field(default_factory=list)  # its fresh pairs
-
-
 def outcome_status(result: JobResult) -> Verdict | None:
     """The verdict a result forces on its own, before comparing it with anything."""
-    if result.outcome == "ok":
+    if result.outcome == Outcome.OK:
         if (result.extra or {}).get("stopped_early"):
             # stopped as clearly worse: a stop only ever discards, never keeps
             return Verdict(Status.DISCARD, [f"stopped early: {result.reason or 'clearly worse'}"],
                            code=Reason.STOPPED_EARLY)
         return None
-    if result.outcome == "violation":
+    if result.outcome == Outcome.VIOLATION:
         return Verdict(Status.REJECTED, [result.reason], code=Reason.VIOLATION)
-    if result.outcome == "cancelled":
+    if result.outcome == Outcome.CANCELLED:
         return Verdict(Status.CANCELLED, [result.reason or "cancelled"], code=Reason.CANCELLED)
-    if result.outcome == "failed" and result.failed_stage and "correct: false" in result.reason:
+    if result.outcome == Outcome.FAILED and result.correct is False:  # a wrong result
         return Verdict(Status.REJECTED, [result.reason], code=Reason.FAILED)
     return Verdict(Status.CRASH, [result.reason or result.outcome], code=Reason.FAILED)
 
@@ -527,7 +490,7 @@ def judge_group(config: Config, entries: list[Entry], incumbent: Incumbent,
         current.sem = sem_of(entry.result.extra, name) if baseline else current.sem
         if config.task.holdout and current.holdout is None:
             held = holdout(entry)
-            if held.outcome == "ok" and held.holdout is not None:
+            if held.outcome == Outcome.OK and held.holdout is not None:
                 current.holdout = held.holdout
                 holdouts[entry.id] = held.holdout
         if baseline:
@@ -595,7 +558,7 @@ def judge_group(config: Config, entries: list[Entry], incumbent: Incumbent,
         if config.task.holdout:
             held = holdout(entry)
             result.holdout = held.holdout
-            if held.outcome != "ok":
+            if held.outcome != Outcome.OK:
                 verdict.status, verdict.code = Status.REJECTED, Reason.OVERFIT
                 verdict.reasons.append(f"overfit: {held.reason}")
                 continue

@@ -14,12 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ratchet.driver.ledger import Candidate
+from ratchet.core.candidate import Candidate
+from ratchet.core.vocab import Kind, Status
+from ratchet.driver import blocks
+from ratchet.driver.blocks import COLORS, table, td, thin
 from ratchet.driver.svg import Axis, Chart, _e, fmt, log_ticks, nice_ticks
-from ratchet.vocab import Kind, Status
 
 if TYPE_CHECKING:
-    from ratchet.driver.pages import Site, Snapshot, StudyLike
+    from ratchet.driver.blocks import Site, Snapshot, StudyLike
 
 
 
@@ -108,16 +110,14 @@ def jitter(cand_id: str) -> float:
 def tuner_view(study: StudyLike, snap: Snapshot, site: Site) -> str:
     """The metric against each knob (a slice plot: each knob on its own scale), every
     trial across all knobs (parallel coordinates), and Optuna's parameter importances."""
-    from ratchet.driver import pages
-
     knobs = dict(getattr(study.config.tune, "knobs", {}) or {})
     trials = [(c, c.params) for c in snap.cands if c.kind == Kind.CANDIDATE and c.metric is not None
               and isinstance(c.params, dict) and c.status in (Status.KEEP, Status.DISCARD)
               and all(k in c.params for k in knobs)]
     if not knobs or not trials:
         return ""
-    drawn = [c for c in pages.thin([c for c, _ in trials], lambda c: c.metric or 0.0,
-                                   lambda c: c.status == Status.KEEP, pages.SMALL_CHART_POINTS)]
+    drawn = [c for c in blocks.thin([c for c, _ in trials], lambda c: c.metric or 0.0,
+                                   lambda c: c.status == Status.KEEP, blocks.SMALL_CHART_POINTS)]
     scales = {k: KnobScale.of(k, knob, [c.params.get(k) for c in drawn if c.params])
               for k, knob in knobs.items()}
     out = ["<h2>Tuner: metric against each knob</h2>",
@@ -132,8 +132,6 @@ def tuner_view(study: StudyLike, snap: Snapshot, site: Site) -> str:
 
 
 def slice_plot(snap: Snapshot, site: Site, scale: KnobScale, drawn: list[Candidate]) -> str:
-    from ratchet.driver.pages import COLORS
-
     key = scale.name
     chart = Chart(title=f"{snap.metric} against {key}", xlabel=key + (" (log)" if scale.log else ""),
                   ylabel=snap.metric, width=460, height=260, x=scale.axis())
@@ -161,8 +159,6 @@ def parallel_coordinates(snap: Snapshot, site: Site, scales: list[KnobScale],
     """One vertical axis per knob (its own scale) and the metric's last; each trial a line
     through its values, a link to its candidate. Drawn for two knobs or more (one knob's
     slice says it all), with at most PC_LINES lines: the keeps and the envelope."""
-    from ratchet.driver.pages import COLORS, thin
-
     if len(scales) < 2:
         return ""
     drawn = thin(drawn, lambda c: c.metric or 0.0, lambda c: c.status == Status.KEEP, PC_LINES)
@@ -213,8 +209,6 @@ def parallel_coordinates(snap: Snapshot, site: Site, scales: list[KnobScale],
 
 def importance(knobs: dict[str, Any], trials: list[tuple[Candidate, dict]], goal: str) -> str:
     """Optuna's own importance evaluator over the tuner's trials, as recorded."""
-    from ratchet.driver.pages import table, td
-
     if len(trials) < 3 or len(knobs) < 2:
         return ('<p class="note">parameter importance needs at least 3 measured trials and '
                 "2 knobs.</p>")

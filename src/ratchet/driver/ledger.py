@@ -9,20 +9,16 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import statistics
 import time
 from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ratchet.core.candidate import Candidate, Incumbent
+from ratchet.core.vocab import Kind, Status
 from ratchet.driver import sanitize
-from ratchet.vocab import Kind, Status
-
-# the vocabulary lives in ratchet.vocab (stdlib only, importable from every side)
-__all__ = ["Kind", "Status"]
-
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -176,79 +172,6 @@ class LedgerError(Exception):
     """The ledger cannot be used by this ratchet (one line naming the cause)."""
 
 
-@dataclass
-class Candidate:
-    id: str
-    seq: int
-    round: int
-    status: str
-    kind: str = "candidate"
-    parent: str | None = None
-    commit_sha: str | None = None
-    description: str = ""
-    proposer: str | None = None
-    params: dict[str, Any] | None = None
-    idea: str | None = None
-    context_path: str | None = None
-    job_id: str | None = None
-    attempt: int = 0
-    metric: float | None = None
-    samples: list[float] | None = None
-    extra: dict[str, Any] | None = None
-    holdout: float | None = None
-    phases: list[dict[str, Any]] | None = None
-    reasons: str | None = None
-    failed_stage: str | None = None
-    slot: str | None = None
-    gain: float | None = None
-    margin: float | None = None
-    noise: float | None = None
-    queue_s: float | None = None
-    run_s: float | None = None
-    cost_usd: float | None = None
-    created_at: float = field(default_factory=time.time)
-    submitted_at: float | None = None
-    finished_at: float | None = None
-    judged_at: float | None = None
-    result: dict[str, Any] | None = None
-    confirms: str | None = None  # a confirmation row: the id of the candidate it confirms
-    code: str | None = None  # the verdict's reason code (judge.Reason)
-    # slot seconds of this row's other jobs (hold-out follow-up, lost or interrupted
-    # attempts): compute spent beyond `phases`
-    extra_slot_s: float | None = None
-    rev: int = 0  # the ledger's change counter when this row was last written
-
-    @property
-    def short(self) -> str:
-        return (self.commit_sha or "")[:7]
-
-    @property
-    def is_judged(self) -> bool:
-        return self.status in VERDICTS
-
-
-@dataclass
-class Incumbent:
-    """The one incumbent record: the kept commit and every evaluation of it (its own,
-    co-runs, confirmations, the A/A floor), pooled: `metric` is their mean, never one
-    re-measure. Read and written whole (`Ledger.incumbent`, `Ledger.incumbent_meta`), and
-    the guard's trusted keys are derived from it, so no list of its fields can disagree.
-    """
-
-    commit: str | None = None
-    id: str | None = None
-    metric: float | None = None
-    samples: list[float] = field(default_factory=list)
-    holdout: float | None = None
-    sem: float | None = None
-
-    def pooled(self, value: float) -> Incumbent:
-        """This record with one more evaluation of its commit."""
-        samples = [*self.samples, value]
-        return Incumbent(commit=self.commit, id=self.id, metric=statistics.fmean(samples),
-                         samples=samples, holdout=self.holdout, sem=self.sem)
-
-
 # the meta key of each field of the incumbent record
 INCUMBENT_KEYS = {"commit": "incumbent", "id": "incumbent_id", "metric": "incumbent_metric",
                   "samples": "incumbent_samples", "holdout": "incumbent_holdout",
@@ -338,7 +261,7 @@ class Ledger:
         return _Transaction(self.db)
 
     def new_candidate(
-        self, round: int, kind: str = "candidate", status: str = "proposed",
+        self, round: int, kind: Kind = Kind.CANDIDATE, status: Status = Status.PROPOSED,
         calls: list[int] | None = None, **fields: Any
     ) -> Candidate:
         """A new row; `calls`: the proposer calls (spend.py) that made it, which are
@@ -616,7 +539,7 @@ class Ledger:
     def made(self) -> int:
         """budget.made in SQL: candidates, a change withdrawn from beside a confirmation
         not counted twice."""
-        from ratchet.driver.judge import Reason  # the code's spelling, not a copy of it
+        from ratchet.core.verdict import Reason  # the code's spelling, not a copy of it
 
         return int(self.db.execute(
             "SELECT COUNT(*) FROM candidates WHERE kind = ? AND code IS NOT ?",

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from ratchet.errors import UserError
+from ratchet.core.errors import UserError
 
 
 class StudyLocked(UserError):

@@ -29,11 +29,11 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
+from ratchet.core.config import Notify
+from ratchet.core.vocab import Kind, Status
 from ratchet.driver import views, words
-from ratchet.driver.config import Notify
 from ratchet.driver.ledger import Ledger
 from ratchet.driver.tally import Tally
-from ratchet.vocab import Kind, Status
 
 STOP = object()  # tells the delivery thread to finish
 

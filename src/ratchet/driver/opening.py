@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ratchet.core.config import CONFIG_FILE, Config
+from ratchet.core.errors import UserError
 from ratchet.driver import budget as budgets
-from ratchet.driver.config import CONFIG_FILE, Config, load_config
+from ratchet.driver.config import load_config
 from ratchet.driver.study import Study
-from ratchet.errors import UserError
 from ratchet.job import gitrepo
 
 

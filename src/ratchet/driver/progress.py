@@ -13,8 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ratchet import stats
-from ratchet.driver.ledger import Candidate, Kind, Ledger, Status
+from ratchet.core import stats
+from ratchet.core.candidate import Candidate
+from ratchet.core.vocab import Kind, Status
+from ratchet.driver.ledger import Ledger
 from ratchet.driver.results import stopped_early
 from ratchet.driver.tally import Tally
 from ratchet.driver.views import study_noise

@@ -19,22 +19,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
-from ratchet.driver.candidate import (
-    Proposal,
-    make_commit,
-    materialise,
-    rebase,
-    scope_violations,
-    study_ref,
-)
-from ratchet.driver.config import Config
-from ratchet.driver.judge import Reason
-from ratchet.driver.ledger import Candidate, Ledger
+from ratchet.core.candidate import Candidate, Proposal
+from ratchet.core.config import Config
+from ratchet.core.verdict import Reason
+from ratchet.core.vocab import Kind, Status
+from ratchet.driver.candidate import make_commit, materialise, rebase, scope_violations, study_ref
+from ratchet.driver.ledger import Ledger
 from ratchet.driver.lock import SubmitLock
 from ratchet.job import gitrepo
 from ratchet.job.faults import fault_point
 from ratchet.proposers import ProposalContext, Proposer, make_proposer
-from ratchet.vocab import Kind, Status
 
 # -- proposals, made ahead in a background thread ----------------------------------------
 
@@ -382,7 +376,7 @@ class Proposals:
         """No candidate repeats an earlier one (whoever proposed either): the same tree is
         the same experiment. A repeat is recorded as rejected and never run."""
         earlier = [c for c in self.tried() if c.commit_sha]
-        fresh = [f for f in built if f.get("status") == "committed" and f.get("commit_sha")]
+        fresh = [f for f in built if f.get("status") == Status.COMMITTED and f.get("commit_sha")]
         if not fresh:
             return built
         shas = [c.commit_sha for c in earlier] + [f["commit_sha"] for f in fresh]
@@ -399,7 +393,7 @@ class Proposals:
             if id(fields) in position:
                 tree = trees[position[id(fields)]]
                 if tree in seen:
-                    fields = {**fields, "status": "rejected",
+                    fields = {**fields, "status": Status.REJECTED,
                               "reasons": f"same files as {seen[tree]} (a repeat is not run)"}
                 else:
                     seen[tree] = "another proposal of this batch"

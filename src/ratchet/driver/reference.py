@@ -23,9 +23,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ratchet import stats
-from ratchet.driver.ledger import Candidate, Ledger
-from ratchet.vocab import Kind, Status
+from ratchet.core import stats
+from ratchet.core.candidate import Candidate
+from ratchet.core.vocab import Kind, Status
+from ratchet.driver.ledger import Ledger
 
 AUDIT_AFTER = 3  # stops in a row before one candidate runs in full
 MARGIN = 0.02  # relative: the margin stats.clearly_worse_run stops by

@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 
 from ratchet import __version__
-from ratchet.driver import pages, spend
-from ratchet.driver.ledger import Candidate
-from ratchet.driver.pages import Site, StudyLike
+from ratchet.core.candidate import Candidate
+from ratchet.driver import blocks, pages, spend
+from ratchet.driver.blocks import Site, StudyLike
 from ratchet.job import gitrepo
 
 REPORT_DIR = "report"
@@ -47,7 +47,7 @@ def write_report(study: StudyLike, rows: list[Candidate] | None = None) -> Path:
     `rows`: every row (Ledger.rows_since(None)) where the caller read them already."""
     out_dir = Path(study.state_dir) / REPORT_DIR
     (out_dir / "c").mkdir(parents=True, exist_ok=True)
-    snap = pages.snapshot(study, study.ledger.rows_since(None) if rows is None else rows)
+    snap = blocks.snapshot(study, study.ledger.rows_since(None) if rows is None else rows)
     written = Written(out_dir, _stamp(snap))
     todo = [(f"c/{c.id}.html", c, key) for c in snap.everything
             if written.stale(f"c/{c.id}.html", key := _key(snap, [c]))]
@@ -115,14 +115,14 @@ def _listing(folder: Path) -> list[str]:
         return []
 
 
-def _stamp(snap: pages.Snapshot) -> str:
+def _stamp(snap: blocks.Snapshot) -> str:
     """Which study and which ratchet wrote the pages: the first row's id and time (the
     earliest made: confirmation rows are numbered apart, so not the first by seq)."""
     first = min(snap.everything, key=lambda r: (r.created_at, r.id), default=None)
     return f"{__version__}:{first.id if first else ''}:{first.created_at if first else ''}"
 
 
-def _key(snap: pages.Snapshot, rows: list[Candidate]) -> str:
+def _key(snap: blocks.Snapshot, rows: list[Candidate]) -> str:
     """The highest revision of the rows a page shows and of the rows measuring the same
     (a confirmation pair, another evaluation of the commit: its pooled estimate)."""
     return str(max((r.rev for c in rows for r in (c, *snap.related(c))), default=0))
@@ -167,9 +167,9 @@ def neighbours(n: int, total: int) -> str:
     return f'<p class="note" id="pager">page {n}: {" · ".join(links)}</p>'
 
 
-def render(study: StudyLike, snap: pages.Snapshot | None = None) -> str:
+def render(study: StudyLike, snap: blocks.Snapshot | None = None) -> str:
     """index.html as a string: the overview, then the newest page of the candidates."""
-    snap = snap or pages.snapshot(study)
+    snap = snap or blocks.snapshot(study)
     site = Site(live=False)
     title = f"ratchet report: {study.name}"
     tables = table_pages(snap.cands)
@@ -183,17 +183,17 @@ def render(study: StudyLike, snap: pages.Snapshot | None = None) -> str:
     return pages.page(title, "\n".join(s for s in body if s), CSP)
 
 
-def render_table(study: StudyLike, snap: pages.Snapshot, n: int,
+def render_table(study: StudyLike, snap: blocks.Snapshot, n: int,
                  tables: list[list[Candidate]]) -> str:
     """candidates-N.html: the Nth page of the candidate table."""
     site = Site(live=False)
     title = f"candidates, page {n}: {study.name}"
-    body = [pages.nav(site), f"<h1>{pages._e(title)}</h1>", neighbours(n, len(tables)),
+    body = [pages.nav(site), f"<h1>{blocks._e(title)}</h1>", neighbours(n, len(tables)),
             pages.candidate_table(study, snap, site, tables[n - 1]), _footer(study)]
     return pages.page(title, "\n".join(s for s in body if s), CSP)
 
 
-def render_candidate(study: StudyLike, snap: pages.Snapshot, cand_id: str) -> str:
+def render_candidate(study: StudyLike, snap: blocks.Snapshot, cand_id: str) -> str:
     site = Site(live=False, root="../")
     cand = snap.by_id(cand_id)
     if cand is None:
@@ -204,5 +204,5 @@ def render_candidate(study: StudyLike, snap: pages.Snapshot, cand_id: str) -> st
 
 
 def _footer(study: StudyLike) -> str:
-    return (f'<p class="note">generated {pages._e(time.strftime("%Y-%m-%d %H:%M:%S"))} from '
-            f"{pages._e(str(study.ledger.path))}</p>")
+    return (f'<p class="note">generated {blocks._e(time.strftime("%Y-%m-%d %H:%M:%S"))} from '
+            f"{blocks._e(str(study.ledger.path))}</p>")

@@ -14,13 +14,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ratchet.core.config import CONFIG_FILE
+from ratchet.core.errors import UserError
+from ratchet.core.vocab import Kind, Status
 from ratchet.driver.candidate import study_branch
-from ratchet.driver.config import CONFIG_FILE, loads_config
+from ratchet.driver.config import loads_config
 from ratchet.driver.ledger import Ledger, LedgerError
 from ratchet.driver.lock import StudyLock
-from ratchet.errors import UserError
 from ratchet.job import gitrepo
-from ratchet.vocab import Kind, Status
 
 STATE_DIR = ".ratchet"  # study.STATE_DIR (not imported: the study front is heavy)
 ARCHIVE = "archive"

@@ -19,9 +19,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ratchet import stats
+from ratchet.core import stats
+from ratchet.core.candidate import Candidate
+from ratchet.core.vocab import Status
 from ratchet.driver import words
-from ratchet.driver.ledger import Candidate, Ledger, Status
+from ratchet.driver.ledger import Ledger
 from ratchet.driver.views import study_noise
 
 TSV_STATUSES = ("keep", "discard", "crash", "rejected")

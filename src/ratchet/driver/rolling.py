@@ -29,12 +29,10 @@ import time
 from concurrent.futures import Future
 from dataclasses import replace
 
+from ratchet.core.candidate import Candidate, Proposal
+from ratchet.core.vocab import Kind, Status
 from ratchet.driver import judge
-from ratchet.driver.candidate import (
-    Proposal,
-)
 from ratchet.driver.integrity import row_key
-from ratchet.driver.ledger import Candidate, Status
 from ratchet.driver.proposals import next_seq, settled
 from ratchet.driver.settle import (
     OPEN_STATES,
@@ -43,7 +41,6 @@ from ratchet.driver.settle import (
 )
 from ratchet.job.faults import fault_point
 from ratchet.proposers import ProposalContext
-from ratchet.vocab import Kind
 
 REPLIES_SEEN = 4  # the replies whose share of runnable proposals sizes the next request
 WIDEST = 3  # a request asks at most this many times the proposals it needs

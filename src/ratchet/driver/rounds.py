@@ -26,18 +26,15 @@ from concurrent.futures import Future, wait
 from dataclasses import replace
 from typing import TypeVar
 
+from ratchet.core.candidate import Candidate, Proposal
+from ratchet.core.vocab import Kind, Status
 from ratchet.driver.beside import Beside
-from ratchet.driver.candidate import (
-    Proposal,
-    study_ref,
-)
+from ratchet.driver.candidate import study_ref
 from ratchet.driver.integrity import row_key
-from ratchet.driver.ledger import Candidate
 from ratchet.driver.proposals import Repairs
 from ratchet.driver.settle import OPEN_STATES, Loop, without_verdict
 from ratchet.job.faults import fault_point
 from ratchet.proposers import ProposalContext
-from ratchet.vocab import Kind, Status
 
 # the next round's proposals are asked for once every job of the round is in a phase, or
 # this long after the round started (a backend that does not tell phases)

@@ -42,12 +42,14 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-from ratchet.driver import charts, compare, pages, views
-from ratchet.driver.config import CONFIG_FILE, Config, load_config, loads_config
-from ratchet.driver.ledger import PAGE_ORDERS, Candidate, Ledger, LedgerError
-from ratchet.driver.pages import LIVE, StudyLike
-from ratchet.errors import UserError
-from ratchet.vocab import Status
+from ratchet.core.candidate import Candidate
+from ratchet.core.config import CONFIG_FILE, Config
+from ratchet.core.errors import UserError
+from ratchet.core.vocab import Status
+from ratchet.driver import blocks, charts, compare, pages, views
+from ratchet.driver.blocks import LIVE, StudyLike
+from ratchet.driver.config import load_config, loads_config
+from ratchet.driver.ledger import PAGE_ORDERS, Ledger, LedgerError
 
 TOKEN_ENV = "RATCHET_SERVE_TOKEN"
 TOKEN_COOKIE = "ratchet_token"  # + "_<port>": a browser sends a host's cookies to every port
@@ -309,21 +311,21 @@ def csp(nonce: str) -> str:
 
 @dataclass(frozen=True)
 class View:
-    title: Callable[[StudyLike, pages.Snapshot], str]
-    body: Callable[[StudyLike, pages.Snapshot], str]
-    above: Callable[[pages.Snapshot], str] = lambda _snap: ""  # outside the live part
+    title: Callable[[StudyLike, blocks.Snapshot], str]
+    body: Callable[[StudyLike, blocks.Snapshot], str]
+    above: Callable[[blocks.Snapshot], str] = lambda _snap: ""  # outside the live part
     # a view made of named parts (the overview): the page asks for those that changed
-    parts: Callable[[StudyLike, pages.Snapshot], list[tuple[str, bool, Callable[[], str]]]] \
+    parts: Callable[[StudyLike, blocks.Snapshot], list[tuple[str, bool, Callable[[], str]]]] \
         | None = None
 
 
 def overview_view() -> View:
-    def parts(study: StudyLike, snap: pages.Snapshot) -> list[tuple[str, bool, Callable[[], str]]]:
+    def parts(study: StudyLike, snap: blocks.Snapshot) -> list[tuple[str, bool, Callable[[], str]]]:
         title = f"ratchet: {study.name}"
         return [("header", False, lambda: pages.header(study, snap, title)),
                 *pages.overview_parts(study, snap, LIVE)]
 
-    def body(study: StudyLike, snap: pages.Snapshot) -> str:
+    def body(study: StudyLike, snap: blocks.Snapshot) -> str:
         return "\n".join(s for s in (make() for _n, _w, make in parts(study, snap)) if s)
 
     return View(title=lambda study, _s: f"ratchet: {study.name}", body=body, parts=parts)
@@ -424,16 +426,16 @@ def pager(query: TableQuery, total: int, counts: dict[str, int]) -> str:
     out = [f'<p class="note" id="pager">rows {min(total, first + 1):,}–'
            f"{min(total, first + size):,} of {total:,}"]
     if query.page > 1:
-        out.append(f' · <a href="{pages._e(query.link(page=query.page - 1))}">previous</a>')
+        out.append(f' · <a href="{blocks._e(query.link(page=query.page - 1))}">previous</a>')
     if query.page < last:
-        out.append(f' · <a href="{pages._e(query.link(page=query.page + 1))}">next</a>'
-                   f' · <a href="{pages._e(query.link(page=last))}">last</a>')
+        out.append(f' · <a href="{blocks._e(query.link(page=query.page + 1))}">next</a>'
+                   f' · <a href="{blocks._e(query.link(page=last))}">last</a>')
     out.append(f" · page {query.page} of {last}</p>")
-    statuses = [f'<a href="{pages._e(query.link(page=1, status=None))}">any status</a>'] + [
-        f'<a href="{pages._e(query.link(page=1, status=s))}">{pages._e(s)} ({n:,})</a>'
+    statuses = [f'<a href="{blocks._e(query.link(page=1, status=None))}">any status</a>'] + [
+        f'<a href="{blocks._e(query.link(page=1, status=s))}">{blocks._e(s)} ({n:,})</a>'
         for s, n in sorted(counts.items())]
-    orders = [f'<a href="{pages._e(query.link(page=1, sort=o, desc=int(o == "seq")))}">'
-              f"{pages._e('newest' if o == 'seq' else o)}</a>"
+    orders = [f'<a href="{blocks._e(query.link(page=1, sort=o, desc=int(o == "seq")))}">'
+              f"{blocks._e('newest' if o == 'seq' else o)}</a>"
               for o in ("seq", "metric", "gain", "status", "round")]
     out.append(f'<p class="note" id="server-filters">status: {" · ".join(statuses)}; '
                f'order: {" · ".join(orders)}</p>')
@@ -443,12 +445,12 @@ def pager(query: TableQuery, total: int, counts: dict[str, int]) -> str:
 def candidates_view(query: TableQuery | None = None) -> View:
     query = query or TableQuery()
 
-    def body(study: StudyLike, snap: pages.Snapshot) -> str:
+    def body(study: StudyLike, snap: blocks.Snapshot) -> str:
         ledger = study.ledger
         rows, total = ledger.page((query.page - 1) * pages.PAGE_ROWS, pages.PAGE_ROWS,
                                   status=query.status, text=query.text, order=query.sort,
                                   descending=query.desc)
-        return (f"<h1>Candidates of {pages._e(study.name)}</h1>"
+        return (f"<h1>Candidates of {blocks._e(study.name)}</h1>"
                 + pager(query, total, ledger.status_counts(confirmations=False))
                 + pages.candidate_table(study, snap, LIVE, rows))
 
@@ -465,11 +467,11 @@ def metric_view(query: charts.MetricQuery) -> View:
 
 
 def compare_view(a: str | None, b: str | None) -> View:
-    def pair(study: StudyLike, snap: pages.Snapshot) -> tuple[str, str]:
+    def pair(study: StudyLike, snap: blocks.Snapshot) -> tuple[str, str]:
         first, second = compare.defaults(snap)
         return a or first or "", b or second or ""
 
-    def body(study: StudyLike, snap: pages.Snapshot) -> str:
+    def body(study: StudyLike, snap: blocks.Snapshot) -> str:
         one, two = pair(study, snap)
         if not one or not two:
             return '<p class="note">no two candidates to compare yet.</p>'
@@ -480,7 +482,7 @@ def compare_view(a: str | None, b: str | None) -> View:
 
 
 def candidate_view(cand_id: str) -> View:
-    def body(study: StudyLike, snap: pages.Snapshot) -> str:
+    def body(study: StudyLike, snap: blocks.Snapshot) -> str:
         cand = snap.by_id(cand_id)
         if cand is None:
             raise LookupError(cand_id)
@@ -561,7 +563,7 @@ class Dashboard:
             # `evaluate` phase never seen)
             now = version(self.study)
             rows = self.rows.current()
-            snap = pages.snapshot(self.study, rows)
+            snap = blocks.snapshot(self.study, rows)
             if view.parts is not None:
                 # what the parts show moves with the version's structure (rows, events,
                 # phases): a ledger too old to number its rows changes it too
@@ -583,9 +585,9 @@ class Dashboard:
                  f'<script nonce="{nonce}">{SCRIPT}</script>')
         # a view of parts: the page asks for what changed since the render it holds
         delta = (f' data-render="{extra["X-Ratchet-Render"]}" data-delta="'
-                 f'{pages._e("/?fragment=1&since={since}")}"' if extra else "")
+                 f'{blocks._e("/?fragment=1&since={since}")}"' if extra else "")
         html = pages.page(title, shell, csp(nonce)).replace(
-            "<body>", f'<body data-version="{pages._e(now)}"{delta}>', 1)
+            "<body>", f'<body data-version="{blocks._e(now)}"{delta}>', 1)
         return html, now, csp(nonce) + "; frame-ancestors 'none'", extra
 
     def log_text(self, cand_id: str, index: int) -> str | None:
@@ -594,10 +596,10 @@ class Dashboard:
         phases = (cand.phases or []) if cand else []
         if not 0 <= index < len(phases):
             return None
-        rel = pages.log_under(phases[index].get("log"), self.study.state_dir)
+        rel = blocks.log_under(phases[index].get("log"), self.study.state_dir)
         if rel is None:
             return None
-        text, before = pages.read_tail(self.study.state_dir / rel, LOG_LIMIT)
+        text, before = blocks.read_tail(self.study.state_dir / rel, LOG_LIMIT)
         return (f"[{before} earlier bytes not shown]\n" if before else "") + text
 
     def summary(self) -> dict[str, Any]:
@@ -674,7 +676,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def _error(self, status: HTTPStatus, text: str) -> None:
         body = pages.page(f"{status.value} {status.phrase}",
-                          f"<h1>{status.value} {pages._e(status.phrase)}</h1><p>{pages._e(text)}</p>",
+                          f"<h1>{status.value} {blocks._e(status.phrase)}</h1><p>{blocks._e(text)}</p>",
                           "default-src 'none'; style-src 'unsafe-inline'")
         self._send(status.value, body)
 

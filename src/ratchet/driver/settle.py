@@ -20,18 +20,20 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
+from ratchet.core.candidate import Candidate
+from ratchet.core.config import Config
+from ratchet.core.errors import UserError
+from ratchet.core.vocab import Kind, Status
 from ratchet.driver import budget, judge, spend, views
 from ratchet.driver.candidate import (
     study_ref,
 )
-from ratchet.driver.config import Config
 from ratchet.driver.integrity import Guard, row_key
 from ratchet.driver.jobs import Jobs
-from ratchet.driver.ledger import Candidate, Kind, Ledger, Status
+from ratchet.driver.ledger import Ledger
 from ratchet.driver.proposals import Proposals
 from ratchet.driver.spend import Spend
 from ratchet.driver.views import reported_errors
-from ratchet.errors import UserError
 from ratchet.job import gitrepo
 from ratchet.job.faults import fault_point
 from ratchet.job.jobspec import JobResult

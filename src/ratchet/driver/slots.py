@@ -16,12 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ratchet.driver.ledger import Candidate
+from ratchet.core.candidate import Candidate
+from ratchet.core.vocab import Kind, Status
 from ratchet.driver.svg import Chart, _e, fmt, nice_ticks
-from ratchet.vocab import Kind, Status
 
 if TYPE_CHECKING:
-    from ratchet.driver.pages import Site, Snapshot
+    from ratchet.driver.blocks import Site, Snapshot
 
 JOB_COLORS = {"candidate": "#1565c0", "confirming": "#8e24aa", "baseline": "#00897b",
               "running": "#ffb300"}

@@ -37,17 +37,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
-from ratchet.driver.candidate import Proposal
-from ratchet.driver.ledger import (
-    JOB_SLOT_S,
-    VERDICTS,
-    Candidate,
-    Ledger,
-    active_seconds,
-    slot_seconds,
-)
-from ratchet.errors import HardStop
-from ratchet.vocab import Kind, Status
+from ratchet.core.candidate import Candidate, Proposal
+from ratchet.core.errors import HardStop
+from ratchet.core.vocab import Kind, Status
+from ratchet.driver.ledger import JOB_SLOT_S, VERDICTS, Ledger, active_seconds, slot_seconds
 
 LEDGER_FILE = "ledger.db"
 

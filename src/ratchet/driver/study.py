@@ -23,13 +23,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ratchet.backends import Backend
+from ratchet.core.candidate import Candidate, Incumbent, Proposal
+from ratchet.core.config import Config
+from ratchet.core.errors import HardStop, UserError
+from ratchet.core.vocab import Kind, Status
 from ratchet.driver import budget as budgets
 from ratchet.driver import spend, views
-from ratchet.driver.candidate import Proposal, study_branch
-from ratchet.driver.config import Config, load_config
+from ratchet.driver.candidate import study_branch
+from ratchet.driver.config import load_config
 from ratchet.driver.integrity import Guard, check_commands, committed_config, pin_protected
 from ratchet.driver.jobs import Jobs
-from ratchet.driver.ledger import Candidate, Incumbent, Ledger, LedgerError
+from ratchet.driver.ledger import Ledger, LedgerError
 from ratchet.driver.lock import StudyLock
 from ratchet.driver.notify import Notifier
 from ratchet.driver.proposals import Proposals
@@ -37,12 +41,10 @@ from ratchet.driver.results import write_results_tsv
 from ratchet.driver.rolling import Rolling
 from ratchet.driver.rounds import Rounds
 from ratchet.driver.settle import Loop, StopFlag
-from ratchet.errors import HardStop, UserError
 from ratchet.job import gitrepo, sandbox
 from ratchet.job.jobspec import JobSpec
 from ratchet.proposers import Proposer
 from ratchet.proposers.knobs import KnobError, knob_values
-from ratchet.vocab import Kind, Status
 
 STATE_DIR = ".ratchet"
 SESSION_BEAT_S = 2.0  # how often a running driver marks its session alive
@@ -533,7 +535,7 @@ def check_editable(repo: Path, config: Config, head: str, log: Callable[[str], N
     """`task.editable` must name files of the start commit: a misspelt glob would leave a
     proposer nothing to change (an error when no glob matches a file; a warning for
     each glob that matches none, since a glob may be meant for files a proposer adds)."""
-    from ratchet.driver.config import CONFIG_FILE, matches_any
+    from ratchet.core.config import CONFIG_FILE, matches_any
 
     listing = gitrepo.git(repo, "ls-tree", "-r", "--name-only", "-z", head)
     paths = [p for p in listing.split("\0") if p]

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ratchet.core.vocab import Kind, Status
 from ratchet.driver.ledger import _TRUTHY, Ledger
-from ratchet.vocab import Kind, Status
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Tally:
     @classmethod
     def of(cls, ledger: Ledger) -> Tally:
         """Counted in SQL: read on every status, it must not decode every row."""
-        from ratchet.driver.judge import Reason  # the code's spelling, not a copy of it
+        from ratchet.core.verdict import Reason  # the code's spelling, not a copy of it
 
         by: dict[str, int] = {}
         for status, n in ledger.db.execute(

@@ -6,21 +6,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ratchet import stats
-from ratchet.driver.ledger import Ledger, Status
-from ratchet.vocab import Kind
+from ratchet.core import stats
+from ratchet.core.vocab import Kind, Status
+from ratchet.driver.ledger import Ledger
 
 LINE_WIDTH = 80  # what `ratchet run` prints fits a terminal's default width
 
 
-def _clean(text: str) -> str:
+def clean(text: str) -> str:
     return " ".join(text.replace("\t", " ").split())
 
 
 def shorten(text: str, width: int) -> str:
     """`text` on one line in at most `width` characters: cut at a space (never inside a
     word or a number) and marked with an ellipsis when it had to be cut."""
-    text = _clean(text)
+    text = clean(text)
     if len(text) <= width:
         return text
     cut = text[:width - 1]
@@ -67,25 +67,6 @@ def status_line(round_no: int, rounds: int, best: float | None, metric: str,
         f"kept {counts.get('keep', 0)}  discarded {counts.get('discard', 0)}  "
         f"crashed {counts.get('crash', 0)}  rejected {counts.get('rejected', 0)}"
     )
-
-
-def round_lines(cands: list, round_no: int, rounds: int, metric: str,
-                goal: str = "minimize") -> list[str]:
-    """A judged round as it stays on screen: its number once, then one line per verdict
-    and, under it, why in plain words (words.py), each within 80 columns."""
-    from ratchet.driver.words import reason
-
-    lines = [f"round {round_no}/{max(rounds, round_no)}"]
-    width = max((len(c.id) for c in cands), default=5)
-    for cand in cands:
-        what = cand.description or cand.kind
-        value = f"{metric} {fmt(cand.metric)}" if cand.metric is not None else ""
-        lines.append(fit(f"  {cand.id:<{width}} {cand.status:<9} {value:<18} {_clean(what)}",
-                         LINE_WIDTH))
-        why = reason(cand, goal, LINE_WIDTH - width - 5)
-        if why:
-            lines.append(f"  {'':<{width}}   {why}")
-    return lines
 
 
 def rounds_done(ledger_round: int | None, cands: list) -> int:

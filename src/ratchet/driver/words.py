@@ -16,9 +16,10 @@ from __future__ import annotations
 import re
 import shlex
 
-from ratchet.driver.ledger import Candidate
+from ratchet.core.candidate import Candidate
+from ratchet.core.vocab import Status
+from ratchet.driver import views
 from ratchet.driver.views import Headline, shorten
-from ratchet.vocab import Status
 
 # an exception's line in a traceback's tail: `ModuleNotFoundError: No module named 'x'`
 _EXCEPTION = re.compile(r"\b([A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning))\b(:|$)")
@@ -49,7 +50,7 @@ def _amount(value: float, reference: float | None) -> str:
 def verdict(cand: Candidate, goal: str) -> str | None:
     """The verdict of a judged candidate in one plain sentence, None where its recorded
     reason already is one (a crash's, a rejection's, a cancellation's)."""
-    from ratchet.driver.judge import Reason
+    from ratchet.core.verdict import Reason
 
     code, gain, noise, margin = cand.code, cand.gain, cand.noise, cand.margin
     ref = _incumbent_at(cand, goal)
@@ -176,3 +177,20 @@ def noise(head: Headline) -> str:
         return f"σ {pct(n.sigma)} of the value{units}, relative ({n.source})"
     share = f" ({pct(n.sigma / at)} of the incumbent)" if at else ""
     return f"σ {n.sigma:.3g} {head.metric}{share} ({n.source})"
+
+
+def round_lines(cands: list, round_no: int, rounds: int, metric: str,
+                goal: str = "minimize") -> list[str]:
+    """A judged round as it stays on screen: its number once, then one line per verdict
+    and, under it, why in plain words, each within 80 columns."""
+    lines = [f"round {round_no}/{max(rounds, round_no)}"]
+    width = max((len(c.id) for c in cands), default=5)
+    for cand in cands:
+        what = cand.description or cand.kind
+        value = f"{metric} {views.fmt(cand.metric)}" if cand.metric is not None else ""
+        line = f"  {cand.id:<{width}} {cand.status:<9} {value:<18} {views.clean(what)}"
+        lines.append(views.fit(line, views.LINE_WIDTH))
+        why = reason(cand, goal, views.LINE_WIDTH - width - 5)
+        if why:
+            lines.append(f"  {'':<{width}}   {why}")
+    return lines

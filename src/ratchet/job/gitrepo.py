@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ratchet.errors import UserError
+from ratchet.core.errors import UserError
 
 # A full commit id names the same files forever, so what `show` and `ls-tree` read at
 # one is kept (in this process only) instead of asking git again: a round of proposals

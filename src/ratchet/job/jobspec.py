@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ratchet.core.vocab import Outcome
+
 RESULT_MARKER = "RATCHET-WORKER-RESULT: "
 CONFIG_FILE = "ratchet.toml"  # pinned with the protected files at study start
 
@@ -243,7 +245,7 @@ class PhaseResult:
 
 # A job that failed because the sandbox could not start one of its parties (its uid
 # cannot reach the interpreter, the venv or the job's tree): `failed_stage` of an
-# outcome "error" result. The machine's fault, never the candidate's: the driver reruns
+# `Outcome.ERROR` result. The machine's fault, never the candidate's: the driver reruns
 # the job, or stops with the result's reason and leaves the candidate pending.
 UNREACHABLE_STAGE = "sandbox-start"
 # The evaluator's side says so on its trusted channel (`isolate`: the candidate child
@@ -263,7 +265,7 @@ class JobResult:
     """What the worker reports. `outcome` is the worker's view; the judge decides status."""
 
     job_id: str
-    outcome: str  # ok | failed | timeout | cancelled | violation | error
+    outcome: Outcome
     reason: str = ""
     failed_stage: str | None = None
     metric: float | None = None
@@ -291,6 +293,11 @@ class JobResult:
     # the run phase's own progress reports [[step, value], ...] (thinned): candidate code
     # wrote them, so they only ever stop a later run early, never decide a keep
     progress: list[list[float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # a plug-in backend, or a result read back from JSON, may hand over the word:
+        # the member, or a ValueError naming it
+        self.outcome = Outcome(self.outcome)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from ratchet.errors import UserError
+from ratchet.core.errors import UserError
 from ratchet.job import gitrepo
 from ratchet.job.jobspec import scrub_env
 from ratchet.job.procs import run_capped

@@ -29,9 +29,9 @@ import threading
 import time
 from pathlib import Path
 
+from ratchet.core.vocab import JobState, Outcome
 from ratchet.job.jobspec import JobResult, JobSpec, Slot, worker_env
 from ratchet.job.seal import KEY_FILE, write_key_file
-from ratchet.vocab import JobState
 
 # job states as the actor reports them (JobState's words: they cross to the driver as text)
 PENDING, RUNNING, DONE = JobState.PENDING, JobState.RUNNING, JobState.DONE
@@ -120,7 +120,7 @@ class SlotRunner:
             if job["state"] == PENDING:
                 with contextlib.suppress(ValueError):
                     self.queue.remove(job_id)
-                result = JobResult(job_id=job_id, outcome="cancelled", failed_stage="queue",
+                result = JobResult(job_id=job_id, outcome=Outcome.CANCELLED, failed_stage="queue",
                                    reason="cancelled before it started")
                 job.pop("snapshot", None)
                 job.update(state=DONE, result=result.to_json(), logs="")
@@ -241,12 +241,12 @@ class SlotRunner:
                 text = (job_dir / "result.json").read_text()
                 json.loads(text)["mac"]  # sealed by the worker; the driver checks the seal
             except (OSError, ValueError, TypeError, KeyError):
-                text = JobResult(job_id=job_id, outcome="error", failed_stage="worker",
+                text = JobResult(job_id=job_id, outcome=Outcome.ERROR, failed_stage="worker",
                                  reason=f"the worker exited with code {worker.returncode} "
                                         "and reported nothing").to_json()
             logs = echo_logs(job_dir)
         except Exception as exc:  # the actor must always report, never vanish
-            text = JobResult(job_id=job_id, outcome="error", failed_stage="worker",
+            text = JobResult(job_id=job_id, outcome=Outcome.ERROR, failed_stage="worker",
                              reason=f"slot actor: {type(exc).__name__}: {exc}").to_json()
             logs = ""
         finally:

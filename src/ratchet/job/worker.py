@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+from ratchet.core.vocab import Outcome
 from ratchet.job import leftovers, limits, reach, sandbox, seal
 from ratchet.job.jobspec import (
     COMPILE_CACHE_VARS,
@@ -207,7 +208,7 @@ class Progress:
         self._parse()
         if len(self.points) == before:
             return False
-        from ratchet import stats  # only when there is a curve to compare: pure arithmetic
+        from ratchet.core import stats  # only when there is a curve to compare: pure arithmetic
 
         self.stopped = stats.clearly_worse_run(self.points, self.incumbent)
         return self.stopped is not None
@@ -243,7 +244,7 @@ class Job:
         self.work = work
         self.logs = job_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.result = JobResult(job_id=spec.job_id, outcome="error")
+        self.result = JobResult(job_id=spec.job_id, outcome=Outcome.ERROR)
         self.deadline = 0.0
         self.env: dict[str, str] = {}
         self.sandbox_kind = sandbox.Level.NONE
@@ -473,7 +474,7 @@ class Job:
             if gpu > 0:
                 self.memory_extra["peak_gpu_gb"] = gib
 
-    def fail(self, outcome: str, stage: str, reason: str) -> JobResult:
+    def fail(self, outcome: Outcome, stage: str, reason: str) -> JobResult:
         self.result.outcome = outcome
         self.result.failed_stage = stage
         self.result.reason = reason
@@ -481,7 +482,7 @@ class Job:
 
     def check_phase(self, phase: PhaseResult) -> JobResult | None:
         if _stop_requested:
-            return self.fail("cancelled", phase.name, "cancelled")
+            return self.fail(Outcome.CANCELLED, phase.name, "cancelled")
         breach = self.bounds.breached if self.bounds is not None else None
         if breach is not None:
             # the candidate's doing (its code runs in every phase): a crash, never retried
@@ -489,17 +490,17 @@ class Job:
             if breach.bound != limits.Bound.PIDS:  # so the ledger's disk can record it
                 limits.empty([self.work, self.job_dir / "tmp"])
                 removed = "; what the job wrote was removed"
-            return self.fail("failed", phase.name,
+            return self.fail(Outcome.FAILED, phase.name,
                              f"{phase.name} passed the job's {breach.bound} bound: "
                              f"{breach.detail}; its processes were killed{removed}")
         if phase.timed_out:
             return self.fail(
-                "timeout",
+                Outcome.TIMEOUT,
                 phase.name,
                 f"{phase.name} timed out (job timeout {self.spec.timeout_s:g}s); process tree killed",
             )
         if phase.exit_code != 0 and (line := self.unreachable(phase)):
-            return self.fail("error", UNREACHABLE_STAGE, line)
+            return self.fail(Outcome.ERROR, UNREACHABLE_STAGE, line)
         if phase.exit_code != 0:
             why = f"exit code {phase.exit_code}"
             if phase.signal == signal.SIGKILL:
@@ -509,7 +510,7 @@ class Job:
                     phase.signal == signal.SIGXFSZ or "File too large" in tail):
                 why += (f" (file size limit: a file reached [backend] disk_limit_gb = "
                         f"{self.spec.file_size_limit_bytes / (1 << 30):g})")
-            return self.fail("failed", phase.name, f"{phase.name} failed: {why}{tail}")
+            return self.fail(Outcome.FAILED, phase.name, f"{phase.name} failed: {why}{tail}")
         return None
 
     def unreachable(self, phase: PhaseResult) -> str | None:
@@ -564,7 +565,7 @@ class Job:
                     shared, spec.data_digest, self.job_dir / "data"):
                 self.data_dir = self.job_dir / "data"
         except (DataError, OSError) as exc:
-            return self.fail("error", "checkout", f"prepared data: {exc}")
+            return self.fail(Outcome.ERROR, "checkout", f"prepared data: {exc}")
         self.env["RATCHET_DATA"] = str(self.data_dir)
         return None
 
@@ -579,7 +580,7 @@ class Job:
                     problems[-1] += f" ({note or 'restored'})"
         if problems:
             self.result.violations.extend(problems)
-            return self.fail("violation", after, f"after {after}: " + "; ".join(problems))
+            return self.fail(Outcome.VIOLATION, after, f"after {after}: " + "; ".join(problems))
         return None
 
     def refuse_leftovers(self, before: str) -> JobResult | None:
@@ -591,7 +592,7 @@ class Job:
             return None
         reason = leftovers.reason(found, before)
         self.result.violations.append(reason)
-        return self.fail("violation", before, reason)
+        return self.fail(Outcome.VIOLATION, before, reason)
 
     def evaluate(self, name: str, command: str) -> tuple[dict, JobResult | None]:
         refused = self.refuse_leftovers(before=name)
@@ -601,7 +602,7 @@ class Job:
         phase = self.phase(name, command, trusted=True)
         line = unreachable_on_channel(self.channel_data.get(name, b""))
         if line:  # its candidate child could not be started: the machine's fault
-            return {}, self.fail("error", UNREACHABLE_STAGE, line)
+            return {}, self.fail(Outcome.ERROR, UNREACHABLE_STAGE, line)
         failure = self.check_phase(phase) or self.check_integrity(after=name)
         if failure:
             return {}, failure
@@ -622,20 +623,21 @@ class Job:
         if reading.tampering:
             reason = "tampering: " + "; ".join(dict.fromkeys(reading.tampering))
             self.result.violations.append(reason)
-            return reading.metrics, self.fail("violation", name, f"{name}: {reason}")
+            return reading.metrics, self.fail(Outcome.VIOLATION, name, f"{name}: {reason}")
         metrics = reading.metrics
         if metrics.get("correct") is False:
             why = metrics.get("reason")
             detail = f" ({why[:300]})" if isinstance(why, str) and why else ""
+            self.result.correct = False  # the judge's cue: a wrong result, not a crash
             return metrics, self.fail(
-                "failed", name, f"{name}: evaluator reported correct: false{detail}"
+                Outcome.FAILED, name, f"{name}: evaluator reported correct: false{detail}"
             )
         value = metrics.get(self.spec.metric)
         if not isinstance(value, int | float) or isinstance(value, bool) or value != value:
             why = (f"{name} printed no '{self.spec.metric}: <number>' line"
                    if reading.source == STDOUT else
                    f"{name} reported no number for '{self.spec.metric}' on the trusted channel")
-            return metrics, self.fail("failed", name, why)
+            return metrics, self.fail(Outcome.FAILED, name, why)
         return metrics, None
 
     def start(self) -> JobResult | None:
@@ -729,7 +731,7 @@ class Job:
         self.result.correct = extra.get("correct") if isinstance(extra.get("correct"), bool) else None
         if spec.run_holdout and spec.holdout:
             return self.run_holdout()
-        self.result.outcome = "ok"
+        self.result.outcome = Outcome.OK
         return self.result
 
     def stop_early(self) -> JobResult:
@@ -738,7 +740,7 @@ class Job:
         the step, so a resumed study reads the same verdict."""
         assert self.stopped is not None
         step, value, level = self.stopped
-        self.result.outcome = "ok"
+        self.result.outcome = Outcome.OK
         self.result.extra = {"stopped_early": 1, "stopped_at_step": step,
                              "stopped_value": value, "incumbent_value": level}
         # the run's own progress axis: a step, or seconds for a run on a time budget
@@ -756,7 +758,7 @@ class Job:
             return failure
         self.result.holdout = float(metrics[self.spec.metric])
         self.result.holdout_extra = {k: v for k, v in metrics.items() if k != self.spec.metric}
-        self.result.outcome = "ok"
+        self.result.outcome = Outcome.OK
         return self.result
 
 
@@ -870,7 +872,7 @@ def _build_then_run(job: Job, state_path: Path, build_lease: IO | None,
     job.deadline += waited  # the job's timeout is for its work, not the queue
     _write_state(state_path, "running", phase="built")
     if _stop_requested:
-        return job.fail("cancelled", "queue", "cancelled waiting for a slot"), waited
+        return job.fail(Outcome.CANCELLED, "queue", "cancelled waiting for a slot"), waited
     job.on_slot(slot)
     return job.run(built=True), waited
 
@@ -987,7 +989,7 @@ def main(argv: list[str] | None = None) -> int:
         queued = time.monotonic() - queued_at
         _write_state(state_path, "running")
         if _stop_requested:
-            result = job.fail("cancelled", "queue", "cancelled before it started")
+            result = job.fail(Outcome.CANCELLED, "queue", "cancelled before it started")
         else:
             if not args.workdir and not spec.reuse_workdir:
                 if work.exists():
@@ -1005,7 +1007,7 @@ def main(argv: list[str] | None = None) -> int:
                 result = job.run()
         job.result.queue_seconds = round(queued, 4)
     except Exception as exc:  # the worker must always report, never vanish
-        result = job.fail("error", "worker", f"worker error: {type(exc).__name__}: {exc}")
+        result = job.fail(Outcome.ERROR, "worker", f"worker error: {type(exc).__name__}: {exc}")
     finally:
         kill_descendants()
         if job.bounds is not None:

@@ -24,8 +24,8 @@ from mcp.types import ToolAnnotations
 from pydantic import Field, ValidationError
 
 from ratchet import __version__
+from ratchet.core.errors import UserError
 from ratchet.driver import infra
-from ratchet.errors import UserError
 from ratchet.mcp.tools import (
     MAX_DESCRIPTION,
     MAX_FILES,

@@ -3,7 +3,7 @@ and `idea` take, so verdicts, budgets, spend and guarantees are exactly theirs.
 
 Each call opens the study as a CLI command does and closes it after, so a `ratchet run`,
 `status` or `serve` beside the server sees every submission at once. What an agent sends
-is untrusted: a submission passes every check an LLM's edit passes (driver/paths.py and
+is untrusted: a submission passes every check an LLM's edit passes (core/paths.py and
 driver/candidate.py's scope check: paths, globs, protected files and ratchet.toml, no
 .git, no module shadowing, forbid rules, no repeat) plus the agent copy's size caps, all
 BEFORE anything is recorded. A bad one is a ToolInputError naming the field, never a
@@ -20,20 +20,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ratchet.core.config import CONFIG_FILE
+from ratchet.core.errors import UserError
+from ratchet.core.paths import matches_any, protected_by, unsafe
+from ratchet.core.vocab import Status
 from ratchet.driver import audit, spend, views
 from ratchet.driver import budget as budgets
 from ratchet.driver.candidate import scope_violations
-from ratchet.driver.config import CONFIG_FILE
 from ratchet.driver.lock import StudyLocked
 from ratchet.driver.opening import open_study
-from ratchet.driver.paths import matches_any, protected_by, unsafe
 from ratchet.driver.study import Study
 from ratchet.driver.tally import Tally
-from ratchet.errors import UserError
 from ratchet.job import gitrepo
 from ratchet.proposers.context import context_settings, hardware_text
 from ratchet.proposers.scratch import MAX_FILE_BYTES, MAX_TOTAL_BYTES
-from ratchet.vocab import Status
 
 PROPOSER = "mcp"  # its candidates are recorded with it (in vocab.SUBMITTED_FROM_OUTSIDE)
 MAX_FILES = 100  # files in one submission

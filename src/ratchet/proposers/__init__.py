@@ -13,11 +13,10 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel
 
-from ratchet import plugins
-from ratchet.driver.candidate import Proposal
-from ratchet.driver.config import CONFIG_FILE, Config
-from ratchet.driver.ledger import Candidate
-from ratchet.errors import UserError
+from ratchet.core import plugins
+from ratchet.core.candidate import Candidate, Proposal
+from ratchet.core.config import CONFIG_FILE, Config
+from ratchet.core.errors import UserError
 
 
 @dataclass
@@ -126,7 +125,7 @@ class ProposerError(UserError):
 #
 # name -> class -> the model of its config table. Every kind, the built-in ones included,
 # is an entry point of group `ratchet.proposers` naming its Proposer subclass
-# (ratchet.plugins); a class is imported only when its kind is used (optuna, the LLM SDKs
+# (ratchet.core.plugins); a class is imported only when its kind is used (optuna, the LLM SDKs
 # and the agent CLIs' helpers are heavy). A class defined in-process registers with
 # `register_proposer`. `search.proposer`'s accepted values and the CLI's `--proposer` help
 # come from here, from names alone. A kind's table is `[<name>]` (`[llm]`, `[agent]`,
@@ -238,7 +237,7 @@ def plugin_settings(kind: str, config: Config) -> Any:
     model = proposer_class(kind).settings_model
     if model is None:
         return None
-    from ratchet.driver.config import SectionError, section
+    from ratchet.core.config import SectionError, section
 
     try:
         return section(model, {}, kind, "docs/proposers.md")

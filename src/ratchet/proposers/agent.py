@@ -48,12 +48,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ratchet.core.candidate import Candidate, Proposal
+from ratchet.core.config import CONFIG_FILE, Config, Duration, parse_duration
+from ratchet.core.errors import HardStop
 from ratchet.driver import sanitize
-from ratchet.driver.candidate import Proposal
-from ratchet.driver.config import CONFIG_FILE, Config, Duration, parse_duration
-from ratchet.driver.ledger import Candidate
 from ratchet.driver.spend import Call, Flight, Meter, Outcome, gather
-from ratchet.errors import HardStop
 from ratchet.job import egress, gitrepo, reach, sandbox
 from ratchet.job.procs import CappedLog
 from ratchet.proposers import Estimate, ProposalContext, Proposer, ProposerError, scratch

@@ -27,13 +27,13 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ratchet.core.candidate import Candidate
+from ratchet.core.config import CONFIG_FILE, Config, matches_any, misspelling
+from ratchet.core.paths import protected_by
+from ratchet.core.vocab import Kind, Status
 from ratchet.driver import sanitize
-from ratchet.driver.config import CONFIG_FILE, Config, matches_any, misspelling
-from ratchet.driver.ledger import Candidate
-from ratchet.driver.paths import protected_by
 from ratchet.job import gitrepo
 from ratchet.proposers import ProposalContext, ProposerError
-from ratchet.vocab import Kind, Status
 
 CHARS_PER_TOKEN = 4
 ERROR_TAIL_LINES = 12

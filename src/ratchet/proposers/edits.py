@@ -28,8 +28,8 @@ import difflib
 import re
 from dataclasses import dataclass, field
 
-from ratchet.driver.paths import matches_any, protected_by, unsafe
-from ratchet.errors import RatchetError
+from ratchet.core.errors import RatchetError
+from ratchet.core.paths import matches_any, protected_by, unsafe
 
 SEARCH, DIVIDER, REPLACE = "<<<<<<< SEARCH", "=======", ">>>>>>> REPLACE"
 FILE_START, FILE_END = "<<<<<<< FILE", ">>>>>>> FILE"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from ratchet.errors import RatchetError
+from ratchet.core.errors import RatchetError
 
 
 class KnobError(RatchetError):

@@ -38,11 +38,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ratchet.driver.candidate import Proposal
-from ratchet.driver.config import CONFIG_FILE, Config, Duration
-from ratchet.driver.ledger import Candidate
+from ratchet.core.candidate import Candidate, Proposal
+from ratchet.core.config import CONFIG_FILE, Config, Duration
+from ratchet.core.errors import HardStop
 from ratchet.driver.spend import Call, Flight, Meter, Outcome, gather
-from ratchet.errors import HardStop
 from ratchet.proposers import Estimate, ProposalContext, Proposer, ProposerError, bounded_http
 from ratchet.proposers.context import (
     CHARS_PER_TOKEN,

@@ -23,10 +23,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from ratchet.driver.candidate import Proposal
-from ratchet.driver.config import Config
-from ratchet.driver.ledger import Candidate
-from ratchet.errors import RatchetError
+from ratchet.core.candidate import Candidate, Proposal
+from ratchet.core.config import Config
+from ratchet.core.errors import RatchetError
 from ratchet.job import gitrepo
 from ratchet.proposers import ProposalContext, Proposer, ProposerError
 from ratchet.proposers.context import validate_section

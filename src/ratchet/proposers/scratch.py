@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ratchet.driver import paths
+from ratchet.core import paths
 from ratchet.job import gitrepo
 from ratchet.proposers import agent_clis
 

@@ -19,13 +19,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Literal
 
-from ratchet.driver.candidate import Proposal
-from ratchet.driver.config import Config, Knob, matches_any
-from ratchet.driver.ledger import Candidate
+from ratchet.core.candidate import Candidate, Proposal
+from ratchet.core.config import Config, Knob, matches_any
+from ratchet.core.vocab import Kind, Status
 from ratchet.job import gitrepo
 from ratchet.proposers import ProposalContext, Proposer, ProposerError
 from ratchet.proposers.knobs import KnobError, format_value, knob_values, set_knob
-from ratchet.vocab import Kind, Status
 
 if TYPE_CHECKING:
     import optuna

@@ -52,7 +52,6 @@ from .hardware import (
     hardware_markdown,
     library_versions,
     llc_bytes,
-    write_hardware_md,
     write_model_md,
 )
 from .roofline import (
@@ -66,6 +65,7 @@ from .roofline import (
     measure_peaks,
     peaks_cache_path,
     save_peaks,
+    write_hardware_md,
 )
 from .runner import LocalRunner, RemoteRunner, Runner
 from .sweep import (

@@ -17,7 +17,7 @@ on a kernel is the model itself, run as the workload says:
   inside the captured or compiled model, and every timed batch's logits are checked against the
   float64 reference model run here, within `tolerances`;
 - the model's time is the mix-weighted sum over the points; the gain is confirmed by the
-  sequential test of `ratchet.stats` on the paired repetitions, at `false_keep_rate`, and
+  sequential test of `ratchet.core.stats` on the paired repetitions, at `false_keep_rate`, and
   set beside the Amdahl estimate from the kernel sweep.
 
 `EndToEnd.outcome` says what happened, and `.reason` why a kernel is not kept: "breaks
@@ -38,7 +38,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from ... import stats
+from ...core import stats
 from ..isolate import CandidateError, CandidateProcess
 from . import arrays
 from .profile import import_torch, load_model_module

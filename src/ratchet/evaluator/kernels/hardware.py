@@ -268,17 +268,6 @@ def hardware_markdown(context: dict[str, Any] | None = None, peaks: list[dict[st
     return "\n".join(lines)
 
 
-def write_hardware_md(path: str | os.PathLike[str] = "hardware.md", *, cache_path: str | os.PathLike[str] | None = None) -> Path:
-    """Write hardware.md, including every cached peak measurement (see roofline.measure_peaks)."""
-    from .roofline import cached_peaks  # noqa: PLC0415 - roofline imports nothing from here at import
-
-    peaks = [p.to_dict() for p in cached_peaks(cache_path)]
-    out = Path(path)
-    # run by hand on the GPU machine: the richest facts are worth torch's import here
-    out.write_text(hardware_markdown(hardware_context(use_torch=True), peaks=peaks))
-    return out
-
-
 MODEL_MD_TEMPLATE = """\
 # Model context
 

@@ -49,7 +49,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from ...errors import UserError
+from ...core.errors import UserError
 from .hardware import library_versions
 from .roofline import ITEMSIZE, Peaks, assess, evaluate, measure_peaks
 from .workload import (

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from . import arrays, guard, quiesce
-from .hardware import cpu_info, library_versions, llc_bytes
+from .hardware import cpu_info, hardware_context, hardware_markdown, library_versions, llc_bytes
 
 ITEMSIZE = {
     "float64": 8,
@@ -477,3 +477,13 @@ def assess(
         impossible=impossible,
         reason=reason,
     )
+
+
+def write_hardware_md(path: str | os.PathLike[str] = "hardware.md", *, cache_path: str | os.PathLike[str] | None = None) -> Path:
+    """Write hardware.md, including every cached peak measurement (see measure_peaks): here,
+    beside the peaks, as hardware.py (which this module reads) knows nothing of them."""
+    peaks = [p.to_dict() for p in cached_peaks(cache_path)]
+    out = Path(path)
+    # run by hand on the GPU machine: the richest facts are worth torch's import here
+    out.write_text(hardware_markdown(hardware_context(use_torch=True), peaks=peaks))
+    return out

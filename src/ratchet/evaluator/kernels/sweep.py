@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ... import stats
+from ...core import stats
 from .. import channel
 from . import arrays
 from .correctness import MakeInputs, Shape, check_case, shape_key

@@ -48,7 +48,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from ...errors import UserError
+from ...core.errors import UserError
 
 FORMAT = 1
 HOLDOUT_ENV = "RATCHET_HOLDOUT"

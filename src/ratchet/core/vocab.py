@@ -1,4 +1,5 @@
-"""The words a study is recorded in: a candidate's status and kind, a job's state.
+"""The words a study is recorded in: a candidate's status and kind, a job's state and
+outcome.
 
 Each is a `StrEnum`, so a member *is* its string: the values stored in SQLite, printed
 in `results.tsv` and returned by `--json` are unchanged, `Status.KEEP == "keep"` holds,
@@ -86,6 +87,16 @@ class Kind(StrEnum):
 SUBMITTED_FROM_OUTSIDE: frozenset[str] = frozenset({"submit", "mcp"})
 
 
+class Outcome(StrEnum):
+    """What the worker says became of a job (its view; the judge decides the status)."""
+
+    OK = "ok"  # every phase ran and the evaluator reported the metric
+    FAILED = "failed"  # a phase failed, or the evaluator reported no metric or `correct: false`
+    TIMEOUT = "timeout"  # stopped at the job's time limit
+    CANCELLED = "cancelled"  # cancelled by the user (or before it started)
+    VIOLATION = "violation"  # broke a rule: a protected file touched, tampering with a metric
+    ERROR = "error"  # the machine's fault (worker error, sandbox start, lost job): never the candidate's
+
 class JobState(StrEnum):
     """Where a backend's job is (the same four words for every engine)."""
 
@@ -97,6 +108,15 @@ class JobState(StrEnum):
     @property
     def is_terminal(self) -> bool:
         return self in (JobState.DONE, JobState.LOST)
+
+
+def kind_of(value: str) -> Kind:
+    """A stored kind string as a member; one line naming the value when it is not one."""
+    try:
+        return Kind(value)
+    except ValueError:
+        known = ", ".join(k.value for k in Kind)
+        raise ValueError(f"unknown candidate kind {value!r} (known: {known})") from None
 
 
 def status_of(value: str) -> Status:
