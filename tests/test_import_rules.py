@@ -90,7 +90,8 @@ def test_the_evaluator_sdk_never_loads_the_driver():
 
 SRC = ROOT / "src" / "ratchet"
 # the evaluator SDK's public names: each module is the real one's (ratchet/kernels/)
-PUBLIC_SDK = {"ratchet.channel", "ratchet.isolate", "ratchet.kernels", "ratchet.stats"}
+PUBLIC_SDK = {"ratchet.channel", "ratchet.isolate", "ratchet.kernels", "ratchet.stats",
+              "ratchet.errors"}
 # wing -> the wings it may import (itself always); `ratchet.cli` is the front
 MAY_IMPORT = {
     "core": {"core"},
