@@ -10,6 +10,7 @@ filesystem outside the job's directory is read-only to the evaluator.)
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 EVALUATE = '''\
@@ -73,6 +74,7 @@ print(f"score: {{(x - 7) ** 2 + 1}}")
 
 PREPARE = '''\
 import os
+import time
 with open(os.path.join(os.environ["RATCHET_DATA"], "table.txt"), "w") as fh:
     fh.write("prepared-once\\n")
 print("prepared")
@@ -177,12 +179,20 @@ def check_holdout_everywhere(tmp_path: Path, monkeypatch, *, backend: str, extra
     repo = make_task(tmp_path, backend=backend, parallel=2, rounds=2, sleep=0.1, prep=False,
                      name=name, holdout_fail_below=5, choices="[2, 3, 4, 10, 11]",
                      extra=extra)
+    before = set(holdout_root().iterdir())
     study = Study(repo)
     try:
         study.run()
         cands = {c.id: c for c in study.ledger.candidates()}
     finally:
         study.close()
+    # the node's hold-out root is the machine's (one per uid): a test beside this one may
+    # have a job holding its shipped copy right now, so what appeared during this study
+    # must go within a job's time; a copy this study left behind stays and fails
+    appeared = set(holdout_root().iterdir()) - before
+    deadline = time.monotonic() + 60
+    while any(p.exists() for p in appeared) and time.monotonic() < deadline:
+        time.sleep(0.2)
     jobs = [p.name for p in (repo / records).iterdir()]
     held = {j.split("-")[-3] for j in jobs if j.endswith("-holdout")}
     assert held, jobs
@@ -202,4 +212,4 @@ def check_holdout_everywhere(tmp_path: Path, monkeypatch, *, backend: str, extra
         assert cand.extra.get("holdout_env") == 0, (cid, cand.extra)
     assert rejected_overfit >= 1, {c: (v.status, v.params) for c, v in cands.items()}
     # nothing of the shipped data is left on the node
-    assert not any(holdout_root().iterdir())
+    assert not [p for p in appeared if p.exists()], appeared
