@@ -75,21 +75,33 @@ slots = 2
 sandbox = "{backend_sandbox}"
 """
 
-EVALUATOR = '''
-"""Trusted evaluator: kernel.py's softmax against torch.softmax (CPU), via ratchet.evaluator.kernels."""
+EVALUATOR_TEMPLATE = '''
+"""Trusted evaluator: kernel.py's softmax against @LIBRARY@'s (CPU), via ratchet.evaluator.kernels."""
 import sys
 from pathlib import Path
 
-import numpy as np  # noqa: F401
-import torch
-
+@IMPORTS@
 import ratchet.evaluator.kernels as rk
 
-torch.set_num_threads(1)
-HERE = Path(__file__).resolve().parent
+@SETUP@HERE = Path(__file__).resolve().parent
 SHAPES = [{"rows": 256, "cols": 2048}, {"rows": 512, "cols": 1024}]
 
 
+@PROBLEM@holdout = rk.load_holdout("holdout.json")  # the hidden hold-out data, in the hold-out run only
+with rk.CandidateProcess(HERE / "kernel.py", timeout=60, confine="{confine}") as cand:
+    import colorsys  # noqa: F401 - a late import (case 7): under python -P never from this tree
+    report = rk.sweep(
+        cand.function("softmax"), baseline, reference, make_inputs, holdout or SHAPES,
+        check_options={"trials": 2},
+        bench_options={"max_time_s": 0.4, "min_reps": 8, "warmup": 1},
+        names=("@LIBRARY@", "kernel"),
+    )
+    print(report.table(), file=sys.stderr)
+    print(f"candidate child ({cand.level}) log:\\n" + cand.log_tail(), file=sys.stderr)
+rk.emit(report)
+'''
+
+TORCH_PROBLEM = '''
 def make_inputs(shape, dtype, rng):
     g = torch.Generator().manual_seed(int(rng.integers(2**62)))
     return (torch.rand(shape["rows"], shape["cols"], generator=g) - 0.5) * 8
@@ -103,19 +115,33 @@ def baseline(x):
     return torch.softmax(x, dim=-1)
 
 
-holdout = rk.load_holdout("holdout.json")  # the hidden hold-out data, in the hold-out run only
-with rk.CandidateProcess(HERE / "kernel.py", timeout=60, confine="{confine}") as cand:
-    import colorsys  # noqa: F401 - a late import (case 7): under python -P never from this tree
-    report = rk.sweep(
-        cand.function("softmax"), baseline, reference, make_inputs, holdout or SHAPES,
-        check_options={"trials": 2},
-        bench_options={"max_time_s": 0.4, "min_reps": 8, "warmup": 1},
-        names=("torch", "kernel"),
-    )
-    print(report.table(), file=sys.stderr)
-    print(f"candidate child ({cand.level}) log:\\n" + cand.log_tail(), file=sys.stderr)
-rk.emit(report)
 '''
+
+NUMPY_PROBLEM = '''
+def make_inputs(shape, dtype, rng):
+    return ((rng.random((shape["rows"], shape["cols"])) - 0.5) * 8).astype(np.float32)
+
+
+def reference(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def baseline(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+'''
+
+
+def evaluator(library: str, imports: str, setup: str, problem: str) -> str:
+    return (EVALUATOR_TEMPLATE.replace("@LIBRARY@", library).replace("@IMPORTS@", imports)
+            .replace("@SETUP@", setup).replace("@PROBLEM@", problem.lstrip("\n")))
+
+
+EVALUATOR = evaluator("torch", "import numpy as np  # noqa: F401\nimport torch\n",
+                      "torch.set_num_threads(1)\n", TORCH_PROBLEM)
 
 HOLDOUT = [{"rows": 384, "cols": 1500}]
 
@@ -138,35 +164,7 @@ def softmax(x):
 # and the honest control: what they attack is the process boundary (the hold-out's place,
 # the channel, the tree, the CPUs), and `import torch` (2 CPU-seconds, twice per
 # evaluation: the evaluator and the child) was most of each evaluation's cost.
-NP_EVALUATOR = (EVALUATOR
-                .replace("kernel.py's softmax against torch.softmax (CPU)", "kernel.py's softmax against numpy's")
-                .replace("import numpy as np  # noqa: F401\nimport torch\n", "import numpy as np\n")
-                .replace("torch.set_num_threads(1)\n", "")
-                .replace("""def make_inputs(shape, dtype, rng):
-    g = torch.Generator().manual_seed(int(rng.integers(2**62)))
-    return (torch.rand(shape["rows"], shape["cols"], generator=g) - 0.5) * 8
-
-
-def reference(x):
-    return torch.softmax(x, dim=-1)
-
-
-def baseline(x):
-    return torch.softmax(x, dim=-1)
-""", """def make_inputs(shape, dtype, rng):
-    return ((rng.random((shape["rows"], shape["cols"])) - 0.5) * 8).astype(np.float32)
-
-
-def reference(x):
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def baseline(x):
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-""")
-                .replace('names=("torch", "kernel")', 'names=("numpy", "kernel")'))
+NP_EVALUATOR = evaluator("numpy", "import numpy as np\n", "", NUMPY_PROBLEM)
 assert "torch" not in NP_EVALUATOR, NP_EVALUATOR
 
 NP_INCUMBENT = '''

@@ -14,6 +14,7 @@ Standard library only: every side (driver, worker, evaluator SDK) may import it.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TypeVar
 
 
 class Status(StrEnum):
@@ -110,19 +111,21 @@ class JobState(StrEnum):
         return self in (JobState.DONE, JobState.LOST)
 
 
-def kind_of(value: str) -> Kind:
-    """A stored kind string as a member; one line naming the value when it is not one."""
+_Word = TypeVar("_Word", bound=StrEnum)
+
+
+def _member(words: type[_Word], value: str, what: str) -> _Word:
+    """A stored word as a member of `words`; one line naming the value when it is not one."""
     try:
-        return Kind(value)
+        return words(value)
     except ValueError:
-        known = ", ".join(k.value for k in Kind)
-        raise ValueError(f"unknown candidate kind {value!r} (known: {known})") from None
+        known = ", ".join(w.value for w in words)
+        raise ValueError(f"unknown candidate {what} {value!r} (known: {known})") from None
+
+
+def kind_of(value: str) -> Kind:
+    return _member(Kind, value, "kind")
 
 
 def status_of(value: str) -> Status:
-    """A stored status string as a member; one line naming the value when it is not one."""
-    try:
-        return Status(value)
-    except ValueError:
-        known = ", ".join(s.value for s in Status)
-        raise ValueError(f"unknown candidate status {value!r} (known: {known})") from None
+    return _member(Status, value, "status")
