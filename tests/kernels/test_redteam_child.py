@@ -186,7 +186,7 @@ def softmax(x):
 '''
 
 NP_HONEST = NP_INCUMBENT.replace("REPEAT = 8", "REPEAT = 1")
-# right on the shapes it is given, wrong on every one (a cheat that must be caught)
+# wrong on every shape (a cheat that must be caught)
 NP_WRONG = NP_INCUMBENT.replace("    return _once(x)\n", "    return np.full_like(x, 1.0 / x.shape[1])\n")
 
 # Helpers the tricks share: where the evaluator is (walking up the parent chain), and a
