@@ -364,12 +364,9 @@ class Ledger:
         """The rows of `cand_ids` that are recorded, in their order: one query where a
         poll of every job in flight would make one each, every tick."""
         found: dict[str, Candidate] = {}
-        for start in range(0, len(cand_ids), 500):  # under SQLite's bound-parameter limit
-            chunk = cand_ids[start:start + 500]
-            for r in self.db.execute(f"SELECT * FROM candidates WHERE id IN "
-                                     f"({', '.join('?' * len(chunk))})", chunk):
-                cand = _from_row(r)
-                found[cand.id] = cand
+        for r in self._of_ids("*", cand_ids):
+            cand = _from_row(r)
+            found[cand.id] = cand
         return [found[i] for i in cand_ids if i in found]
 
     def placed(self, cand_ids: list[str]) -> list[tuple[str, str, str, float | None]]:
@@ -377,16 +374,23 @@ class Ledger:
         is placed (status submitted), in their order. A poll reads this many times a
         second: four columns, not every row decoded whole (its result above all)."""
         found: dict[str, tuple[str, str, str, float | None]] = {}
-        for start in range(0, len(cand_ids), 500):  # under SQLite's bound-parameter limit
-            chunk = cand_ids[start:start + 500]
-            for r in self.db.execute(
-                    f"SELECT id, job_id, description, submitted_at FROM candidates WHERE "
-                    f"status = ? AND job_id IS NOT NULL AND job_id != '' AND id IN "
-                    f"({', '.join('?' * len(chunk))})", [Status.SUBMITTED.value, *chunk]):
-                found[r["id"]] = (r["id"], r["job_id"],
-                                  _clean("description", r["description"]) or "",
-                                  r["submitted_at"])
+        for r in self._of_ids("id, job_id, description, submitted_at", cand_ids,
+                              "status = ? AND job_id IS NOT NULL AND job_id != ''",
+                              [Status.SUBMITTED.value]):
+            found[r["id"]] = (r["id"], r["job_id"],
+                              _clean("description", r["description"]) or "",
+                              r["submitted_at"])
         return [found[i] for i in cand_ids if i in found]
+
+    def _of_ids(self, columns: str, cand_ids: list[str], where: str = "",
+                args: list[Any] | None = None) -> Iterator[sqlite3.Row]:
+        """`columns` of the rows among `cand_ids` (and `where`), in any order: one query
+        per 500 ids, under SQLite's bound-parameter limit."""
+        for start in range(0, len(cand_ids), 500):
+            chunk = cand_ids[start:start + 500]
+            yield from self.db.execute(
+                f"SELECT {columns} FROM candidates WHERE {where + ' AND ' if where else ''}"
+                f"id IN ({', '.join('?' * len(chunk))})", [*(args or []), *chunk])
 
     def confirming(self, cand_id: str, status: str | None = None) -> list[Candidate]:
         """The confirmation rows (fresh pairs' re-measures) of one candidate, in order."""
