@@ -41,7 +41,6 @@ from __future__ import annotations
 import base64
 import collections
 import contextlib
-import ctypes
 import io
 import itertools
 import json
@@ -65,6 +64,7 @@ from typing import Any, cast
 from ratchet.evaluator import (
     channel,  # noqa: F401 - takes the metric channel (and goes non-dumpable) before any child starts
 )
+from ratchet.evaluator.isolate_child import fix_malloc
 from ratchet.job import reach, sandbox, warden
 from ratchet.job.jobspec import COMPILE_CACHE_VARS, UNREACHABLE_KEY, is_secret
 
@@ -218,27 +218,6 @@ class CandidateTimeout(CandidateError):
 
 class CandidateCrashed(CandidateError):
     """The child exited or broke the protocol."""
-
-
-# glibc malloc's thresholds (M_TRIM_THRESHOLD, M_MMAP_THRESHOLD), fixed in the evaluator
-# and in the candidate child alike (isolate_child._MALLOC_SETTINGS holds the same values)
-MALLOC_SETTINGS = ((-1, 128 << 20), (-3, 32 << 20))
-
-
-def fix_malloc() -> None:
-    """Give this process the allocator state the candidate child gets. glibc adapts its
-    thresholds to what a process has freed so far: a young child's few-MB temporaries then
-    page-fault on every call while the evaluator, which once freed a larger array, reuses
-    its pages, and an honest numpy kernel read 4x slower as the candidate than as the
-    baseline. Fixed values in both make the two processes time the same code alike."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc (musl): no such state to match
-        return
-    for option, value in MALLOC_SETTINGS:
-        mallopt(option, value)
 
 
 def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -404,7 +383,7 @@ class CandidateProcess:
     # -- process --------------------------------------------------------------------------
 
     def _start(self, child_sock: socket.socket) -> None:
-        fix_malloc()  # the baseline is timed here: the same allocator state as the child's
+        fix_malloc()  # the baseline is timed here: the child's allocator settings, by its code
         fd = child_sock.fileno()
         env = child_env(self._env)
         popen: dict[str, Any] = {"cwd": self.cwd, "stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}

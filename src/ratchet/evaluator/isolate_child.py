@@ -1,7 +1,8 @@
 """The untrusted side of `ratchet.evaluator.isolate`: a fresh interpreter that holds the candidate module.
 
 Started by `ratchet.evaluator.isolate.CandidateProcess` as ``python -I <this file> FD MODULE
-PARENT now|hold PRELOAD``, never imported by the trusted parent. It imports the PRELOAD
+PARENT now|hold PRELOAD``. The trusted parent imports only `fix_malloc` from it (the
+allocator settings both processes share) and runs none of the rest. It imports the PRELOAD
 modules (comma-separated) first; held (`hold`), it then waits for a `load` request before
 it imports MODULE. It is deliberately self-contained (stdlib, plus numpy and
 torch only when a request carries arrays of theirs): nothing here decides a verdict, so
@@ -406,15 +407,16 @@ def _forbid_widening() -> bool:
     return libc.prctl(pr_set_seccomp, seccomp_mode_filter, ctypes.byref(fprog), 0, 0) == 0
 
 
-# glibc malloc's thresholds, fixed (the parent sets the same: isolate.MALLOC_SETTINGS)
-_MALLOC_SETTINGS = ((-1, 128 << 20), (-3, 32 << 20))  # M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
+# glibc malloc's thresholds, fixed in this child and in the evaluator that starts it
+MALLOC_SETTINGS = ((-1, 128 << 20), (-3, 32 << 20))  # M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
 
 
-def _fixed_malloc() -> None:
+def fix_malloc() -> None:
     """Left alone, glibc adapts its malloc thresholds to what a process has freed so far, so
     the same kernel's few-MB temporaries page-fault afresh on every call in a young child
     and not in an evaluator that once freed a larger array: an honest numpy softmax read 4x
-    slower here than as the baseline. Both processes fix them at the same values instead."""
+    slower here than as the baseline. Both processes fix them at the same values instead:
+    this function, run here and imported by the parent (`CandidateProcess`)."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes  # noqa: PLC0415
@@ -423,7 +425,7 @@ def _fixed_malloc() -> None:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc (musl): its allocator has no such state
         return
-    for option, value in _MALLOC_SETTINGS:
+    for option, value in MALLOC_SETTINGS:
         mallopt(option, value)
 
 
@@ -440,7 +442,7 @@ def _preload(names: str) -> None:
 
 def main(argv: list[str]) -> int:
     _forbid_widening()  # first: before any thread (a preloaded library's pool) exists
-    _fixed_malloc()
+    fix_malloc()
     if len(argv) > 3 and int(argv[3]):  # 0: under a sandbox's warden, which ends us with the evaluator
         _die_with_parent(int(argv[3]))
     sock = socket.socket(fileno=int(argv[1]))
