@@ -278,6 +278,15 @@ def test_the_public_sdk_names_are_the_evaluator_wing_modules_themselves():
     assert out.stdout.strip() == "ok", out.stderr
 
 
+def test_every_harness_module_has_its_public_name():
+    """`ratchet.kernels.<name>` is a file of its own per harness module: a module added to
+    the evaluator wing without its twin here would have no public name."""
+    def stems(folder: Path) -> set[str]:
+        return {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+
+    assert stems(SRC / "kernels") == stems(SRC / "evaluator" / "kernels")
+
+
 def test_the_documented_layout_names_every_module_where_it_lives():
     text = (ROOT / "docs" / "architecture.md").read_text()
     block = text[text.index("## Layout"):]
