@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test check test-agents agent-clis lint docs bench tinygpt clean
+.PHONY: install demo test test-cpu check test-agents agent-clis lint docs bench tinygpt clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,15 @@ PYTEST_WORKERS ?= 4
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 -m "not timing"
 	$(BIN)/python -m pytest -q -m timing
+
+# Where the suite's CPU goes (root: each test in a cpuacct cgroup; tests/cpu_by_test.py):
+# the side-by-side pass as `make test` runs it, then the CPU by file, largest first.
+CPU_DIR ?= cpu-by-test
+test-cpu: $(STAMP)
+	rm -rf $(CPU_DIR)
+	RATCHET_CPU_DIR=$(CPU_DIR) PYTHONPATH=tests $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) \
+	  --dist loadgroup -m "not timing" -p cpu_by_test
+	$(BIN)/python scripts/suite_cpu.py $(CPU_DIR)
 
 # The inner loop (about 2 minutes with lint): the tests that start no study and no CLI.
 UNIT_TESTS := tests/test_stats.py tests/test_judge.py tests/test_vocab.py \
