@@ -39,7 +39,7 @@ from record import record  # noqa: E402  (bench/, next to this file)
 
 from ratchet.core.candidate import Candidate  # noqa: E402
 from ratchet.core.vocab import Kind, Status  # noqa: E402
-from ratchet.driver.ledger import Ledger  # noqa: E402
+from ratchet.store.ledger import Ledger  # noqa: E402
 
 LIMITS = {"status": 1.0, "status --json": 1.0, "log --last 50": 0.5, "overview": 1.0,
           "candidates page": 1.0, "live update": 0.3,

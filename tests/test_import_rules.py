@@ -12,8 +12,9 @@ Each is checked in a fresh interpreter, so a module-level import anywhere down t
 
 And, read from the source (every import, a function's included; only those under
 `if TYPE_CHECKING:` left out, as they never run): no import crosses a wing upward, the
-import graph of src/ratchet has no cycle, and ratchet/core imports nothing but the
-standard library, pydantic and itself.
+plug-ins (backends, proposers) never import the driver, the import graph of src/ratchet
+has no cycle, and ratchet/core imports nothing but the standard library, pydantic and
+itself.
 """
 
 from __future__ import annotations
@@ -98,14 +99,20 @@ MAY_IMPORT = {
     "job": {"core"},
     "evaluator": {"core", "job"},
     "sdk": {"core", "evaluator"},
+    # the ledger: below everything that reads or writes a study's record
+    "store": {"core", "store"},
+    # the plug-ins stand on core, the job wing and the store (a proposer's Meter), never
+    # on the driver: an out-of-tree one needs nothing of the loop to be written
     "backends": {"core", "job", "evaluator", "backends"},
-    "proposers": {"core", "job", "evaluator", "driver", "proposers", "backends"},
-    "driver": {"core", "job", "evaluator", "driver", "proposers", "backends"},
-    "front": {"core", "job", "evaluator", "driver", "proposers", "backends", "templates",
-              "mcp"},
+    "proposers": {"core", "job", "evaluator", "store", "proposers", "backends"},
+    "driver": {"core", "job", "evaluator", "store", "driver", "proposers", "backends"},
+    "front": {"core", "job", "evaluator", "store", "driver", "proposers", "backends",
+              "templates", "mcp"},
     # `ratchet mcp`'s server: another front over the driver, never over the CLI
-    "mcp": {"core", "job", "evaluator", "driver", "proposers", "backends", "mcp"},
+    "mcp": {"core", "job", "evaluator", "store", "driver", "proposers", "backends", "mcp"},
 }
+# the plug-in wings, which must never reach the driver (lazily or not)
+PLUGINS = ("backends", "proposers")
 # what ratchet/core may import beyond itself and the standard library
 CORE_THIRD_PARTY = {"pydantic"}
 
@@ -117,8 +124,8 @@ def _wing(module: str) -> str:
     if ".".join(parts[:2]) in PUBLIC_SDK:
         return "sdk"
     head = parts[1]
-    if head in {"core", "job", "evaluator", "driver", "proposers", "backends", "templates",
-                "mcp"}:
+    if head in {"core", "job", "evaluator", "store", "driver", "proposers", "backends",
+                "templates", "mcp"}:
         return head
     return "front" if head == "cli" else f"stray:{head}"
 
@@ -187,6 +194,27 @@ def test_no_import_crosses_a_wing_upward_lazy_ones_included():
                 wrong.append(f"{path.relative_to(ROOT)}:{line} ({wing}) imports {target} "
                              f"({_wing(target)})")
     assert wrong == [], "\n".join(wrong)
+
+
+def test_the_plug_ins_never_import_the_driver():
+    """A backend or a proposer stands on core (and the job wing, and the store for a
+    proposer's calls): every import of theirs, a function's included, read from the
+    source, and what a fresh interpreter loads with all of them."""
+    assert not any("driver" in MAY_IMPORT[wing] for wing in PLUGINS)
+    reaching = [f"{path.relative_to(ROOT)}:{line} imports {target}"
+                for path, module in _modules() if _wing(module) in PLUGINS
+                for line, target in _imports(path, module) if _wing(target) == "driver"]
+    assert reaching == [], "\n".join(reaching)
+    plugins = [m for _, m in _modules() if _wing(m) in PLUGINS]
+    loaded = _loaded(*plugins)
+    assert [m for m in loaded if _wing(m) == "driver"] == []
+
+
+def test_the_plug_in_rule_finds_a_driver_import(tmp_path):
+    """The reading above sees a lazy import of the driver in a plug-in's function."""
+    plugin = tmp_path / "mine.py"
+    plugin.write_text("def f():\n    from ratchet.driver.study import Study\n    return Study\n")
+    assert [_wing(t) for _, t in _imports(plugin, "ratchet.proposers.mine")] == ["driver"]
 
 
 def _graph() -> dict[str, set[str]]:

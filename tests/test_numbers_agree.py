@@ -14,8 +14,8 @@ import pytest
 from helpers import SCORE_SOLUTION, config_text, make_repo, ratchet, results_tsv
 from test_early_stop import EVALUATOR
 
-from ratchet.driver.ledger import Ledger
 from ratchet.driver.tally import Tally
+from ratchet.store.ledger import Ledger
 
 KNOBS = ('[tune.knobs]\n"solution.py:X" = { choices = [3.0, 2.0, 1.5, "boom", 1.0, 0.0, '
          '5.0] }\n')

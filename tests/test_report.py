@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from helpers import HOLDOUT_EVALUATOR, config_text, git, make_repo, ratchet
 
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(

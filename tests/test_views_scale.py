@@ -14,8 +14,8 @@ from ratchet.core import stats
 from ratchet.core.vocab import Kind, Status
 from ratchet.driver import spend, views
 from ratchet.driver.judge import Confirmation, reported_noise
-from ratchet.driver.ledger import Ledger, slot_seconds, study_wall, throughput
 from ratchet.job.jobspec import JobResult
+from ratchet.store.ledger import Ledger, slot_seconds, study_wall, throughput
 
 sys.path.insert(0, str(ROOT / "bench"))
 import views as bench  # noqa: E402  (bench/views.py: the study and its growth)

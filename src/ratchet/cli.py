@@ -24,10 +24,10 @@ from ratchet.core.candidate import Candidate
 from ratchet.core.errors import UserError
 from ratchet.core.vocab import Kind, Status
 from ratchet.driver import audit, budget, infra, opening, results, spend, views, words
-from ratchet.driver.ledger import Ledger
 from ratchet.driver.study import Progress, Study
 from ratchet.driver.tally import Tally, sandboxes_text
 from ratchet.job import gitrepo
+from ratchet.store.ledger import Ledger
 
 if TYPE_CHECKING:
     from rich.live import Live
@@ -413,7 +413,7 @@ def reset(repo: RepoOption = Path(".")) -> None:
 
 
 def _print_summary(study: Study) -> None:
-    from ratchet.driver.ledger import Ledger
+    from ratchet.store.ledger import Ledger
 
     ledger = Ledger(study.state_dir / "ledger.db")
     # the same count, in the same words, as status, progress.png and the report (tally.py)
@@ -431,7 +431,7 @@ def _print_summary(study: Study) -> None:
     if head.noise_ignored:
         emit(console, "warning: acceptance.noise = \"ignore\": keeps rest on one measurement")
     emit_parts(console, spend.summary(ledger).line())  # every call and job, as recorded
-    from ratchet.driver.ledger import throughput
+    from ratchet.store.ledger import throughput
 
     shares = throughput(ledger.candidates(confirmations=True), study.busy_slots,
                         ledger.sessions()).shares_line()
@@ -784,7 +784,7 @@ def serve(
 def _wait_for_study(top: Path) -> None:
     """Serving before the first `ratchet run`: wait for the study's ledger to appear
     (read-only: nothing is created here), saying so once."""
-    from ratchet.driver.ledger import Ledger, LedgerError
+    from ratchet.store.ledger import Ledger, LedgerError
 
     db = top / ".ratchet" / "ledger.db"
     if not db.is_file() and not (top / "ratchet.toml").is_file():
@@ -817,8 +817,8 @@ SERVE_WAIT_S = 0.5
 
 def _write_progress(study: Study, rows: list[Candidate] | None = None) -> None:
     """progress.png next to results.tsv (a view of the ledger, like results.tsv)."""
-    from ratchet.driver.ledger import Ledger
     from ratchet.driver.progress import write_progress_png
+    from ratchet.store.ledger import Ledger
 
     ledger = Ledger(study.state_dir / "ledger.db")
     try:

@@ -1,6 +1,6 @@
 """The records of a study: a proposal, the candidate it becomes, the incumbent.
 
-Plain dataclasses of the standard library: the ledger stores them (driver/ledger.py),
+Plain dataclasses of the standard library: the ledger stores them (store/ledger.py),
 the proposers make proposals and read candidates, the views read them. A candidate's
 status and kind are the vocabulary's members (core.vocab), whatever the row held.
 """

@@ -15,10 +15,10 @@ from ratchet.core.candidate import Candidate
 from ratchet.core.errors import UserError
 from ratchet.core.verdict import Reason
 from ratchet.core.vocab import Kind, Status
-from ratchet.driver.ledger import OPEN, VERDICTS, Ledger
 from ratchet.driver.spend import RowSpend
 from ratchet.driver.spend import Step as SpendStep
 from ratchet.job import gitrepo
+from ratchet.store.ledger import OPEN, VERDICTS, Ledger
 
 STATUSES = (*OPEN, *VERDICTS)
 # names `ratchet diff` accepts besides candidate ids, job ids and commit prefixes

@@ -19,9 +19,9 @@ from ratchet.core.config import CONFIG_FILE, Config
 from ratchet.core.errors import UserError
 from ratchet.core.paths import protected_by
 from ratchet.core.vocab import SUBMITTED_FROM_OUTSIDE, Kind, Status
-from ratchet.driver.ledger import INCUMBENT_KEYS, Ledger
 from ratchet.job import gitrepo
 from ratchet.job.jobspec import PinnedFile
+from ratchet.store.ledger import INCUMBENT_KEYS, Ledger
 
 
 class IntegrityError(UserError):

@@ -26,7 +26,6 @@ from ratchet.core.errors import InfrastructureError
 from ratchet.core.vocab import Kind, Outcome, Status
 from ratchet.driver import reference
 from ratchet.driver.infra import RESUME, InfraFault
-from ratchet.driver.ledger import Ledger
 from ratchet.driver.spend import compute_usd
 from ratchet.job.faults import fault_point
 from ratchet.job.jobspec import (
@@ -36,6 +35,7 @@ from ratchet.job.jobspec import (
     JobSpec,
     PinnedFile,
 )
+from ratchet.store.ledger import Ledger
 
 T = TypeVar("T")
 POLL_S = 0.02

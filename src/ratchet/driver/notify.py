@@ -32,8 +32,8 @@ from urllib.parse import urlsplit
 from ratchet.core.config import Notify
 from ratchet.core.vocab import Kind, Status
 from ratchet.driver import views, words
-from ratchet.driver.ledger import Ledger
 from ratchet.driver.tally import Tally
+from ratchet.store.ledger import Ledger
 
 STOP = object()  # tells the delivery thread to finish
 

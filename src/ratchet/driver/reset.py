@@ -19,9 +19,9 @@ from ratchet.core.errors import UserError
 from ratchet.core.vocab import Kind, Status
 from ratchet.driver.candidate import study_branch
 from ratchet.driver.config import loads_config
-from ratchet.driver.ledger import Ledger, LedgerError
 from ratchet.driver.lock import StudyLock
 from ratchet.job import gitrepo
+from ratchet.store.ledger import Ledger, LedgerError
 
 STATE_DIR = ".ratchet"  # study.STATE_DIR (not imported: the study front is heavy)
 ARCHIVE = "archive"

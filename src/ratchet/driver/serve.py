@@ -49,7 +49,7 @@ from ratchet.core.vocab import Status
 from ratchet.driver import blocks, charts, compare, pages, views
 from ratchet.driver.blocks import LIVE, StudyLike
 from ratchet.driver.config import load_config, loads_config
-from ratchet.driver.ledger import PAGE_ORDERS, Ledger, LedgerError
+from ratchet.store.ledger import PAGE_ORDERS, Ledger, LedgerError
 
 TOKEN_ENV = "RATCHET_SERVE_TOKEN"
 TOKEN_COOKIE = "ratchet_token"  # + "_<port>": a browser sends a host's cookies to every port

@@ -30,13 +30,13 @@ from ratchet.driver.candidate import (
 )
 from ratchet.driver.integrity import Guard, row_key
 from ratchet.driver.jobs import Jobs
-from ratchet.driver.ledger import Ledger
 from ratchet.driver.proposals import Proposals
 from ratchet.driver.spend import Spend
 from ratchet.driver.views import reported_errors
 from ratchet.job import gitrepo
 from ratchet.job.faults import fault_point
 from ratchet.job.jobspec import JobResult
+from ratchet.store.ledger import Ledger
 
 # a candidate row that still has work to do (proposed ones are never left over: a
 # proposal is recorded committed or rejected in one transaction)

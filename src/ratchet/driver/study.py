@@ -33,7 +33,6 @@ from ratchet.driver.candidate import study_branch
 from ratchet.driver.config import load_config
 from ratchet.driver.integrity import Guard, check_commands, committed_config, pin_protected
 from ratchet.driver.jobs import Jobs
-from ratchet.driver.ledger import Ledger, LedgerError
 from ratchet.driver.lock import StudyLock
 from ratchet.driver.notify import Notifier
 from ratchet.driver.proposals import Proposals
@@ -45,6 +44,8 @@ from ratchet.job import gitrepo, sandbox
 from ratchet.job.jobspec import JobSpec
 from ratchet.proposers import Proposer
 from ratchet.proposers.knobs import KnobError, knob_values
+from ratchet.store.calls import Meter
+from ratchet.store.ledger import Ledger, LedgerError
 
 STATE_DIR = ".ratchet"
 SESSION_BEAT_S = 2.0  # how often a running driver marks its session alive
@@ -321,7 +322,7 @@ class Study:
         interrupted, with its time and what is known of its tokens, and ended (an agent's
         sandbox); the proposer gives up on it (HardStop) and nothing waits for its reply.
         From any thread; the ids of the calls billed."""
-        return spend.Meter.interrupt_all(self.state_dir)
+        return Meter.interrupt_all(self.state_dir)
 
     def _notify(self, step: Callable[[], None]) -> None:
         """A notification step; whatever goes wrong in it is logged, never raised."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ratchet.core import stats
 from ratchet.core.vocab import Kind, Status
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 LINE_WIDTH = 80  # what `ratchet run` prints fits a terminal's default width
 

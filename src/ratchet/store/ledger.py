@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ratchet.core import sanitize
 from ratchet.core.candidate import Candidate, Incumbent
 from ratchet.core.vocab import Kind, Status
-from ratchet.driver import sanitize
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
