@@ -203,7 +203,7 @@ class Dashboard:
     """`ratchet serve`'s app on loopback, in this process (a thread serves it)."""
 
     def __init__(self, repo: Path) -> None:
-        from ratchet.driver.serve import make_server
+        from ratchet.ui.serve import make_server
 
         self.server, self.app = make_server(repo, "127.0.0.1", 0, "x" * 24)
         self.thread = threading.Thread(target=self.server.serve_forever,

@@ -12,7 +12,8 @@ Each is checked in a fresh interpreter, so a module-level import anywhere down t
 
 And, read from the source (every import, a function's included; only those under
 `if TYPE_CHECKING:` left out, as they never run): no import crosses a wing upward, the
-plug-ins (backends, proposers) never import the driver, the import graph of src/ratchet
+plug-ins (backends, proposers) never import the driver, nothing but the fronts imports the
+views (ratchet/ui), the import graph of src/ratchet
 has no cycle, and ratchet/core imports nothing but the standard library, pydantic and
 itself.
 """
@@ -105,11 +106,17 @@ MAY_IMPORT = {
     # on the driver: an out-of-tree one needs nothing of the loop to be written
     "backends": {"core", "job", "evaluator", "backends"},
     "proposers": {"core", "job", "evaluator", "store", "proposers", "backends"},
+    # the loop: never the views (it writes results.tsv and its own log lines, and the
+    # fronts hand it what a view does at a round's end)
     "driver": {"core", "job", "evaluator", "store", "driver", "proposers", "backends"},
-    "front": {"core", "job", "evaluator", "store", "driver", "proposers", "backends",
+    # the views read the ledger (store) and the driver's read functions (spend, budget,
+    # tally, the headline); nothing below them imports them
+    "ui": {"core", "job", "store", "driver", "proposers", "ui"},
+    "front": {"core", "job", "evaluator", "store", "driver", "proposers", "backends", "ui",
               "templates", "mcp"},
     # `ratchet mcp`'s server: another front over the driver, never over the CLI
-    "mcp": {"core", "job", "evaluator", "store", "driver", "proposers", "backends", "mcp"},
+    "mcp": {"core", "job", "evaluator", "store", "driver", "proposers", "backends", "ui",
+            "mcp"},
 }
 # the plug-in wings, which must never reach the driver (lazily or not)
 PLUGINS = ("backends", "proposers")
@@ -124,7 +131,7 @@ def _wing(module: str) -> str:
     if ".".join(parts[:2]) in PUBLIC_SDK:
         return "sdk"
     head = parts[1]
-    if head in {"core", "job", "evaluator", "store", "driver", "proposers", "backends",
+    if head in {"core", "job", "evaluator", "store", "driver", "ui", "proposers", "backends",
                 "templates", "mcp"}:
         return head
     return "front" if head == "cli" else f"stray:{head}"
@@ -208,6 +215,22 @@ def test_the_plug_ins_never_import_the_driver():
     plugins = [m for _, m in _modules() if _wing(m) in PLUGINS]
     loaded = _loaded(*plugins)
     assert [m for m in loaded if _wing(m) == "driver"] == []
+
+
+def test_the_loop_never_imports_the_views():
+    """The views (ratchet/ui) stand on the driver, never the other way: no module below
+    them imports one (read from the source, lazy imports included), and the study, its
+    policies and the opening every front shares load none in a fresh interpreter.
+    What a view does at a round's end (`[notify]`) the front hands to the study."""
+    assert not any("ui" in allowed for wing, allowed in MAY_IMPORT.items()
+                   if wing not in {"ui", "front", "mcp"})
+    below = [f"{path.relative_to(ROOT)}:{line} imports {target}"
+             for path, module in _modules() if _wing(module) not in {"ui", "front", "mcp"}
+             for line, target in _imports(path, module) if _wing(target) == "ui"]
+    assert below == [], "\n".join(below)
+    loaded = _loaded("ratchet.driver.study", "ratchet.driver.opening",
+                     "ratchet.driver.rolling", "ratchet.driver.rounds")
+    assert [m for m in loaded if _wing(m) == "ui"] == []
 
 
 def test_the_plug_in_rule_finds_a_driver_import(tmp_path):

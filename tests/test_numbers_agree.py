@@ -58,7 +58,7 @@ def test_end_line_status_json_report_and_chart_say_the_same_count(study):
     index = (repo / ".ratchet" / "report" / "index.html").read_text()
     assert f'<p id="tally">{line}</p>' in index
 
-    from ratchet.driver.progress import ledger_figure
+    from ratchet.ui.progress import ledger_figure
 
     ax = ledger_figure(ledger, "score", "minimize").axes[0]
     assert ax.get_title() == f"{tally.candidates} candidates, {tally.kept} kept"

@@ -23,11 +23,12 @@ from ratchet import __version__, backends, proposers
 from ratchet.core.candidate import Candidate
 from ratchet.core.errors import UserError
 from ratchet.core.vocab import Kind, Status
-from ratchet.driver import audit, budget, infra, opening, results, spend, views, words
+from ratchet.driver import budget, infra, opening, results, spend, views, words
 from ratchet.driver.study import Progress, Study
 from ratchet.driver.tally import Tally, sandboxes_text
 from ratchet.job import gitrepo
 from ratchet.store.ledger import Ledger
+from ratchet.ui import audit, notify
 
 if TYPE_CHECKING:
     from rich.live import Live
@@ -101,6 +102,7 @@ def open_study(repo: Path, **kwargs) -> Study:
     """The study of REPO (driver/opening.py), what it says on stderr; use it as
     `with open_study(repo) as study:`."""
     kwargs.setdefault("log", lambda m: err.print(m))
+    kwargs.setdefault("watch", [notify.watcher])  # [notify], from outside the loop
     return opening.open_study(repo, **kwargs)
 
 
@@ -739,7 +741,7 @@ def mcp(
 @app.command()
 def report(repo: RepoOption = Path(".")) -> None:
     """Write the HTML report under .ratchet/report/."""
-    from ratchet.driver.report import write_report
+    from ratchet.ui.report import write_report
 
     with open_study(repo) as study:
         rows = study.ledger.rows_since(None)  # read once for the pages and the chart
@@ -761,7 +763,7 @@ def serve(
 ) -> None:
     """A live, read-only dashboard of the study in your browser (the report's views)."""
 
-    from ratchet.driver.serve import TOKEN_ENV, check_bind, make_server, serve_forever, url_of
+    from ratchet.ui.serve import TOKEN_ENV, check_bind, make_server, serve_forever, url_of
 
     repo = repo.resolve()
     top = gitrepo.work_tree(repo) if repo.is_dir() else None
@@ -817,8 +819,8 @@ SERVE_WAIT_S = 0.5
 
 def _write_progress(study: Study, rows: list[Candidate] | None = None) -> None:
     """progress.png next to results.tsv (a view of the ledger, like results.tsv)."""
-    from ratchet.driver.progress import write_progress_png
     from ratchet.store.ledger import Ledger
+    from ratchet.ui.progress import write_progress_png
 
     ledger = Ledger(study.state_dir / "ledger.db")
     try:
@@ -841,7 +843,7 @@ def log_(
     repo: RepoOption = Path("."),
 ) -> None:
     """One line per candidate, like git log --oneline: id, commit, status, metric, gain, cost, description."""
-    from ratchet.driver.history import HistoryError, check_status, log_line
+    from ratchet.ui.history import HistoryError, check_status, log_line
 
     with open_study(repo) as study:
         ledger = study.ledger
@@ -889,7 +891,7 @@ def diff_(
     repo: RepoOption = Path("."),
 ) -> None:
     """The diff from A to B: two candidates, or a candidate and the incumbent or baseline."""
-    from ratchet.driver.history import HistoryError, diff
+    from ratchet.ui.history import HistoryError, diff
 
     with open_study(repo) as study:
         try:
@@ -910,7 +912,7 @@ def export_(
     repo: RepoOption = Path("."),
 ) -> None:
     """Create branch NAME from the study start: one commit per kept step (HEAD untouched)."""
-    from ratchet.driver.export import ExportError, StudyView, export
+    from ratchet.ui.export import ExportError, StudyView, export
 
     with open_study(repo) as study:
         view = StudyView(study.repo, study.ledger, study.name, study.config.metric.name,

@@ -17,10 +17,11 @@ from __future__ import annotations
 import contextlib
 import difflib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 from ratchet.backends import Backend
 from ratchet.core.candidate import Candidate, Incumbent, Proposal
@@ -34,7 +35,6 @@ from ratchet.driver.config import load_config
 from ratchet.driver.integrity import Guard, check_commands, committed_config, pin_protected
 from ratchet.driver.jobs import Jobs
 from ratchet.driver.lock import StudyLock
-from ratchet.driver.notify import Notifier
 from ratchet.driver.proposals import Proposals
 from ratchet.driver.results import write_results_tsv
 from ratchet.driver.rolling import Rolling
@@ -83,6 +83,20 @@ def _noop(_: Progress) -> None:
     pass
 
 
+class Watcher(Protocol):
+    """What follows a study from outside the loop, handed in by the front that opens it
+    (`[notify]`'s notifier, ui/notify.py): told when a run starts, after each new
+    verdict, and when the run ends. What one raises is logged, never the study's."""
+
+    name: str  # how its warnings are labelled
+
+    def start(self, ledger: Ledger) -> None: ...
+
+    def check(self, ledger: Ledger) -> None: ...
+
+    def end(self, ledger: Ledger, why: str) -> None: ...
+
+
 class Study:
     def __init__(
         self,
@@ -94,6 +108,7 @@ class Study:
         parallel: int | None = None,
         progress: Callable[[Progress], None] = _noop,
         log: Callable[[str], None] = lambda _: None,
+        watch: Sequence[Callable[[Study], Watcher]] = (),
     ) -> None:
         top = gitrepo.work_tree(repo)
         if top is None:
@@ -128,8 +143,9 @@ class Study:
         # one submission at a time across processes (lock.SubmitLock), the lock recording
         # takes: a submission holds it from its budget check to its record
         self.submitting = self.proposals.submitting
-        self.notifier = Notifier(self.config.notify, self.name, self.config.metric.name,
-                                 self.config.metric.goal, log)
+        # what follows the study from outside the loop, as the front hands it in (the
+        # CLI's and `ratchet mcp`'s: [notify]'s notifier, ui/notify.py)
+        self.watchers = [make(self) for make in watch]
 
     @property
     def backend(self) -> Backend:
@@ -294,7 +310,7 @@ class Study:
             else:
                 policy = Rounds(self._loop(), target)
             policy.start_early()  # the proposer thinks while workers start and prep runs
-        self._notify(lambda: self.notifier.start(self.ledger))
+        self._tell(lambda w: w.start(self.ledger))
         why = "failed"
         try:
             if self.config.prep:
@@ -314,7 +330,7 @@ class Study:
         finally:
             if self.stop.hard:  # a call still in flight is billed before the driver ends
                 self.interrupt()
-            self._notify(lambda: self.notifier.end(self.ledger, why))
+            self._tell(lambda w: w.end(self.ledger, why))
         self._write_views()  # a driver killed after the last verdict left them stale
 
     def interrupt(self) -> list[int]:
@@ -324,12 +340,14 @@ class Study:
         From any thread; the ids of the calls billed."""
         return Meter.interrupt_all(self.state_dir)
 
-    def _notify(self, step: Callable[[], None]) -> None:
-        """A notification step; whatever goes wrong in it is logged, never raised."""
-        try:
-            step()
-        except Exception as exc:  # noqa: BLE001 - notices never break the study
-            self.log(f"warning: notify: {type(exc).__name__}: {exc} (the study goes on)")
+    def _tell(self, step: Callable[[Watcher], None]) -> None:
+        """A step of each watcher; whatever goes wrong in one is logged, never raised."""
+        for watcher in self.watchers:
+            try:
+                step(watcher)
+            except Exception as exc:  # noqa: BLE001 - notices never break the study
+                self.log(f"warning: {watcher.name}: {type(exc).__name__}: {exc} "
+                         "(the study goes on)")
 
     def _loop(self) -> Loop:
         return Loop(repo=self.repo, config=self.config, ledger=self.ledger, jobs=self.jobs,
@@ -506,7 +524,7 @@ class Study:
         key = tuple(sorted(counts.items()))
         if self._best[0] != key:  # the pooled best changes only with a verdict
             self._best = (key, views.best_so_far(self.ledger, self.config.metric.goal))
-            self._notify(lambda: self.notifier.check(self.ledger))
+            self._tell(lambda w: w.check(self.ledger))
         self._last_progress = Progress(round=round_no, rounds=target, running=running,
                                        best=self._best[1], counts=counts,
                                        message=self.jobs.trouble,

@@ -24,8 +24,8 @@ from ratchet.core.config import CONFIG_FILE
 from ratchet.core.errors import UserError
 from ratchet.core.paths import matches_any, protected_by, unsafe
 from ratchet.core.vocab import Status
-from ratchet.driver import audit, spend, views
 from ratchet.driver import budget as budgets
+from ratchet.driver import spend, views
 from ratchet.driver.candidate import scope_violations
 from ratchet.driver.lock import StudyLocked
 from ratchet.driver.opening import open_study
@@ -34,6 +34,7 @@ from ratchet.driver.tally import Tally
 from ratchet.job import gitrepo
 from ratchet.proposers.context import context_settings, hardware_text
 from ratchet.proposers.scratch import MAX_FILE_BYTES, MAX_TOTAL_BYTES
+from ratchet.ui import audit, notify
 
 PROPOSER = "mcp"  # its candidates are recorded with it (in vocab.SUBMITTED_FROM_OUTSIDE)
 MAX_FILES = 100  # files in one submission
@@ -70,7 +71,7 @@ class StudyTools:
     @contextlib.contextmanager
     def _study(self) -> Iterator[Study]:
         # as every CLI command opens it: the config pinned at the study's start, ...
-        with open_study(self.repo, log=_log) as study:
+        with open_study(self.repo, log=_log, watch=[notify.watcher]) as study:
             yield study
 
     # -- study() -----------------------------------------------------------------------

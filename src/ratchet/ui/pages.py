@@ -25,8 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 from ratchet.core.candidate import Candidate
 from ratchet.core.vocab import OPEN, Kind, Status
-from ratchet.driver import charts, compare, knobs, slots, views
-from ratchet.driver.blocks import (
+from ratchet.driver import views
+from ratchet.job import gitrepo, sandbox
+from ratchet.job.fingerprint import fingerprint_key, software_key
+from ratchet.ui import charts, compare, knobs, slots
+from ratchet.ui.blocks import (
     COLORS,
     CONTEXT_LIMIT,
     CSS,
@@ -51,10 +54,8 @@ from ratchet.driver.blocks import (
     table,
     td,
 )
-from ratchet.driver.history import Share, success_shares
-from ratchet.driver.svg import Chart
-from ratchet.job import gitrepo, sandbox
-from ratchet.job.fingerprint import fingerprint_key, software_key
+from ratchet.ui.history import Share, success_shares
+from ratchet.ui.svg import Chart
 
 if TYPE_CHECKING:
     pass

@@ -21,10 +21,10 @@ from pathlib import Path
 from ratchet.core.errors import UserError
 from ratchet.core.vocab import Kind
 from ratchet.driver.candidate import study_branch
-from ratchet.driver.history import Step, format_change, kept_steps
 from ratchet.job import gitrepo
 from ratchet.job.fingerprint import fingerprint_key
 from ratchet.store.ledger import Ledger
+from ratchet.ui.history import Step, format_change, kept_steps
 
 ZERO = "0" * 40  # update-ref's "must not exist yet"
 RATCHET_IDENT = {"GIT_COMMITTER_NAME": "ratchet", "GIT_COMMITTER_EMAIL": "ratchet@localhost"}
