@@ -139,8 +139,7 @@ class Guard:
         self.log(f"warning: {reason}; restored the last kept commit")
         for cand in self.ledger.candidates():
             if cand.commit_sha in planted and cand.kind == Kind.CANDIDATE:
-                self.ledger.update(cand.id, "judged:rejected", status=Status.REJECTED,
-                                   reasons=reason, judged_at=time.time())
+                self.ledger.reject(cand.id, reason, time.time())
         gitrepo.update_ref(self.repo, self.branch, self.ledger.get("incumbent"),
                            reason="ratchet: undo tampering")
 
@@ -184,8 +183,7 @@ class Guard:
         for cand_id in ids:
             cand = self.ledger.candidate(cand_id)
             if cand is not None and cand.kind == Kind.CANDIDATE and not cand.is_judged:
-                self.ledger.update(cand_id, "judged:rejected", status=Status.REJECTED,
-                                   reasons=reason, judged_at=time.time())
+                self.ledger.reject(cand_id, reason, time.time())
                 rejected.append(cand_id)
         return rejected
 
@@ -281,21 +279,20 @@ class Guard:
                             "commit, parent or kind)")
             for cand_id in changed_rows:
                 if after["rows"].get(cand_id) is not None:
-                    self.ledger.update(cand_id, **dict(zip(ROW_FIELDS, rows_before[cand_id],
-                                                           strict=True)))
+                    self.ledger.restore(cand_id, **dict(zip(ROW_FIELDS, rows_before[cand_id],
+                                                            strict=True)))
         forged = [i for i in after["rows"] if i not in rows_before]
         if forged:
             problems.append(f"candidates were added behind the driver's back "
                             f"({', '.join(forged)})")
             for cand_id in forged:  # never run, never kept
-                self.ledger.update(cand_id, "judged:rejected", status=Status.REJECTED,
-                                   reasons="tampering: recorded behind the driver's back",
-                                   judged_at=time.time())
+                self.ledger.reject(cand_id, "tampering: recorded behind the driver's back",
+                                   time.time())
                 after["verdicts"].pop(cand_id, None)
         if after["verdicts"] != before["verdicts"]:
             problems.append("earlier verdicts in the ledger were changed")
             for cand_id, (status, metric) in before["verdicts"].items():
-                self.ledger.update(cand_id, status=status, metric=metric)
+                self.ledger.restore_verdict(cand_id, Status(status), metric)
         if after["tsv"] != before["tsv"]:
             problems.append("results.tsv was modified")
         if not problems:
@@ -306,8 +303,7 @@ class Guard:
         for cand_id in ids:
             cand = self.ledger.candidate(cand_id)
             if cand is not None and cand.kind == Kind.CANDIDATE and not cand.is_judged:
-                self.ledger.update(cand_id, "judged:rejected", status=Status.REJECTED,
-                                   reasons=reason, judged_at=time.time())
+                self.ledger.reject(cand_id, reason, time.time())
         return True
 
     def _submissions(self, before: dict, after: dict) -> dict[str, str]:

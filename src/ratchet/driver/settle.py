@@ -280,10 +280,7 @@ class Loop:
                 if led.row(cand_id).status == Status.REJECTED:
                     continue  # rejected meanwhile (tampering while it was confirmed)
                 confirmation = verdict.confirmation
-                led.update(cand_id, f"judged:{verdict.status}", status=verdict.status,
-                           reasons="; ".join(r for r in verdict.reasons if r) or None,
-                           gain=verdict.gain, margin=verdict.margin, noise=verdict.noise,
-                           code=verdict.code, judged_at=now)
+                led.judge(cand_id, verdict, now)
                 if confirmation is not None:
                     led.event("confirmation", cand_id, step=confirmation.step,
                               pairs=confirmation.pairs, t=confirmation.t,
@@ -334,10 +331,8 @@ class Loop:
         Returns the verdicts written, {id: (status, metric)}."""
         written = {}
         for cand_id, named in self.guard.mismatched(finished).items():
-            restore = {"commit_sha": named} if named else {}
-            self.ledger.update(cand_id, "judged:rejected", status=Status.REJECTED,
-                               reasons="tampering: the ledger's commit is not the one its "
-                                       "ref names", judged_at=time.time(), **restore)
+            self.ledger.reject(cand_id, "tampering: the ledger's commit is not the one its "
+                               "ref names", time.time(), commit_sha=named)
             written[cand_id] = ("rejected", self.ledger.row(cand_id).metric)
         return written
 

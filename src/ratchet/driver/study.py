@@ -478,8 +478,7 @@ class Study:
         if cand.is_judged:
             raise StudyError(f"{cand.id} is already judged ({cand.status})")
         self.jobs.cancel(cand)
-        self.ledger.update(cand.id, "cancelled", status=Status.CANCELLED,
-                           reasons="cancelled by the user", judged_at=time.time())
+        self.ledger.cancel(cand.id, "cancelled by the user", time.time())
         self._write_views()
         return self.ledger.row(cand.id)
 
