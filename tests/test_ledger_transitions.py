@@ -1,7 +1,8 @@
-"""A row of the ledger changes through named transitions with typed arguments (place,
-finish, judge, reject, ...), never through free keyword writes: what each writes is read
-back as a user reads it (the row, its events), and no module of the study writes a row
-any other way."""
+"""The ledger's typed records: a row changes through named transitions with typed
+arguments (place, finish, judge, reject, ...), never through free keyword writes (what
+each writes is read back as a user reads it: the row, its events; no module of the study
+writes a row any other way); the study's own facts are one typed record
+(core.candidate.StudyRecord) over the meta table's stored keys."""
 
 from __future__ import annotations
 
@@ -103,3 +104,38 @@ def test_the_study_writes_rows_through_the_transitions_alone():
     assert free == [], f"free keyword writes of a ledger row: {free}"
     # and the reading sees one
     assert _free_writes(ast.parse("self.ledger.update(c, status=s)\nled.update(c)\n")) == [1, 2]
+
+
+def test_the_study_record_is_read_whole_and_typed_from_the_stored_keys(tmp_path):
+    """The meta table keeps one JSON value a key, as every ledger has: a record written
+    by another tool (or an older ratchet) that way reads back as the typed record."""
+    Ledger(tmp_path / "ledger.db").close()
+    db = sqlite3.connect(tmp_path / "ledger.db")
+    stored = {"study": "s", "pinned": "a" * 40, "round": 3, "incumbent": "b" * 40,
+              "incumbent_id": "c0002", "incumbent_samples": [1.0, 2.0],
+              "pins": {"evaluate.py": {"digest": "d"}}, "an_older_key": 1}
+    db.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
+                   [(k, json.dumps(v)) for k, v in stored.items()])
+    db.commit()
+    db.close()
+    ledger = Ledger(tmp_path / "ledger.db")
+    record = ledger.study()
+    assert (record.study, record.start, record.next_round) == ("s", "a" * 40, 3)
+    assert (record.incumbent.commit, record.incumbent.id, record.incumbent.samples) == (
+        "b" * 40, "c0002", [1.0, 2.0])
+    assert record.pins == {"evaluate.py": {"digest": "d"}} and record.budget_stop is None
+    ledger.set(round=4, budget_stop={"limit": "budget.usd"})
+    assert ledger.study().round == 4 and ledger.get("round") == 4
+    with pytest.raises(KeyError, match="an_older_key"):
+        ledger.set(an_older_key=2)  # only the record's own keys are written by name
+    with pytest.raises(KeyError, match="rounds"):
+        ledger.get("rounds")
+    # the guard's reading sees every key as stored, an unknown one included
+    assert ledger.stored(["an_older_key", "round"]) == {"an_older_key": 1, "round": 4}
+
+
+def test_a_study_not_started_says_so_when_its_start_is_asked_for(tmp_path):
+    record = Ledger(tmp_path / "ledger.db").study()
+    assert record.pinned is None and record.pins == {} and record.incumbent.samples == []
+    with pytest.raises(LookupError, match="not pinned its start"):
+        _ = record.start

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console, Group
@@ -203,7 +203,7 @@ class RunView:
         self.rounds = rounds or study.config.search.rounds
         self.metric = study.config.metric.name
         self.goal = study.config.metric.goal
-        self.next_round = study.ledger.get("round") or 1
+        self.next_round = study.ledger.study().round or 1
         self.rolling = study.config.search.mode == "rolling"
         if self.rolling:  # a resumed study: what was judged before is not news
             self.printed = {c.id for c in study.ledger.candidates() if c.is_judged}
@@ -258,7 +258,7 @@ class RunView:
             self._print_verdicts()
             return
         ledger = self.study.ledger
-        last = (ledger.get("round") or 1) if before is None else before - 1
+        last = (ledger.study().round or 1) if before is None else before - 1
         out = self.live.console if self.live is not None else console
         while self.next_round <= last:
             cands = ledger.candidates(round=self.next_round)
@@ -429,7 +429,7 @@ def _print_summary(study: Study) -> None:
     line = head.line()
     if line:
         emit(console, line)
-        emit(console, f"  branch ratchet/{study.name} at {str(ledger.get('incumbent'))[:7]}")
+        emit(console, f"  branch ratchet/{study.name} at {str(ledger.study().incumbent.commit)[:7]}")
     if head.noise_ignored:
         emit(console, "warning: acceptance.noise = \"ignore\": keeps rest on one measurement")
     emit_parts(console, spend.summary(ledger).line())  # every call and job, as recorded
@@ -439,7 +439,7 @@ def _print_summary(study: Study) -> None:
                         ledger.sessions()).shares_line()
     if shares:  # where the slots' time went: candidates, confirming keeps, idle
         emit(console, shares)
-    stop = ledger.get("budget_stop")
+    stop = ledger.study().budget_stop
     if isinstance(stop, dict):  # a limit of [budget] stopped it: which one, how to go on
         emit(console, stop["line"])
     ledger.close()
@@ -484,7 +484,7 @@ def wait(
                 value = "—" if cand.metric is None else f"{cand.metric:.6g}"
                 console.print(f"{cand.id} {cand.short} {cand.status:8} {metric}={value} "
                               f"{cand.description}  {cand.reasons or ''}", highlight=False)
-        incumbent = study.ledger.get("incumbent")
+        incumbent = study.ledger.study().incumbent.commit
         if not as_json:
             console.print(f"incumbent: {str(incumbent)[:7]} (branch ratchet/{study.name})")
 
@@ -518,15 +518,15 @@ def status(
         groups = ledger.evaluations()
         head = views.headline(ledger, metric, study.config.metric.goal,
                               study.config.acceptance.noise == "ignore", groups)
-        summary = {
+        summary: dict[str, Any] = {
             "study": study.name,
             "started": study.started,
             "round": ledger.rounds_done(),  # run so far, not the next
-            "incumbent": ledger.get("incumbent"),
-            "incumbent_id": ledger.get("incumbent_id"),
+            "incumbent": ledger.study().incumbent.commit,
+            "incumbent_id": ledger.study().incumbent.id,
             "metric": metric,
             "goal": study.config.metric.goal,
-            "incumbent_metric": ledger.get("incumbent_metric"),
+            "incumbent_metric": ledger.study().incumbent.metric,
             # baseline -> incumbent as pooled estimates with 95% intervals (views.headline)
             "headline": head.as_dict(),
             "false_keep_rate": study.config.acceptance.rate,
@@ -799,7 +799,7 @@ def _wait_for_study(top: Path) -> None:
             with contextlib.suppress(LedgerError, sqlite3.Error):  # still being made
                 ledger = Ledger.readonly(db)
                 try:
-                    ready = ledger.get("config") is not None  # the study pinned its start
+                    ready = ledger.study().config is not None  # the study pinned its start
                 finally:
                     ledger.close()
             if ready:
@@ -924,7 +924,7 @@ def export_(
         steps = f"{len(done.steps)} kept step{'s' * (len(done.steps) != 1)}"
         how = "squashed into 1 commit" if squash else f"{len(done.commits)} commit(s)"
         console.print(f"branch {name} at {done.tip[:7]}: {steps}, {how}, on the study start "
-                      f"{str(study.ledger.get('pinned'))[:7]}; its tree is the incumbent's"
+                      f"{str(study.ledger.study().pinned)[:7]}; its tree is the incumbent's"
                       + (f" (replaced {done.replaced[:7]})" if done.replaced else ""))
 
 

@@ -125,7 +125,7 @@ def status(budget: Budget, spent: Spend, cands: list[Candidate] | int, ledger: L
     now = used(spent, cands)
     return {"limits": {k: {"allowed": v, "used": round(now[k], 6)}
                        for k, v in budget.limits.items()},
-            "stopped": ledger.get("budget_stop")}
+            "stopped": ledger.study().budget_stop}
 
 
 def lines(info: dict[str, Any]) -> list[str]:

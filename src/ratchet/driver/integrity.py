@@ -103,7 +103,7 @@ class Guard:
     def legit_commits(self) -> set[str]:
         """Commits the incumbent may be: judged `keep`, or the start."""
         kept = {c.commit_sha for c in self.ledger.candidates(status=Status.KEEP) if c.commit_sha}
-        pinned = self.ledger.get("pinned")
+        pinned = self.ledger.study().pinned
         return kept | ({pinned} if pinned else set())
 
     def verify_state(self) -> None:
@@ -114,13 +114,13 @@ class Guard:
         whose commit was planted.
         """
         keeps = sorted(self.ledger.candidates(status=Status.KEEP), key=lambda c: c.judged_at or 0)
-        legit = {c.commit_sha for c in keeps} | {self.ledger.get("pinned")}
+        legit = {c.commit_sha for c in keeps} | {self.ledger.study().pinned}
         planted = []
-        incumbent = self.ledger.get("incumbent")
+        incumbent = self.ledger.study().incumbent.commit
         if incumbent not in legit:
             planted.append(incumbent)
             last = keeps[-1] if keeps else None
-            commit = last.commit_sha if last else self.ledger.get("pinned")
+            commit = last.commit_sha if last else self.ledger.study().pinned
             # the restored record pools every judged evaluation of that commit
             values = [c.metric for c in self.ledger.candidates()
                       if c.commit_sha == commit and c.metric is not None
@@ -140,14 +140,14 @@ class Guard:
         for cand in self.ledger.candidates():
             if cand.commit_sha in planted and cand.kind == Kind.CANDIDATE:
                 self.ledger.reject(cand.id, reason, time.time())
-        gitrepo.update_ref(self.repo, self.branch, self.ledger.get("incumbent"),
+        gitrepo.update_ref(self.repo, self.branch, self.ledger.study().incumbent_commit,
                            reason="ratchet: undo tampering")
 
     def held(self) -> tuple[dict, str | None]:
         """The trusted ledger keys and the branch as they are now, for `moved_since`: a
         verdict is written many seconds after the last check (a confirmation, a hold-out),
         and candidates started beside it run on meanwhile."""
-        return ({key: self.ledger.get(key) for key in self.trusted_keys()},
+        return (self.ledger.stored(self.trusted_keys()),
                 gitrepo.try_rev_parse(self.repo, self.branch))
 
     def moved_since(self, held: tuple[dict, str | None]) -> list[str]:
@@ -156,9 +156,10 @@ class Guard:
         changed since `held`, each set back. The verdict then overwrites the incumbent's
         keys, and a write it overwrote would otherwise pass every later check."""
         meta, _ = held
-        moved = [key for key in self.trusted_keys() if self.ledger.get(key) != meta.get(key)]
+        now = self.ledger.stored(self.trusted_keys())
+        moved = [key for key, value in now.items() if value != meta.get(key)]
         if moved:
-            self.ledger.set(**{key: meta.get(key) for key in moved})
+            self.ledger.put_back({key: meta.get(key) for key in moved})
         return moved
 
     def move_branch(self, new: str, held: tuple[dict, str | None]) -> bool:
@@ -189,7 +190,7 @@ class Guard:
 
     def repair_branch(self) -> None:
         """After a crash between the verdict commit and the ref update, finish the move."""
-        incumbent = self.ledger.get("incumbent")
+        incumbent = self.ledger.study().incumbent.commit
         current = gitrepo.try_rev_parse(self.repo, self.branch)
         if current == incumbent:
             return
@@ -209,7 +210,7 @@ class Guard:
                           f"refs/ratchet/{self.study}/", self.branch)
         tsv = self.repo / "results.tsv"
         return {
-            "meta": {key: self.ledger.get(key) for key in self.trusted_keys()},
+            "meta": self.ledger.stored(self.trusted_keys()),
             "refs": dict(line.split() for line in out.splitlines() if line.strip()),
             "tsv": tsv.read_bytes() if tsv.exists() else None,
             "verdicts": self.ledger.verdicts(),
@@ -263,7 +264,7 @@ class Guard:
             keys = list(dict.fromkeys([*before["meta"], *after["meta"]]))
             changed = [k for k in keys if after["meta"].get(k) != before["meta"].get(k)]
             problems.append(f"study state in the ledger changed ({', '.join(changed)})")
-            self.ledger.set(**before["meta"])
+            self.ledger.put_back(before["meta"])
         if after["refs"] != before["refs"]:
             problems.append("git refs of the study were moved")
             for ref, sha in before["refs"].items():

@@ -107,7 +107,8 @@ class Jobs:
         if cand.commit_sha is None:
             raise LookupError(f"{cand.id}: no commit to run")
         task, backend = self.config.task, self.config.backend
-        pins = {k: PinnedFile(**v) for k, v in self.ledger.get("pins", {}).items()}
+        record = self.ledger.study()
+        pins = {k: PinnedFile(**v) for k, v in record.pins.items()}
         holdout_dir = Path(task.holdout_data) if task.holdout_data else None
         if holdout_dir is not None and not holdout_dir.is_absolute():
             holdout_dir = self.repo / holdout_dir
@@ -131,8 +132,8 @@ class Jobs:
             env_allow=list(task.env),
             env_set={**self.cache_env(), **self.incumbent_env(cand)},
             protected=pins,
-            data_dir=self.ledger.get("data_dir"),
-            data_digest=self.ledger.get("data_digest"),
+            data_dir=record.data_dir,
+            data_digest=record.data_digest,
             holdout_dir=str(holdout_dir) if holdout_dir else None,
             log_limit_bytes=int(backend.log_limit_mb * (1 << 20)),
             memory_limit_bytes=(int(backend.memory_limit_gb * (1 << 30))
@@ -165,7 +166,7 @@ class Jobs:
         curve, when driver.reference trusts it as a reference for stopping a run."""
         if cand.kind != Kind.CANDIDATE:
             return {}
-        inc_id = self.ledger.get("incumbent_id")
+        inc_id = self.ledger.study().incumbent.id
         if self._incumbent_extra[0] != inc_id:
             row = self.ledger.candidate(inc_id) if inc_id else None
             extra = {k: v for k, v in ((row.extra if row else None) or {}).items()
@@ -179,7 +180,7 @@ class Jobs:
         """$RATCHET_INCUMBENT_PROGRESS: the curve the worker stops a clearly worse run
         against (ratchet.job.worker.Progress), when one may be trusted; none for a
         candidate chosen to run in full and check it (reference.audited)."""
-        inc_commit = self.ledger.get("incumbent")
+        inc_commit = self.ledger.study().incumbent.commit
         if not inc_id or not inc_commit:
             return {}
         ref = reference.reference(self.ledger, inc_id,

@@ -59,7 +59,7 @@ def _study_config(top: Path, on_disk: Config) -> tuple[Config, str | None]:
     db = top / ".ratchet" / "ledger.db"
     if db.exists():
         ledger = Ledger(db)
-        pinned, start = ledger.get("config"), ledger.get("pinned")
+        pinned, start = ledger.study().config, ledger.study().pinned
         ledger.close()
         if pinned:
             return (loads_config(pinned.encode(), f"{CONFIG_FILE} pinned at the study's start"),

@@ -179,7 +179,7 @@ class Study:
 
     @property
     def started(self) -> bool:
-        return self.ledger.get("pinned") is not None
+        return self.ledger.study().pinned is not None
 
     def ensure_started(self, start: str = "HEAD") -> None:
         """Pin the study's starting point (once): commit, protected files, branch."""
@@ -238,7 +238,7 @@ class Study:
         from ratchet.driver.budget import preview
 
         with contextlib.suppress(UserError, gitrepo.GitError):  # an estimate, never a stop
-            estimate = preview(self.config, self.repo, self.ledger.get("incumbent"),
+            estimate = preview(self.config, self.repo, self.ledger.study().incumbent_commit,
                                self.parallel, self.proposer_kind)
             if estimate.usd > 0 or self.config.budget.limits:
                 self.log(estimate.line(self.config.budget))
@@ -258,7 +258,7 @@ class Study:
         its evaluator's child here, an agent), as their own uid? If not, one line names
         the path out of reach, the uid and the fixes, before the first job (and, at the
         first start, before anything is recorded): never a crash on every candidate."""
-        commit = self.ledger.get("pinned") or gitrepo.try_rev_parse(self.repo, "HEAD")
+        commit = self.ledger.study().pinned or gitrepo.try_rev_parse(self.repo, "HEAD")
         if commit is None:
             return  # no commits: ensure_started says so
         # the agent's probe beside the jobs' (the ledger is read on this thread only)
@@ -298,7 +298,7 @@ class Study:
                 raise StudyError(str(exc)) from None
         self.ensure_started()
         self._start_session("run")
-        if self.ledger.get("budget_stop") is not None:
+        if self.ledger.study().budget_stop is not None:
             self.ledger.set(budget_stop=None)  # this run checks the limits anew
         self._preview()
         with _as_study_errors():
@@ -418,7 +418,8 @@ class Study:
             self._check_reach(proposer=False)
         with self.submitting:  # the budget checked and the row recorded as one step
             self._refuse_over_budget()
-            incumbent, round_no = self.ledger.get("incumbent"), self.ledger.get("round")
+            record = self.ledger.study()
+            incumbent, round_no = record.incumbent_commit, record.next_round
             rows = self._loop().fixed_rows(incumbent)[:1]
             rows = [r for r in rows if r["kind"] == Kind.BASELINE]
             # submitting the start commit itself before anything ran makes it the baseline
@@ -455,7 +456,7 @@ class Study:
         baseline = [c for c in self.ledger.candidates() if c.kind == Kind.BASELINE
                     and not c.is_judged and c.id not in ids]
         group = [c.id for c in baseline + cands]
-        round_no = self.ledger.get("round")
+        round_no = self.ledger.study().next_round
         with _as_study_errors():
             trusted = self.guard.snapshot()
             done = self.jobs.wait(group, lambda running: self._report(round_no, round_no,
@@ -492,23 +493,23 @@ class Study:
             raise StudyError("ratchet.toml has no [prep] section "
                              "(add `[prep] run = \"python prepare.py\"`)")
         command = self.config.prep.run
+        record = self.ledger.study()
         with _as_study_errors():
             # a backend whose nodes do not see this machine prepares once where they all
             # see it (a prep job on the engine); None: the local cache below
             shared = self.backend.prepare(
                 study=self.name, repo=self.repo, command=command,
-                pinned_commit=self.ledger.get("pinned"),
-                key=prep_key(command, self.ledger.get("pins", {})),
+                pinned_commit=record.start, key=prep_key(command, record.pins),
                 env_allow=list(self.config.task.env), timeout_s=self.config.task.timeout)
             data: str | Path
             if shared is not None:
                 data, digest = shared
             else:
                 data, digest = prepare(self.repo, self.state_dir, command,
-                                       self.ledger.get("pinned"), self.ledger.get("pins", {}),
+                                       record.start, record.pins,
                                        list(self.config.task.env), self.config.task.timeout,
                                        force=force)
-        if self.ledger.get("data_digest") != digest or self.ledger.get("data_dir") != str(data):
+        if record.data_digest != digest or record.data_dir != str(data):
             self.ledger.set(data_dir=str(data), data_digest=digest)
         return Path(data)
 
@@ -531,8 +532,8 @@ class Study:
         self.progress(self._last_progress)
 
     def _show_trouble(self, message: str) -> None:
-        last = self._last_progress or Progress(round=self.ledger.get("round") or 1,
-                                               rounds=self.ledger.get("round") or 1)
+        round_no = self.ledger.study().round or 1
+        last = self._last_progress or Progress(round=round_no, rounds=round_no)
         self.progress(replace(last, message=message))
 
     def sandbox_status(self) -> str:

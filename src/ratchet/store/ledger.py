@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ratchet.core import sanitize
-from ratchet.core.candidate import Candidate, Incumbent
+from ratchet.core.candidate import (
+    INCUMBENT_KEYS,
+    META_KEYS,
+    Candidate,
+    Incumbent,
+    StudyRecord,
+)
 from ratchet.core.verdict import Reason, Verdict
 from ratchet.core.vocab import Kind, Status
 
@@ -172,14 +178,17 @@ MIGRATIONS: tuple[str, ...] = (
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
+def _known(keys: Any) -> None:
+    unknown = set(keys) - META_KEYS
+    if unknown:
+        raise KeyError(f"not keys of the study's record (core.candidate.StudyRecord): "
+                       f"{sorted(unknown)}")
+
+
 class LedgerError(Exception):
     """The ledger cannot be used by this ratchet (one line naming the cause)."""
 
 
-# the meta key of each field of the incumbent record
-INCUMBENT_KEYS = {"commit": "incumbent", "id": "incumbent_id", "metric": "incumbent_metric",
-                  "samples": "incumbent_samples", "holdout": "incumbent_holdout",
-                  "sem": "incumbent_sem"}
 
 
 class Ledger:
@@ -236,11 +245,32 @@ class Ledger:
 
     # -- meta ---------------------------------------------------------------------------
 
+    def study(self) -> StudyRecord:
+        """The study's record (core.candidate.StudyRecord): the meta table, one query."""
+        return StudyRecord.from_meta({row["key"]: json.loads(row["value"]) for row in
+                                      self.db.execute("SELECT key, value FROM meta")})
+
     def get(self, key: str, default: Any = None) -> Any:
+        """One key of the study's record (META_KEYS), as stored."""
+        _known([key])
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return json.loads(row["value"]) if row else default
 
     def set(self, **values: Any) -> None:
+        """Write keys of the study's record (META_KEYS alone), in one transaction."""
+        _known(values)
+        self.put_back(values)
+
+    def stored(self, keys: list[str]) -> dict[str, Any]:
+        """{key: value} of these meta keys as the table holds them, whatever they are (a
+        key planted behind the driver's back included): the integrity guard's reading."""
+        found = {row["key"]: json.loads(row["value"]) for row in self.db.execute(
+            f"SELECT key, value FROM meta WHERE key IN ({', '.join('?' * len(keys))})", keys)}
+        return {key: found.get(key) for key in keys}
+
+    def put_back(self, values: dict[str, Any]) -> None:
+        """Write meta keys as the integrity guard took them (whatever keys the ledger
+        held, an older ratchet's included): a restore, not a new fact."""
         with self.transaction():
             for key, value in values.items():
                 self.db.execute(
@@ -250,9 +280,7 @@ class Ledger:
                 )
 
     def incumbent(self) -> Incumbent:
-        record = Incumbent(**{f: self.get(k) for f, k in INCUMBENT_KEYS.items()})
-        record.samples = list(record.samples or [])
-        return record
+        return self.study().incumbent
 
     @staticmethod
     def incumbent_meta(record: Incumbent) -> dict[str, Any]:
@@ -646,7 +674,7 @@ class Ledger:
     def rounds_done(self) -> int:
         """views.rounds_done in SQL: the ledger's counter points at the next round to run,
         which counts as run once a row of it exists."""
-        current = self.get("round")
+        current = self.study().round
         if not current:
             return 0
         there = self.db.execute("SELECT 1 FROM candidates WHERE round = ? AND kind != ? "

@@ -59,9 +59,11 @@ def export(study: StudyView, name: str, squash: bool = False, force: bool = Fals
     """Write branch `name`; returns what was written. Raises ExportError, never half-writes."""
     repo, ledger = study.repo, study.ledger
     ref = _branch_ref(repo, name)
-    start, incumbent = ledger.get("pinned"), ledger.get("incumbent")
+    record = ledger.study()
+    start = record.pinned
     if not start:
         raise ExportError("the study has not started: nothing to export (run `ratchet run`)")
+    incumbent = record.incumbent_commit  # pinned with the start
     if ref == study_branch(study.name):
         raise ExportError(f"{name} is the study's own branch; choose another name")
     steps = kept_steps(ledger)

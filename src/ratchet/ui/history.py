@@ -134,13 +134,13 @@ class Rev:
 def resolve(repo: Path, ledger: Ledger, ref: str) -> Rev:
     """A candidate (id, job id, commit prefix), `incumbent` or `baseline` -> its commit."""
     if ref == INCUMBENT:
-        commit = ledger.get("incumbent")
+        commit = ledger.study().incumbent.commit
         if not commit:
             raise HistoryError("the study has not started: no incumbent yet")
-        inc_id = ledger.get("incumbent_id")
+        inc_id = ledger.study().incumbent.id
         return Rev(f"incumbent ({inc_id})" if inc_id else "incumbent (the study start)", commit)
     if ref == BASELINE:
-        commit = ledger.get("pinned")
+        commit = ledger.study().pinned
         if not commit:
             raise HistoryError("the study has not started: no baseline yet")
         return Rev("baseline (the study start)", commit)

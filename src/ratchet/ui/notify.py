@@ -89,7 +89,7 @@ class Notifier:
             return
         self.seen = set(ledger.verdicts())
         self.first_event = ledger.db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
-        self.budget_before = ledger.get("budget_stop")
+        self.budget_before = ledger.study().budget_stop
         self.thread = threading.Thread(target=self._deliver_all, name="ratchet-notify", daemon=True)
         self.thread.start()
 
@@ -134,7 +134,7 @@ class Notifier:
         self.check(ledger)
         # a budget stop in this run: the meta record the budget writes when a limit stops
         # the study (`budget_stop`, with its one line), or a `budget...` event
-        stop = ledger.get("budget_stop")
+        stop = ledger.study().budget_stop
         if stop is not None and stop != self.budget_before:
             budget: dict[str, Any] | None = {"kind": (stop.get("line") if isinstance(stop, dict)
                                                      else None) or str(stop)}

@@ -84,7 +84,7 @@ class ReadOnlyStudy:
             self.ledger = Ledger.readonly(db)
         except LedgerError as exc:
             raise ServeError(str(exc)) from None
-        pinned = self.ledger.get("config")
+        pinned = self.ledger.study().config
         # the config the study runs with: pinned at its start (an edit since is not in force)
         self.config: Config = (loads_config(pinned.encode(), f"{CONFIG_FILE} pinned at the "
                                             "study's start") if pinned else load_config(repo))
