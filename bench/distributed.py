@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "tests" / "backends"))  # ray_cluster: the private
 from record import record  # noqa: E402  (bench/, next to this file)
 from synthetic import make_repo  # noqa: E402
 
-from ratchet.driver.ledger import Ledger  # noqa: E402
+from ratchet.store.ledger import Ledger  # noqa: E402
 
 
 def backend_keys(name: str, slots: int, base: Path, cluster: dict | None) -> tuple[str, str]:

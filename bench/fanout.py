@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from record import record  # noqa: E402  (bench/, next to this file)
 from synthetic import make_repo  # noqa: E402
 
-from ratchet.driver.ledger import Ledger  # noqa: E402
+from ratchet.store.ledger import Ledger  # noqa: E402
 
 JOBS = 16
 

@@ -46,8 +46,8 @@ def run_study(rounds: int) -> tuple[dict, str]:
     import subprocess
     import tempfile
 
-    from ratchet.driver.ledger import Ledger
     from ratchet.proposers.knobs import find_knob
+    from ratchet.store.ledger import Ledger
 
     work = Path(tempfile.mkdtemp(prefix="ratchet-kernels-bench-")) / "kernel-cpu"
     try:

@@ -77,7 +77,7 @@ import synthetic  # noqa: E402  (bench/, next to this file)
 from llm_server import Answer, LLMServer, Request  # noqa: E402
 from record import record  # noqa: E402
 
-from ratchet.driver.ledger import Ledger  # noqa: E402
+from ratchet.store.ledger import Ledger  # noqa: E402
 
 OPENEVOLVE_VERSION = "0.4.0"
 DEFAULT_VENV = Path.home() / ".cache" / "ratchet-bench" / f"openevolve-{OPENEVOLVE_VERSION}"

@@ -33,7 +33,7 @@
    the target was first kept, and the whole study's wall time.
 
 Each study runs in this process (`Study.run`), timed from constructing the study to the
-last verdict. The duty cycle is `ratchet.driver.ledger.throughput`: job time over slots x wall.
+last verdict. The duty cycle is `ratchet.store.ledger.throughput`: job time over slots x wall.
 
     .venv/bin/python bench/throughput.py [--task-s 3] [--delay 1] [--record]
 """
@@ -68,8 +68,8 @@ from llm_server import Answer, LLMServer  # noqa: E402
 from record import record  # noqa: E402
 
 from ratchet.driver.config import load_config  # noqa: E402
-from ratchet.driver.ledger import Ledger, throughput  # noqa: E402
 from ratchet.driver.study import Study  # noqa: E402
+from ratchet.store.ledger import Ledger, throughput  # noqa: E402
 
 
 def make_repo(path: Path, *, k: int, rounds: int, sleep: float, proposer: str = "tune",

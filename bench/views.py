@@ -39,7 +39,7 @@ from record import record  # noqa: E402  (bench/, next to this file)
 
 from ratchet.core.candidate import Candidate  # noqa: E402
 from ratchet.core.vocab import Kind, Status  # noqa: E402
-from ratchet.driver.ledger import Ledger  # noqa: E402
+from ratchet.store.ledger import Ledger  # noqa: E402
 
 LIMITS = {"status": 1.0, "status --json": 1.0, "log --last 50": 0.5, "overview": 1.0,
           "candidates page": 1.0, "live update": 0.3,
@@ -203,7 +203,7 @@ class Dashboard:
     """`ratchet serve`'s app on loopback, in this process (a thread serves it)."""
 
     def __init__(self, repo: Path) -> None:
-        from ratchet.driver.serve import make_server
+        from ratchet.ui.serve import make_server
 
         self.server, self.app = make_server(repo, "127.0.0.1", 0, "x" * 24)
         self.thread = threading.Thread(target=self.server.serve_forever,

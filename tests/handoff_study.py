@@ -23,7 +23,7 @@ from pathlib import Path
 from helpers import config_text, git, make_repo, ratchet
 
 from ratchet.core.candidate import Candidate
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 EVALUATOR = '''
 import sys

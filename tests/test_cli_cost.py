@@ -10,7 +10,7 @@ import os
 from helpers import make_repo, ratchet
 from llm_server import LLMServer
 
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 TOML = """
 [task]

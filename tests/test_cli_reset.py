@@ -9,7 +9,7 @@ import sys
 
 from helpers import config_text, git, make_repo, ratchet, score_repo
 
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 
 def refs(repo, prefix: str) -> dict[str, str]:

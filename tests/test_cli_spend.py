@@ -9,7 +9,7 @@ import time
 
 from helpers import config_text, make_repo, ratchet, score_repo
 
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 SLOW = '''
 """Editable."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from helpers import ratchet, score_repo
 
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 
 def outcome(repo):

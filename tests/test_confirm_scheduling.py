@@ -18,8 +18,8 @@ from ratchet.core.candidate import Incumbent
 from ratchet.core.vocab import Kind, Outcome
 from ratchet.driver import judge
 from ratchet.driver.config import loads_config
-from ratchet.driver.ledger import Ledger
 from ratchet.job.jobspec import JobResult
+from ratchet.store.ledger import Ledger
 
 sys.path.insert(0, str(ROOT / "bench"))
 

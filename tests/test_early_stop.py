@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from helpers import SCORE_SOLUTION, config_text, make_repo, ratchet, results_tsv
 
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 # four "shapes", each taking the score times its size; a stop after three of them
 EVALUATOR = """

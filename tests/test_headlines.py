@@ -11,7 +11,7 @@ from helpers import SCORE_SOLUTION, config_text, make_repo, ratchet
 
 from ratchet.core import stats
 from ratchet.driver import views
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 # the score is a pure function of X plus a small reproducible noise (by job id): real
 # gains are many noise standard deviations, so they are confirmed beside the incumbent

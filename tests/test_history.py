@@ -14,8 +14,8 @@ from handoff_study import KEPT, handoff_study
 from helpers import ROOT, git, ratchet
 
 from ratchet.core.candidate import Candidate
-from ratchet.driver.history import reason_kind, success_shares
 from ratchet.job.fingerprint import fingerprint_key, machine_fingerprint, software_key
+from ratchet.ui.history import reason_kind, success_shares
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,10 @@ Each is checked in a fresh interpreter, so a module-level import anywhere down t
 
 And, read from the source (every import, a function's included; only those under
 `if TYPE_CHECKING:` left out, as they never run): no import crosses a wing upward, the
-import graph of src/ratchet has no cycle, and ratchet/core imports nothing but the
-standard library, pydantic and itself.
+plug-ins (backends, proposers) never import the driver, nothing but the fronts imports the
+views (ratchet/ui), the import graph of src/ratchet
+has no cycle, and ratchet/core imports nothing but the standard library, pydantic and
+itself.
 """
 
 from __future__ import annotations
@@ -98,14 +100,26 @@ MAY_IMPORT = {
     "job": {"core"},
     "evaluator": {"core", "job"},
     "sdk": {"core", "evaluator"},
+    # the ledger: below everything that reads or writes a study's record
+    "store": {"core", "store"},
+    # the plug-ins stand on core, the job wing and the store (a proposer's Meter), never
+    # on the driver: an out-of-tree one needs nothing of the loop to be written
     "backends": {"core", "job", "evaluator", "backends"},
-    "proposers": {"core", "job", "evaluator", "driver", "proposers", "backends"},
-    "driver": {"core", "job", "evaluator", "driver", "proposers", "backends"},
-    "front": {"core", "job", "evaluator", "driver", "proposers", "backends", "templates",
-              "mcp"},
+    "proposers": {"core", "job", "evaluator", "store", "proposers", "backends"},
+    # the loop: never the views (it writes results.tsv and its own log lines, and the
+    # fronts hand it what a view does at a round's end)
+    "driver": {"core", "job", "evaluator", "store", "driver", "proposers", "backends"},
+    # the views read the ledger (store) and the driver's read functions (spend, budget,
+    # tally, the headline); nothing below them imports them
+    "ui": {"core", "job", "store", "driver", "proposers", "ui"},
+    "front": {"core", "job", "evaluator", "store", "driver", "proposers", "backends", "ui",
+              "templates", "mcp"},
     # `ratchet mcp`'s server: another front over the driver, never over the CLI
-    "mcp": {"core", "job", "evaluator", "driver", "proposers", "backends", "mcp"},
+    "mcp": {"core", "job", "evaluator", "store", "driver", "proposers", "backends", "ui",
+            "mcp"},
 }
+# the plug-in wings, which must never reach the driver (lazily or not)
+PLUGINS = ("backends", "proposers")
 # what ratchet/core may import beyond itself and the standard library
 CORE_THIRD_PARTY = {"pydantic"}
 
@@ -117,8 +131,8 @@ def _wing(module: str) -> str:
     if ".".join(parts[:2]) in PUBLIC_SDK:
         return "sdk"
     head = parts[1]
-    if head in {"core", "job", "evaluator", "driver", "proposers", "backends", "templates",
-                "mcp"}:
+    if head in {"core", "job", "evaluator", "store", "driver", "ui", "proposers", "backends",
+                "templates", "mcp"}:
         return head
     return "front" if head == "cli" else f"stray:{head}"
 
@@ -187,6 +201,43 @@ def test_no_import_crosses_a_wing_upward_lazy_ones_included():
                 wrong.append(f"{path.relative_to(ROOT)}:{line} ({wing}) imports {target} "
                              f"({_wing(target)})")
     assert wrong == [], "\n".join(wrong)
+
+
+def test_the_plug_ins_never_import_the_driver():
+    """A backend or a proposer stands on core (and the job wing, and the store for a
+    proposer's calls): every import of theirs, a function's included, read from the
+    source, and what a fresh interpreter loads with all of them."""
+    assert not any("driver" in MAY_IMPORT[wing] for wing in PLUGINS)
+    reaching = [f"{path.relative_to(ROOT)}:{line} imports {target}"
+                for path, module in _modules() if _wing(module) in PLUGINS
+                for line, target in _imports(path, module) if _wing(target) == "driver"]
+    assert reaching == [], "\n".join(reaching)
+    plugins = [m for _, m in _modules() if _wing(m) in PLUGINS]
+    loaded = _loaded(*plugins)
+    assert [m for m in loaded if _wing(m) == "driver"] == []
+
+
+def test_the_loop_never_imports_the_views():
+    """The views (ratchet/ui) stand on the driver, never the other way: no module below
+    them imports one (read from the source, lazy imports included), and the study, its
+    policies and the opening every front shares load none in a fresh interpreter.
+    What a view does at a round's end (`[notify]`) the front hands to the study."""
+    assert not any("ui" in allowed for wing, allowed in MAY_IMPORT.items()
+                   if wing not in {"ui", "front", "mcp"})
+    below = [f"{path.relative_to(ROOT)}:{line} imports {target}"
+             for path, module in _modules() if _wing(module) not in {"ui", "front", "mcp"}
+             for line, target in _imports(path, module) if _wing(target) == "ui"]
+    assert below == [], "\n".join(below)
+    loaded = _loaded("ratchet.driver.study", "ratchet.driver.opening",
+                     "ratchet.driver.rolling", "ratchet.driver.rounds")
+    assert [m for m in loaded if _wing(m) == "ui"] == []
+
+
+def test_the_plug_in_rule_finds_a_driver_import(tmp_path):
+    """The reading above sees a lazy import of the driver in a plug-in's function."""
+    plugin = tmp_path / "mine.py"
+    plugin.write_text("def f():\n    from ratchet.driver.study import Study\n    return Study\n")
+    assert [_wing(t) for _, t in _imports(plugin, "ratchet.proposers.mine")] == ["driver"]
 
 
 def _graph() -> dict[str, set[str]]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ratchet.core.vocab import Kind, Status
-from ratchet.driver.ledger import SCHEMA_VERSION, Ledger, LedgerError
+from ratchet.store.ledger import SCHEMA_VERSION, Ledger, LedgerError
 
 V0 = Path(__file__).parent / "data" / "ledger-v0.db"
 

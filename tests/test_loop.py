@@ -4,7 +4,7 @@ import json
 
 from helpers import config_text, git, make_repo, ratchet, results_tsv, score_repo
 
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 
 def ledger(repo):

@@ -25,7 +25,7 @@ from helpers import (
 )
 from mcp_kit import TOOLS, call, edited, in_process, over_stdio, refused
 
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 
 def agent_repo(path):

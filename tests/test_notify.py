@@ -18,7 +18,7 @@ from pathlib import Path
 from helpers import SCORE_SOLUTION, config_text, make_repo, ratchet
 
 from ratchet.driver import views, words
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 EVALUATOR = '''
 import solution

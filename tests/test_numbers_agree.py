@@ -14,8 +14,8 @@ import pytest
 from helpers import SCORE_SOLUTION, config_text, make_repo, ratchet, results_tsv
 from test_early_stop import EVALUATOR
 
-from ratchet.driver.ledger import Ledger
 from ratchet.driver.tally import Tally
+from ratchet.store.ledger import Ledger
 
 KNOBS = ('[tune.knobs]\n"solution.py:X" = { choices = [3.0, 2.0, 1.5, "boom", 1.0, 0.0, '
          '5.0] }\n')
@@ -58,7 +58,7 @@ def test_end_line_status_json_report_and_chart_say_the_same_count(study):
     index = (repo / ".ratchet" / "report" / "index.html").read_text()
     assert f'<p id="tally">{line}</p>' in index
 
-    from ratchet.driver.progress import ledger_figure
+    from ratchet.ui.progress import ledger_figure
 
     ax = ledger_figure(ledger, "score", "minimize").axes[0]
     assert ax.get_title() == f"{tally.candidates} candidates, {tally.kept} kept"

@@ -15,8 +15,8 @@ from pathlib import Path
 from helpers import ROOT, config_text, git, make_repo, ratchet
 
 from ratchet.core.candidate import Candidate
-from ratchet.driver.ledger import Ledger, slot_seconds, throughput
 from ratchet.job.slots import WaitingLine
+from ratchet.store.ledger import Ledger, slot_seconds, throughput
 
 BUILD = '''
 import json, os, time

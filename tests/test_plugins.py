@@ -25,10 +25,11 @@ import pytest
 from helpers import ROOT, git, ratchet, results_tsv, score_repo
 
 from ratchet.core import plugins
-from ratchet.driver.budget import preview, prompt_tokens
+from ratchet.driver.budget import preview
 from ratchet.driver.config import load_config
-from ratchet.driver.ledger import Ledger
 from ratchet.proposers import sandbox_status
+from ratchet.proposers.context import prompt_tokens
+from ratchet.store.ledger import Ledger
 
 STEP_BACKEND = '''
 from pathlib import Path

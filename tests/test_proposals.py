@@ -8,9 +8,9 @@ from helpers import git, make_repo
 
 from ratchet.core.candidate import Candidate, Proposal
 from ratchet.driver.candidate import rebase
-from ratchet.driver.ledger import throughput
 from ratchet.driver.settle import without_verdict
 from ratchet.job import gitrepo
+from ratchet.store.ledger import throughput
 
 
 def cand(i: int, start: float, run: float, queue: float = 0.0) -> Candidate:
@@ -62,8 +62,8 @@ def test_a_knob_setting_made_ahead_is_reapplied_on_the_moved_incumbent(tmp_path)
     from helpers import config_text
 
     from ratchet.driver.config import load_config
-    from ratchet.driver.ledger import Ledger
     from ratchet.driver.proposals import Proposals
+    from ratchet.store.ledger import Ledger
 
     repo = make_repo(tmp_path / "r", {
         "ratchet.toml": config_text(),
@@ -95,8 +95,8 @@ def test_ideas_of_proposals_not_yet_recorded_are_not_handed_out_again(tmp_path):
     from helpers import config_text
 
     from ratchet.driver.config import load_config
-    from ratchet.driver.ledger import Ledger
     from ratchet.driver.proposals import Proposals
+    from ratchet.store.ledger import Ledger
 
     repo = make_repo(tmp_path / "r", {"ratchet.toml": config_text(), "solution.py": "X = 1\n",
                                       "evaluate.py": "print('score: 1')\n"})

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from helpers import HOLDOUT_EVALUATOR, config_text, git, make_repo, ratchet
 
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(
@@ -238,8 +238,8 @@ def test_report_renders_every_candidate_and_keeps_candidate_text_inert(tmp_path)
 
 
 def test_report_needs_no_matplotlib_and_reads_dispatch_json(tmp_path, monkeypatch):
-    from ratchet.driver.report import write_report
     from ratchet.driver.study import Study
+    from ratchet.ui.report import write_report
 
     repo = study_repo(tmp_path / "r")
     proc = ratchet(repo, "run", "--rounds", "1")

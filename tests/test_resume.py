@@ -10,7 +10,7 @@ import psutil
 import pytest
 from helpers import ROOT, config_text, job_result, make_repo, results_tsv
 
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 SLOW_SOLUTION = '''
 """Editable."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from helpers import config_text, git, make_repo, ratchet
 
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 EVALUATE = '''
 from ratchet.evaluator.channel import report

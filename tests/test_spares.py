@@ -18,8 +18,8 @@ import psutil
 import pytest
 from helpers import ROOT, config_text, make_repo
 
-from ratchet.driver.ledger import Ledger
 from ratchet.driver.study import Study
+from ratchet.store.ledger import Ledger
 
 # the evaluator writes down its process's ancestry (no sandbox: the whole tree is visible)
 EVALUATE = '''

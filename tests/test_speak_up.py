@@ -31,7 +31,7 @@ from helpers import (
 from test_cli_tune import EVALUATOR as KERNEL_EVALUATOR
 
 from ratchet.core.vocab import Kind
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 
 def test_an_exhausted_search_space_ends_the_study_and_says_so(tmp_path):

@@ -14,8 +14,8 @@ from ratchet.core import stats
 from ratchet.core.vocab import Kind, Status
 from ratchet.driver import spend, views
 from ratchet.driver.judge import Confirmation, reported_noise
-from ratchet.driver.ledger import Ledger, slot_seconds, study_wall, throughput
 from ratchet.job.jobspec import JobResult
+from ratchet.store.ledger import Ledger, slot_seconds, study_wall, throughput
 
 sys.path.insert(0, str(ROOT / "bench"))
 import views as bench  # noqa: E402  (bench/views.py: the study and its growth)
@@ -126,7 +126,7 @@ def test_rows_since_a_revision_are_the_rows_written_since(ledger):
 
 
 def test_the_dashboard_draws_a_bounded_chart_and_pages_the_table(ledger, monkeypatch):
-    from ratchet.driver import blocks, pages, serve
+    from ratchet.ui import blocks, pages, serve
 
     monkeypatch.setattr(blocks, "CHART_POINTS", 100)  # 500 rows: a study past the bound
     repo = Path(ledger.path).parents[1]
@@ -151,7 +151,7 @@ def test_a_phase_that_moves_while_a_page_is_made_is_shown_next(ledger):
     job's `evaluate` phase: the flaky test_the_open_page_follows_a_running_study.)"""
     import json
 
-    from ratchet.driver import serve
+    from ratchet.ui import serve
 
     repo = Path(ledger.path).parents[1]
     cand = ledger.last(1)[0]
@@ -185,7 +185,7 @@ def test_the_live_overview_sends_what_changed_since_the_pages_copy(ledger, monke
     and the page is told (the version's '+due') when a newer making is owed."""
     import re
 
-    from ratchet.driver import serve
+    from ratchet.ui import serve
 
     repo = Path(ledger.path).parents[1]
     study = serve.ReadOnlyStudy(repo)
@@ -229,8 +229,8 @@ def test_the_report_pages_its_table_and_writes_only_what_is_new(ledger):
     written again."""
     import html
 
-    from ratchet.driver import pages
     from ratchet.job import gitrepo
+    from ratchet.ui import pages
 
     repo = Path(ledger.path).parents[1]
     out = repo / ".ratchet" / "report"

@@ -8,7 +8,7 @@ import pytest
 
 from ratchet.core import vocab
 from ratchet.core.vocab import JobState, Kind, Outcome, Status
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 
 def test_a_status_and_kind_written_as_members_read_back_as_the_same_text(tmp_path):
@@ -36,7 +36,7 @@ def test_open_and_verdicts_split_every_status_once():
 
 
 def test_the_ledgers_lists_are_the_vocabularys():
-    from ratchet.driver import ledger
+    from ratchet.store import ledger
 
     assert set(ledger.OPEN) == vocab.OPEN
     assert set(ledger.VERDICTS) == vocab.VERDICTS

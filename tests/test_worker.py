@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 from helpers import config_text, git, make_repo, ratchet, results_tsv
 
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 
 def processes_with(token: str) -> list[psutil.Process]:

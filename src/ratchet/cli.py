@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console, Group
@@ -23,11 +23,12 @@ from ratchet import __version__, backends, proposers
 from ratchet.core.candidate import Candidate
 from ratchet.core.errors import UserError
 from ratchet.core.vocab import Kind, Status
-from ratchet.driver import audit, budget, infra, opening, results, spend, views, words
-from ratchet.driver.ledger import Ledger
+from ratchet.driver import budget, infra, opening, results, spend, views, words
 from ratchet.driver.study import Progress, Study
 from ratchet.driver.tally import Tally, sandboxes_text
 from ratchet.job import gitrepo
+from ratchet.store.ledger import Ledger
+from ratchet.ui import audit, notify
 
 if TYPE_CHECKING:
     from rich.live import Live
@@ -101,6 +102,7 @@ def open_study(repo: Path, **kwargs) -> Study:
     """The study of REPO (driver/opening.py), what it says on stderr; use it as
     `with open_study(repo) as study:`."""
     kwargs.setdefault("log", lambda m: err.print(m))
+    kwargs.setdefault("watch", [notify.watcher])  # [notify], from outside the loop
     return opening.open_study(repo, **kwargs)
 
 
@@ -201,7 +203,7 @@ class RunView:
         self.rounds = rounds or study.config.search.rounds
         self.metric = study.config.metric.name
         self.goal = study.config.metric.goal
-        self.next_round = study.ledger.get("round") or 1
+        self.next_round = study.ledger.study().round or 1
         self.rolling = study.config.search.mode == "rolling"
         if self.rolling:  # a resumed study: what was judged before is not news
             self.printed = {c.id for c in study.ledger.candidates() if c.is_judged}
@@ -256,7 +258,7 @@ class RunView:
             self._print_verdicts()
             return
         ledger = self.study.ledger
-        last = (ledger.get("round") or 1) if before is None else before - 1
+        last = (ledger.study().round or 1) if before is None else before - 1
         out = self.live.console if self.live is not None else console
         while self.next_round <= last:
             cands = ledger.candidates(round=self.next_round)
@@ -413,7 +415,7 @@ def reset(repo: RepoOption = Path(".")) -> None:
 
 
 def _print_summary(study: Study) -> None:
-    from ratchet.driver.ledger import Ledger
+    from ratchet.store.ledger import Ledger
 
     ledger = Ledger(study.state_dir / "ledger.db")
     # the same count, in the same words, as status, progress.png and the report (tally.py)
@@ -427,17 +429,17 @@ def _print_summary(study: Study) -> None:
     line = head.line()
     if line:
         emit(console, line)
-        emit(console, f"  branch ratchet/{study.name} at {str(ledger.get('incumbent'))[:7]}")
+        emit(console, f"  branch ratchet/{study.name} at {str(ledger.study().incumbent.commit)[:7]}")
     if head.noise_ignored:
         emit(console, "warning: acceptance.noise = \"ignore\": keeps rest on one measurement")
     emit_parts(console, spend.summary(ledger).line())  # every call and job, as recorded
-    from ratchet.driver.ledger import throughput
+    from ratchet.store.ledger import throughput
 
     shares = throughput(ledger.candidates(confirmations=True), study.busy_slots,
                         ledger.sessions()).shares_line()
     if shares:  # where the slots' time went: candidates, confirming keeps, idle
         emit(console, shares)
-    stop = ledger.get("budget_stop")
+    stop = ledger.study().budget_stop
     if isinstance(stop, dict):  # a limit of [budget] stopped it: which one, how to go on
         emit(console, stop["line"])
     ledger.close()
@@ -482,7 +484,7 @@ def wait(
                 value = "—" if cand.metric is None else f"{cand.metric:.6g}"
                 console.print(f"{cand.id} {cand.short} {cand.status:8} {metric}={value} "
                               f"{cand.description}  {cand.reasons or ''}", highlight=False)
-        incumbent = study.ledger.get("incumbent")
+        incumbent = study.ledger.study().incumbent.commit
         if not as_json:
             console.print(f"incumbent: {str(incumbent)[:7]} (branch ratchet/{study.name})")
 
@@ -516,15 +518,15 @@ def status(
         groups = ledger.evaluations()
         head = views.headline(ledger, metric, study.config.metric.goal,
                               study.config.acceptance.noise == "ignore", groups)
-        summary = {
+        summary: dict[str, Any] = {
             "study": study.name,
             "started": study.started,
             "round": ledger.rounds_done(),  # run so far, not the next
-            "incumbent": ledger.get("incumbent"),
-            "incumbent_id": ledger.get("incumbent_id"),
+            "incumbent": ledger.study().incumbent.commit,
+            "incumbent_id": ledger.study().incumbent.id,
             "metric": metric,
             "goal": study.config.metric.goal,
-            "incumbent_metric": ledger.get("incumbent_metric"),
+            "incumbent_metric": ledger.study().incumbent.metric,
             # baseline -> incumbent as pooled estimates with 95% intervals (views.headline)
             "headline": head.as_dict(),
             "false_keep_rate": study.config.acceptance.rate,
@@ -739,7 +741,7 @@ def mcp(
 @app.command()
 def report(repo: RepoOption = Path(".")) -> None:
     """Write the HTML report under .ratchet/report/."""
-    from ratchet.driver.report import write_report
+    from ratchet.ui.report import write_report
 
     with open_study(repo) as study:
         rows = study.ledger.rows_since(None)  # read once for the pages and the chart
@@ -761,7 +763,7 @@ def serve(
 ) -> None:
     """A live, read-only dashboard of the study in your browser (the report's views)."""
 
-    from ratchet.driver.serve import TOKEN_ENV, check_bind, make_server, serve_forever, url_of
+    from ratchet.ui.serve import TOKEN_ENV, check_bind, make_server, serve_forever, url_of
 
     repo = repo.resolve()
     top = gitrepo.work_tree(repo) if repo.is_dir() else None
@@ -784,7 +786,7 @@ def serve(
 def _wait_for_study(top: Path) -> None:
     """Serving before the first `ratchet run`: wait for the study's ledger to appear
     (read-only: nothing is created here), saying so once."""
-    from ratchet.driver.ledger import Ledger, LedgerError
+    from ratchet.store.ledger import Ledger, LedgerError
 
     db = top / ".ratchet" / "ledger.db"
     if not db.is_file() and not (top / "ratchet.toml").is_file():
@@ -797,7 +799,7 @@ def _wait_for_study(top: Path) -> None:
             with contextlib.suppress(LedgerError, sqlite3.Error):  # still being made
                 ledger = Ledger.readonly(db)
                 try:
-                    ready = ledger.get("config") is not None  # the study pinned its start
+                    ready = ledger.study().config is not None  # the study pinned its start
                 finally:
                     ledger.close()
             if ready:
@@ -817,8 +819,8 @@ SERVE_WAIT_S = 0.5
 
 def _write_progress(study: Study, rows: list[Candidate] | None = None) -> None:
     """progress.png next to results.tsv (a view of the ledger, like results.tsv)."""
-    from ratchet.driver.ledger import Ledger
-    from ratchet.driver.progress import write_progress_png
+    from ratchet.store.ledger import Ledger
+    from ratchet.ui.progress import write_progress_png
 
     ledger = Ledger(study.state_dir / "ledger.db")
     try:
@@ -841,7 +843,7 @@ def log_(
     repo: RepoOption = Path("."),
 ) -> None:
     """One line per candidate, like git log --oneline: id, commit, status, metric, gain, cost, description."""
-    from ratchet.driver.history import HistoryError, check_status, log_line
+    from ratchet.ui.history import HistoryError, check_status, log_line
 
     with open_study(repo) as study:
         ledger = study.ledger
@@ -889,7 +891,7 @@ def diff_(
     repo: RepoOption = Path("."),
 ) -> None:
     """The diff from A to B: two candidates, or a candidate and the incumbent or baseline."""
-    from ratchet.driver.history import HistoryError, diff
+    from ratchet.ui.history import HistoryError, diff
 
     with open_study(repo) as study:
         try:
@@ -910,7 +912,7 @@ def export_(
     repo: RepoOption = Path("."),
 ) -> None:
     """Create branch NAME from the study start: one commit per kept step (HEAD untouched)."""
-    from ratchet.driver.export import ExportError, StudyView, export
+    from ratchet.ui.export import ExportError, StudyView, export
 
     with open_study(repo) as study:
         view = StudyView(study.repo, study.ledger, study.name, study.config.metric.name,
@@ -922,7 +924,7 @@ def export_(
         steps = f"{len(done.steps)} kept step{'s' * (len(done.steps) != 1)}"
         how = "squashed into 1 commit" if squash else f"{len(done.commits)} commit(s)"
         console.print(f"branch {name} at {done.tip[:7]}: {steps}, {how}, on the study start "
-                      f"{str(study.ledger.get('pinned'))[:7]}; its tree is the incumbent's"
+                      f"{str(study.ledger.study().pinned)[:7]}; its tree is the incumbent's"
                       + (f" (replaced {done.replaced[:7]})" if done.replaced else ""))
 
 

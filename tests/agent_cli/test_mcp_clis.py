@@ -24,8 +24,8 @@ from agent_cli_kit import LoopbackCA, cli, codex_home
 from agent_server import AgentServer, Call, Say, Turn
 from helpers import ROOT, git, score_repo
 
-from ratchet.driver.ledger import Ledger
 from ratchet.mcp.config import Client, config_text
+from ratchet.store.ledger import Ledger
 
 BETTER, WORSE = "X = 1.25  # the knob", "X = 5.0  # the knob"
 BEFORE = "X = 3.0  # the knob"

@@ -24,7 +24,7 @@ from agent_cli_kit import AGENTS_BIN, LoopbackCA, SandboxLevel, cli, codex_home
 from agent_server import AgentServer, Call, ConnectProxy, Say, Turn
 from helpers import git, ratchet, results_tsv, score_repo
 
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 BEFORE, AFTER = "X = 3.0  # the knob", "X = 1.25  # the knob"
 DESCRIPTION = "move X to the minimum of the quadratic"

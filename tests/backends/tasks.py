@@ -142,7 +142,7 @@ def make_task(root: Path, *, backend: str, extra: str = "", parallel: int = 3, r
 
 def summary(repo: Path) -> list[tuple]:
     """(candidate, status, metric, knob.py content) for every candidate, from the ledger."""
-    from ratchet.driver.ledger import Ledger
+    from ratchet.store.ledger import Ledger
 
     ledger = Ledger(repo / ".ratchet" / "ledger.db")
     try:

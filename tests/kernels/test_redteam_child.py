@@ -35,8 +35,8 @@ from pathlib import Path
 import pytest
 from helpers import git, make_repo, ratchet
 
-from ratchet.driver.ledger import Ledger
 from ratchet.job import sandbox
+from ratchet.store.ledger import Ledger
 
 # Four studies per confinement (three of cheats, one the honest control), each a few
 # minutes on a loaded 2-core machine, all of it in the module fixture's setup.

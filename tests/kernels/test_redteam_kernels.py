@@ -27,7 +27,7 @@ import pytest
 from helpers import git, make_repo, ratchet
 
 from ratchet.core.verdict import Reason
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 CONFIG = """
 [task]

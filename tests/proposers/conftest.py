@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for llm_s
 from llm_server import LLMServer  # noqa: E402
 
 from ratchet.driver.config import load_config  # noqa: E402
-from ratchet.driver.ledger import Ledger  # noqa: E402
 from ratchet.proposers import ProposalContext  # noqa: E402
+from ratchet.store.ledger import Ledger  # noqa: E402
 
 SOLUTION = """\
 # the value the evaluator reports; lower is better

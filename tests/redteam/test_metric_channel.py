@@ -16,8 +16,8 @@ import textwrap
 import pytest
 from helpers import git, ratchet
 
-from ratchet.driver.ledger import Ledger
 from ratchet.job import sandbox
+from ratchet.store.ledger import Ledger
 from redteam.test_redteam import FAST_SOLUTION, cheat, judge, new_study
 
 CHANNEL_EVALUATE = """

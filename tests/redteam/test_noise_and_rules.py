@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from helpers import config_text, make_repo, ratchet, results_tsv
 
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 # The evaluator's measurement noise is real-looking but reproducible: a gaussian drawn
 # from the job id and the repeat number, so the test's outcome is fixed.

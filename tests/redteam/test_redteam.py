@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from helpers import git, make_repo, ratchet
 
-from ratchet.driver.ledger import Ledger
 from ratchet.job import sandbox
+from ratchet.store.ledger import Ledger
 
 
 def blocked(reasons: str) -> bool:

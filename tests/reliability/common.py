@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 from helpers import ROOT, config_text, make_repo
 
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 
 # Settings of X (1.25 among them); the score (X - 1.25)^2 is a pure function of X, so

@@ -11,7 +11,7 @@ from pathlib import Path
 from helpers import git, ratchet
 
 from ratchet.core.candidate import Candidate
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 from security.evidence import processes_in
 
 LEVELS = ["bwrap", "pidns"]

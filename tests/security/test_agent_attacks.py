@@ -26,9 +26,9 @@ import psutil
 import pytest
 from helpers import git, make_repo, ratchet
 
-from ratchet.driver.ledger import Ledger
 from ratchet.job import sandbox
 from ratchet.proposers.agent import agent_contained
+from ratchet.store.ledger import Ledger
 
 ATTACKER = r'''
 import json, os, pathlib, re, sqlite3, subprocess, sys, time

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from helpers import git, ratchet, sandbox_env, score_repo
 
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 from security.evidence import checkout_state, processes_in
 from security.test_network import ANSWER, job_server
 

@@ -25,8 +25,8 @@ import pytest
 from helpers import GIT_ENV, ROOT, git, ratchet, score_repo
 
 from ratchet.driver import infra
-from ratchet.driver.ledger import Ledger
 from ratchet.job import sandbox
+from ratchet.store.ledger import Ledger
 
 # imported by the evaluator, so it runs where candidate code runs
 TAMPERING_SOLUTION = '''

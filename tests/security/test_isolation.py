@@ -12,8 +12,8 @@ import uuid
 import pytest
 from helpers import config_text, make_repo, ratchet, without_bwrap
 
-from ratchet.driver.ledger import Ledger
 from ratchet.job import sandbox
+from ratchet.store.ledger import Ledger
 
 # The evaluator itself is the attacker's stand-in here: it runs where candidate code runs
 # (same sandbox, same environment) and reports what it could see.

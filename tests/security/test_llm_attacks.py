@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for llm_s
 
 from llm_server import Answer, LLMServer, Request  # noqa: E402
 
-from ratchet.driver.ledger import Ledger  # noqa: E402
+from ratchet.store.ledger import Ledger  # noqa: E402
 
 SOLUTION = "VALUE = 10\n\n\ndef compute():\n    return VALUE\n"
 EVALUATE = "import solution\nprint('correct: true')\nprint(f'score: {solution.compute()}')\n"

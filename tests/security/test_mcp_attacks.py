@@ -26,8 +26,8 @@ from helpers import (
 )
 from mcp_kit import call, edited, over_stdio, refused
 
-from ratchet.driver.ledger import Ledger
 from ratchet.mcp.tools import StudyTools, ToolInputError
+from ratchet.store.ledger import Ledger
 
 BUDGET = 3
 

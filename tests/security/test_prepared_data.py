@@ -15,9 +15,9 @@ import pytest
 from helpers import job_result, ratchet
 from redteam.test_redteam import FAST_SOLUTION, SOLUTION, cheat, judge, new_study
 
-from ratchet.driver.ledger import Ledger
 from ratchet.job import sandbox
 from ratchet.job.prep import data_digest
+from ratchet.store.ledger import Ledger
 
 SLOWER = SOLUTION.replace("DELAY = 0.2", "DELAY = 0.3")
 

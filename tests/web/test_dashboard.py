@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 from helpers import config_text, make_repo, ratchet
 
-from ratchet.driver import blocks, serve, slots, svg
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
+from ratchet.ui import blocks, serve, slots, svg
 from web.browser import Browser, BrowserError, needs_chromium
 from web.test_serve import at, base_of, bearer, fetch, serving, shots_dir
 

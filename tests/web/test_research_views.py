@@ -13,7 +13,7 @@ import optuna
 import pytest
 from helpers import config_text, make_repo, ratchet
 
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 from web.browser import Browser, needs_chromium
 from web.test_serve import serving, shots_dir
 

@@ -37,8 +37,8 @@ import pytest
 from helpers import RATCHET, ROOT, SCORE_SOLUTION, config_text, git, make_repo, ratchet
 
 from ratchet.driver import views
-from ratchet.driver.ledger import Ledger
 from ratchet.driver.tally import Tally
+from ratchet.store.ledger import Ledger
 from web.browser import Browser, needs_chromium
 
 # The evaluator takes a moment, so a running job can be seen on the page: its phase passes

@@ -1,6 +1,6 @@
-"""The records of a study: a proposal, the candidate it becomes, the incumbent.
+"""The records of a study: a proposal, the candidate it becomes, the incumbent, the study.
 
-Plain dataclasses of the standard library: the ledger stores them (driver/ledger.py),
+Plain dataclasses of the standard library: the ledger stores them (store/ledger.py),
 the proposers make proposals and read candidates, the views read them. A candidate's
 status and kind are the vocabulary's members (core.vocab), whatever the row held.
 """
@@ -111,3 +111,64 @@ class Incumbent:
         samples = [*self.samples, value]
         return Incumbent(commit=self.commit, id=self.id, metric=statistics.fmean(samples),
                          samples=samples, holdout=self.holdout, sem=self.sem)
+
+
+# the meta key of each field of the incumbent record
+INCUMBENT_KEYS = {"commit": "incumbent", "id": "incumbent_id", "metric": "incumbent_metric",
+                  "samples": "incumbent_samples", "holdout": "incumbent_holdout",
+                  "sem": "incumbent_sem"}
+
+
+@dataclass(frozen=True)
+class StudyRecord:
+    """The study's own facts: what the ledger's meta table holds, typed, one key a field
+    (its JSON value, as ledgers have always stored it), the incumbent under its
+    `incumbent*` keys. Read whole by `Ledger.study()`; `Ledger.set` writes these names
+    and no other (META_KEYS)."""
+
+    study: str | None = None  # the task's name
+    created: float | None = None  # when the study pinned its start
+    pinned: str | None = None  # the commit the study started from
+    pins: dict[str, dict[str, Any]] = field(default_factory=dict)  # protected files, pinned
+    config: str | None = None  # ratchet.toml as committed at the start: what it runs by
+    round: int | None = None  # the next round to run
+    incumbent: Incumbent = field(default_factory=Incumbent)
+    budget_stop: dict[str, Any] | None = None  # the limit that stopped the last run
+    data_dir: str | None = None  # prepared data ([prep])
+    data_digest: str | None = None
+    reference_audit: str | None = None  # "<incumbent id> <candidate id>" (driver/reference.py)
+
+    # what a started study always has (its start is pinned with all three at once)
+    @property
+    def start(self) -> str:
+        """The commit the study started from."""
+        return _started(self.pinned, "start commit")
+
+    @property
+    def incumbent_commit(self) -> str:
+        return _started(self.incumbent.commit, "incumbent")
+
+    @property
+    def next_round(self) -> int:
+        return _started(self.round, "round counter")
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> StudyRecord:
+        """The record of the meta table's {key: decoded value}; a key it does not know
+        (an older ratchet's) is left out."""
+        fields: dict[str, Any] = {f: meta.get(k) for f, k in INCUMBENT_KEYS.items()}
+        inc = Incumbent(**fields)
+        inc.samples = list(inc.samples or [])
+        own = {k: v for k, v in meta.items() if k in _STUDY_FIELDS and v is not None}
+        return cls(**own, incumbent=inc)
+
+
+def _started(value: Any, what: str) -> Any:
+    if value is None:
+        raise LookupError(f"the study has no {what} yet: it has not pinned its start")
+    return value
+
+
+_STUDY_FIELDS = frozenset(StudyRecord.__dataclass_fields__) - {"incumbent"}
+# every key of the meta table: the record's own and the incumbent's
+META_KEYS = _STUDY_FIELDS | frozenset(INCUMBENT_KEYS.values())

@@ -289,7 +289,7 @@ NotifyEvent = Literal["keep", "crash", "end", "budget"]
 
 class Notify(Strict):
     """`[notify]`: tell someone when a keep, a crash streak, the end or a budget stop
-    happens (ratchet.driver.notify). Its failures are logged and never stop the study."""
+    happens (ratchet.ui.notify). Its failures are logged and never stop the study."""
 
     command: str | None = None  # run by /bin/sh; the summary in $RATCHET_SUMMARY, JSON on stdin
     url: str | None = None  # POST JSON {"text": summary, ...} (Slack-style webhooks take it)

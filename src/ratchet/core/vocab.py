@@ -98,6 +98,23 @@ class Outcome(StrEnum):
     VIOLATION = "violation"  # broke a rule: a protected file touched, tampering with a metric
     ERROR = "error"  # the machine's fault (worker error, sandbox start, lost job): never the candidate's
 
+
+class CallOutcome(StrEnum):
+    """How one proposer call ended."""
+
+    OK = "ok"  # a reply (or an agent run that ended by itself)
+    RETRIED = "retried"  # failed, and was sent again (rate limit, 5xx, dropped connection)
+    FAILED = "failed"  # failed, and was not sent again (the proposal fails or the study)
+    UNUSABLE = "unusable"  # a reply that cannot be used (too large, not the protocol's)
+    TIMEOUT = "timeout"  # an agent killed at its timeout, a request past its deadline
+    # in flight when a second Ctrl-C stopped the study at once: billed with its time so
+    # far and what is known of its tokens (the prompt as sent; no reply came)
+    INTERRUPTED = "interrupted"
+    # a reply (or agent run) re-applying a proposal made on an older incumbent onto the
+    # new one, where git could not merge it (cheaper than a new proposal)
+    REPAIRED = "repaired"
+
+
 class JobState(StrEnum):
     """Where a backend's job is (the same four words for every engine)."""
 

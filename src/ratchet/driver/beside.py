@@ -233,8 +233,7 @@ class Beside:
         for row in rows:
             if row.job_id and row.status == Status.SUBMITTED:
                 self.loop.jobs.cancel(row)
-            led.update(row.id, "withdrawn", status=Status.CANCELLED, reasons=why,
-                       code=judge.Reason.WITHDRAWN, judged_at=time.time())
+            led.cancel(row.id, why, time.time(), code=judge.Reason.WITHDRAWN, event="withdrawn")
         return rows
 
     def carry(self, withdrawn: list[Candidate], held: list[Proposal], incumbent: str

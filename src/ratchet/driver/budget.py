@@ -20,15 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from ratchet.core.candidate import Candidate
-from ratchet.core.config import Budget, Config, matches_any
+from ratchet.core.config import Budget, Config
 from ratchet.core.verdict import Reason
 from ratchet.core.vocab import Kind
-from ratchet.driver.ledger import Ledger
 from ratchet.driver.spend import Spend, duration
-from ratchet.job import gitrepo
-
-CHARS_PER_TOKEN = 4  # the context's own approximation (proposers/context.py)
-PROMPT_OVERHEAD_TOKENS = 1500  # system prompt, instructions, history and notes
+from ratchet.store.ledger import Ledger
 
 # how each limit is shown: (label, format)
 UNITS = {"usd": ("$", "{:.4f}"), "tokens": ("", "{:,.0f}"), "hours": ("", "{:.3f} slot-h"),
@@ -129,7 +125,7 @@ def status(budget: Budget, spent: Spend, cands: list[Candidate] | int, ledger: L
     now = used(spent, cands)
     return {"limits": {k: {"allowed": v, "used": round(now[k], 6)}
                        for k, v in budget.limits.items()},
-            "stopped": ledger.get("budget_stop")}
+            "stopped": ledger.study().budget_stop}
 
 
 def lines(info: dict[str, Any]) -> list[str]:
@@ -145,19 +141,6 @@ def lines(info: dict[str, Any]) -> list[str]:
 
 
 # -- the estimate before the first round ---------------------------------------------------
-
-
-def prompt_tokens(repo: Path, commit: str, config: Config, token_budget: int) -> int:
-    """About how many tokens a proposer's prompt holds: the editable files at `commit`
-    and the instructions around them, within the context's token budget."""
-    listing = gitrepo.git(repo, "ls-tree", "-r", "-l", commit)
-    size = 0
-    for line in listing.splitlines():
-        meta, _, path = line.partition("\t")
-        parts = meta.split()
-        if len(parts) == 4 and parts[3].isdigit() and matches_any(path, config.task.editable):
-            size += int(parts[3])
-    return min(token_budget, size // CHARS_PER_TOKEN + PROMPT_OVERHEAD_TOKENS)
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,11 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from ratchet.core import paths
+from ratchet.core import paths, sanitize
 from ratchet.core.candidate import Proposal
 from ratchet.core.config import CONFIG_FILE, Config
 from ratchet.core.vocab import Status
-from ratchet.driver import infra, sanitize
+from ratchet.driver import infra
 from ratchet.job import gitrepo
 
 # what a proposer saw is saved with its candidate; a prompt is bounded by the token budget,

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 from ratchet.core.errors import UserError
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 IDEAS_FILE = "ideas.md"
 _BULLET = re.compile(r"^[-*+]\s+(?:\[[ xX]\]\s+)?(.*\S)\s*$")

@@ -19,9 +19,9 @@ from ratchet.core.config import CONFIG_FILE, Config
 from ratchet.core.errors import UserError
 from ratchet.core.paths import protected_by
 from ratchet.core.vocab import SUBMITTED_FROM_OUTSIDE, Kind, Status
-from ratchet.driver.ledger import INCUMBENT_KEYS, Ledger
 from ratchet.job import gitrepo
 from ratchet.job.jobspec import PinnedFile
+from ratchet.store.ledger import INCUMBENT_KEYS, Ledger
 
 
 class IntegrityError(UserError):
@@ -103,7 +103,7 @@ class Guard:
     def legit_commits(self) -> set[str]:
         """Commits the incumbent may be: judged `keep`, or the start."""
         kept = {c.commit_sha for c in self.ledger.candidates(status=Status.KEEP) if c.commit_sha}
-        pinned = self.ledger.get("pinned")
+        pinned = self.ledger.study().pinned
         return kept | ({pinned} if pinned else set())
 
     def verify_state(self) -> None:
@@ -114,13 +114,13 @@ class Guard:
         whose commit was planted.
         """
         keeps = sorted(self.ledger.candidates(status=Status.KEEP), key=lambda c: c.judged_at or 0)
-        legit = {c.commit_sha for c in keeps} | {self.ledger.get("pinned")}
+        legit = {c.commit_sha for c in keeps} | {self.ledger.study().pinned}
         planted = []
-        incumbent = self.ledger.get("incumbent")
+        incumbent = self.ledger.study().incumbent.commit
         if incumbent not in legit:
             planted.append(incumbent)
             last = keeps[-1] if keeps else None
-            commit = last.commit_sha if last else self.ledger.get("pinned")
+            commit = last.commit_sha if last else self.ledger.study().pinned
             # the restored record pools every judged evaluation of that commit
             values = [c.metric for c in self.ledger.candidates()
                       if c.commit_sha == commit and c.metric is not None
@@ -139,16 +139,15 @@ class Guard:
         self.log(f"warning: {reason}; restored the last kept commit")
         for cand in self.ledger.candidates():
             if cand.commit_sha in planted and cand.kind == Kind.CANDIDATE:
-                self.ledger.update(cand.id, "judged:rejected", status=Status.REJECTED,
-                                   reasons=reason, judged_at=time.time())
-        gitrepo.update_ref(self.repo, self.branch, self.ledger.get("incumbent"),
+                self.ledger.reject(cand.id, reason, time.time())
+        gitrepo.update_ref(self.repo, self.branch, self.ledger.study().incumbent_commit,
                            reason="ratchet: undo tampering")
 
     def held(self) -> tuple[dict, str | None]:
         """The trusted ledger keys and the branch as they are now, for `moved_since`: a
         verdict is written many seconds after the last check (a confirmation, a hold-out),
         and candidates started beside it run on meanwhile."""
-        return ({key: self.ledger.get(key) for key in self.trusted_keys()},
+        return (self.ledger.stored(self.trusted_keys()),
                 gitrepo.try_rev_parse(self.repo, self.branch))
 
     def moved_since(self, held: tuple[dict, str | None]) -> list[str]:
@@ -157,9 +156,10 @@ class Guard:
         changed since `held`, each set back. The verdict then overwrites the incumbent's
         keys, and a write it overwrote would otherwise pass every later check."""
         meta, _ = held
-        moved = [key for key in self.trusted_keys() if self.ledger.get(key) != meta.get(key)]
+        now = self.ledger.stored(self.trusted_keys())
+        moved = [key for key, value in now.items() if value != meta.get(key)]
         if moved:
-            self.ledger.set(**{key: meta.get(key) for key in moved})
+            self.ledger.put_back({key: meta.get(key) for key in moved})
         return moved
 
     def move_branch(self, new: str, held: tuple[dict, str | None]) -> bool:
@@ -184,14 +184,13 @@ class Guard:
         for cand_id in ids:
             cand = self.ledger.candidate(cand_id)
             if cand is not None and cand.kind == Kind.CANDIDATE and not cand.is_judged:
-                self.ledger.update(cand_id, "judged:rejected", status=Status.REJECTED,
-                                   reasons=reason, judged_at=time.time())
+                self.ledger.reject(cand_id, reason, time.time())
                 rejected.append(cand_id)
         return rejected
 
     def repair_branch(self) -> None:
         """After a crash between the verdict commit and the ref update, finish the move."""
-        incumbent = self.ledger.get("incumbent")
+        incumbent = self.ledger.study().incumbent.commit
         current = gitrepo.try_rev_parse(self.repo, self.branch)
         if current == incumbent:
             return
@@ -211,7 +210,7 @@ class Guard:
                           f"refs/ratchet/{self.study}/", self.branch)
         tsv = self.repo / "results.tsv"
         return {
-            "meta": {key: self.ledger.get(key) for key in self.trusted_keys()},
+            "meta": self.ledger.stored(self.trusted_keys()),
             "refs": dict(line.split() for line in out.splitlines() if line.strip()),
             "tsv": tsv.read_bytes() if tsv.exists() else None,
             "verdicts": self.ledger.verdicts(),
@@ -265,7 +264,7 @@ class Guard:
             keys = list(dict.fromkeys([*before["meta"], *after["meta"]]))
             changed = [k for k in keys if after["meta"].get(k) != before["meta"].get(k)]
             problems.append(f"study state in the ledger changed ({', '.join(changed)})")
-            self.ledger.set(**before["meta"])
+            self.ledger.put_back(before["meta"])
         if after["refs"] != before["refs"]:
             problems.append("git refs of the study were moved")
             for ref, sha in before["refs"].items():
@@ -281,21 +280,20 @@ class Guard:
                             "commit, parent or kind)")
             for cand_id in changed_rows:
                 if after["rows"].get(cand_id) is not None:
-                    self.ledger.update(cand_id, **dict(zip(ROW_FIELDS, rows_before[cand_id],
-                                                           strict=True)))
+                    self.ledger.restore(cand_id, **dict(zip(ROW_FIELDS, rows_before[cand_id],
+                                                            strict=True)))
         forged = [i for i in after["rows"] if i not in rows_before]
         if forged:
             problems.append(f"candidates were added behind the driver's back "
                             f"({', '.join(forged)})")
             for cand_id in forged:  # never run, never kept
-                self.ledger.update(cand_id, "judged:rejected", status=Status.REJECTED,
-                                   reasons="tampering: recorded behind the driver's back",
-                                   judged_at=time.time())
+                self.ledger.reject(cand_id, "tampering: recorded behind the driver's back",
+                                   time.time())
                 after["verdicts"].pop(cand_id, None)
         if after["verdicts"] != before["verdicts"]:
             problems.append("earlier verdicts in the ledger were changed")
             for cand_id, (status, metric) in before["verdicts"].items():
-                self.ledger.update(cand_id, status=status, metric=metric)
+                self.ledger.restore_verdict(cand_id, Status(status), metric)
         if after["tsv"] != before["tsv"]:
             problems.append("results.tsv was modified")
         if not problems:
@@ -306,8 +304,7 @@ class Guard:
         for cand_id in ids:
             cand = self.ledger.candidate(cand_id)
             if cand is not None and cand.kind == Kind.CANDIDATE and not cand.is_judged:
-                self.ledger.update(cand_id, "judged:rejected", status=Status.REJECTED,
-                                   reasons=reason, judged_at=time.time())
+                self.ledger.reject(cand_id, reason, time.time())
         return True
 
     def _submissions(self, before: dict, after: dict) -> dict[str, str]:

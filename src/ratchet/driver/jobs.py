@@ -26,7 +26,6 @@ from ratchet.core.errors import InfrastructureError
 from ratchet.core.vocab import Kind, Outcome, Status
 from ratchet.driver import reference
 from ratchet.driver.infra import RESUME, InfraFault
-from ratchet.driver.ledger import Ledger
 from ratchet.driver.spend import compute_usd
 from ratchet.job.faults import fault_point
 from ratchet.job.jobspec import (
@@ -36,6 +35,7 @@ from ratchet.job.jobspec import (
     JobSpec,
     PinnedFile,
 )
+from ratchet.store.ledger import Ledger
 
 T = TypeVar("T")
 POLL_S = 0.02
@@ -107,7 +107,8 @@ class Jobs:
         if cand.commit_sha is None:
             raise LookupError(f"{cand.id}: no commit to run")
         task, backend = self.config.task, self.config.backend
-        pins = {k: PinnedFile(**v) for k, v in self.ledger.get("pins", {}).items()}
+        record = self.ledger.study()
+        pins = {k: PinnedFile(**v) for k, v in record.pins.items()}
         holdout_dir = Path(task.holdout_data) if task.holdout_data else None
         if holdout_dir is not None and not holdout_dir.is_absolute():
             holdout_dir = self.repo / holdout_dir
@@ -131,8 +132,8 @@ class Jobs:
             env_allow=list(task.env),
             env_set={**self.cache_env(), **self.incumbent_env(cand)},
             protected=pins,
-            data_dir=self.ledger.get("data_dir"),
-            data_digest=self.ledger.get("data_digest"),
+            data_dir=record.data_dir,
+            data_digest=record.data_digest,
             holdout_dir=str(holdout_dir) if holdout_dir else None,
             log_limit_bytes=int(backend.log_limit_mb * (1 << 20)),
             memory_limit_bytes=(int(backend.memory_limit_gb * (1 << 30))
@@ -165,7 +166,7 @@ class Jobs:
         curve, when driver.reference trusts it as a reference for stopping a run."""
         if cand.kind != Kind.CANDIDATE:
             return {}
-        inc_id = self.ledger.get("incumbent_id")
+        inc_id = self.ledger.study().incumbent.id
         if self._incumbent_extra[0] != inc_id:
             row = self.ledger.candidate(inc_id) if inc_id else None
             extra = {k: v for k, v in ((row.extra if row else None) or {}).items()
@@ -179,7 +180,7 @@ class Jobs:
         """$RATCHET_INCUMBENT_PROGRESS: the curve the worker stops a clearly worse run
         against (ratchet.job.worker.Progress), when one may be trusted; none for a
         candidate chosen to run in full and check it (reference.audited)."""
-        inc_commit = self.ledger.get("incumbent")
+        inc_commit = self.ledger.study().incumbent.commit
         if not inc_id or not inc_commit:
             return {}
         ref = reference.reference(self.ledger, inc_id,
@@ -206,8 +207,7 @@ class Jobs:
     def submit(self, cand: Candidate) -> str:
         """Record the job id, then place the job (idempotent under the same id)."""
         spec = self.spec(cand)
-        self.ledger.update(cand.id, "submitted", status=Status.SUBMITTED, job_id=spec.job_id,
-                           submitted_at=time.time())
+        self.ledger.place(cand.id, spec.job_id, time.time())
         fault_point("submit-recorded")
         job_id = self.call("submit", lambda: self.backend.submit(spec), cand.id)
         self._placed_here.add(spec.job_id)
@@ -222,8 +222,7 @@ class Jobs:
         """
         spec = self.spec(cand)
         if spec.job_id != cand.job_id:  # killed between counting a loss and the new id
-            self.ledger.update(cand.id, "submitted", job_id=spec.job_id,
-                               submitted_at=time.time())
+            self.ledger.rename_job(cand.id, spec.job_id, time.time())
         self.call("submit", lambda: self.backend.submit(spec), cand.id)
         self._placed_here.add(spec.job_id)
 
@@ -237,7 +236,7 @@ class Jobs:
         for cand in (self.ledger.row(c.id) for c in cands):
             if cand.status == Status.INTERRUPTED:
                 # one write: a driver killed before the submit must not count it twice
-                self.ledger.update(cand.id, attempt=cand.attempt + 1, status=Status.COMMITTED)
+                self.ledger.requeue(cand.id, cand.attempt + 1)
                 fresh.append(self.ledger.row(cand.id))
             elif cand.status == Status.SUBMITTED and cand.job_id not in self._placed_here:
                 self.reattach(cand)
@@ -249,8 +248,7 @@ class Jobs:
         now = time.time()
         with self.ledger.transaction():
             for cand, spec in zip(fresh, specs, strict=True):
-                self.ledger.update(cand.id, "submitted", status=Status.SUBMITTED,
-                                   job_id=spec.job_id, submitted_at=now)
+                self.ledger.place(cand.id, spec.job_id, now)
         fault_point("submit-recorded")
         for cand, spec in zip(fresh, specs, strict=True):  # all of them: each is recorded
             self.call("submit", functools.partial(self.backend.submit, spec), cand.id)
@@ -349,12 +347,11 @@ class Jobs:
         stale = (result.started_at or 0.0) < self._born
         if stale or cand.attempt + 1 < self.backend.max_attempts:
             self.log(f"{cand.id}: {result.reason} (run again)")
-            self.ledger.update(cand.id, "unreachable-resubmitted", attempt=cand.attempt + 1)
+            self.ledger.retry(cand.id, cand.attempt + 1, "unreachable-resubmitted")
             self.submit(self.ledger.row(cand.id))
             return
-        self.ledger.update(cand.id, "interrupted", status=Status.INTERRUPTED,
-                           reasons=f"{result.reason} (left pending)",
-                           **self._held_meanwhile(cand))
+        self.ledger.interrupt(cand.id, f"{result.reason} (left pending)",
+                              *self._held_meanwhile(cand))
         raise InfraFault(f"{result.reason}; {RESUME}")
 
     def wait(self, ids: list[str], report: Callable[[list], None],
@@ -407,16 +404,15 @@ class Jobs:
             if result is not None and result.outcome != Outcome.CANCELLED:
                 self.record_result(cand, result)  # it finished before the cancel landed
                 return
-        self.ledger.update(cand.id, "interrupted", status=Status.INTERRUPTED,
-                           reasons="interrupted (Ctrl-C); rerun on resume",
-                           **self._held_meanwhile(cand))
+        self.ledger.interrupt(cand.id, "interrupted (Ctrl-C); rerun on resume",
+                              *self._held_meanwhile(cand))
 
-    def _held_meanwhile(self, cand: Candidate) -> dict:
+    def _held_meanwhile(self, cand: Candidate) -> tuple[float, float]:
         """An attempt that ends with no result (interrupted, lost) still held its slot
         from its placing until now: spent, and counted (`extra_slot_s`, `cost_usd`)."""
         held = max(0.0, time.time() - (cand.submitted_at or time.time()))
-        return {"extra_slot_s": round((cand.extra_slot_s or 0.0) + held, 3),
-                "cost_usd": round((cand.cost_usd or 0.0) + compute_usd(self.config, held), 6)}
+        return (round((cand.extra_slot_s or 0.0) + held, 3),
+                round((cand.cost_usd or 0.0) + compute_usd(self.config, held), 6))
 
     def handle_lost(self, cand: Candidate) -> None:
         max_attempts = self.backend.max_attempts
@@ -424,10 +420,9 @@ class Jobs:
             lost = JobResult(job_id=_placed(cand), outcome=Outcome.ERROR,
                              failed_stage="infrastructure",
                              reason=f"job lost {max_attempts} times (worker vanished)")
-            self.ledger.update(cand.id, "lost", status=Status.FINISHED, reasons=lost.reason,
-                               result=json.loads(lost.to_json()))
+            self.ledger.lose(cand.id, lost.reason, json.loads(lost.to_json()))
             return
-        self.ledger.update(cand.id, "lost-resubmitted", attempt=cand.attempt + 1)
+        self.ledger.retry(cand.id, cand.attempt + 1, "lost-resubmitted")
         self.submit(self.ledger.row(cand.id))
 
     def record_result(self, cand: Candidate, result: JobResult | None) -> None:
@@ -442,10 +437,8 @@ class Jobs:
         if result.outcome == Outcome.OK and result.started_at and result.finished_at:
             # the worker's own clock: the job's time without the wait to be picked up
             self._took.append(max(0.0, result.finished_at - result.started_at))
-        self.ledger.update(
+        self.ledger.finish(
             cand.id,
-            "finished",
-            status=Status.FINISHED,
             metric=result.metric,
             samples=result.samples,
             extra=result.extra,
@@ -496,11 +489,11 @@ class Jobs:
         # the follow-up job held a slot too: its time and price join the row's
         spent = slot_seconds_of(held)
         cand = self.ledger.row(cand.id)
-        self.ledger.update(cand.id, "holdout", holdout=held.holdout if held.outcome == Outcome.OK
-                           else cand.holdout,
-                           extra_slot_s=round((cand.extra_slot_s or 0.0) + spent, 3),
-                           cost_usd=round((cand.cost_usd or 0.0)
-                                          + compute_usd(self.config, spent), 6))
+        self.ledger.record_holdout(cand.id, held.holdout if held.outcome == Outcome.OK
+                                   else cand.holdout,
+                                   extra_slot_s=round((cand.extra_slot_s or 0.0) + spent, 3),
+                                   cost_usd=round((cand.cost_usd or 0.0)
+                                                  + compute_usd(self.config, spent), 6))
         return held
 
     # -- after judging --------------------------------------------------------------------

@@ -54,12 +54,12 @@ def _study_config(top: Path, on_disk: Config) -> tuple[Config, str | None]:
     started, else the one committed in HEAD (where a new study starts). An uncommitted
     edit never takes effect: candidates are evaluated against committed files only."""
     from ratchet.driver.config import loads_config
-    from ratchet.driver.ledger import Ledger
+    from ratchet.store.ledger import Ledger
 
     db = top / ".ratchet" / "ledger.db"
     if db.exists():
         ledger = Ledger(db)
-        pinned, start = ledger.get("config"), ledger.get("pinned")
+        pinned, start = ledger.study().config, ledger.study().pinned
         ledger.close()
         if pinned:
             return (loads_config(pinned.encode(), f"{CONFIG_FILE} pinned at the study's start"),

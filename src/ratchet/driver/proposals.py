@@ -24,11 +24,11 @@ from ratchet.core.config import Config
 from ratchet.core.verdict import Reason
 from ratchet.core.vocab import Kind, Status
 from ratchet.driver.candidate import make_commit, materialise, rebase, scope_violations, study_ref
-from ratchet.driver.ledger import Ledger
 from ratchet.driver.lock import SubmitLock
 from ratchet.job import gitrepo
 from ratchet.job.faults import fault_point
 from ratchet.proposers import ProposalContext, Proposer, make_proposer
+from ratchet.store.ledger import Ledger
 
 # -- proposals, made ahead in a background thread ----------------------------------------
 

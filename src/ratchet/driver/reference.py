@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from ratchet.core import stats
 from ratchet.core.candidate import Candidate
 from ratchet.core.vocab import Kind, Status
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 AUDIT_AFTER = 3  # stops in a row before one candidate runs in full
 MARGIN = 0.02  # relative: the margin stats.clearly_worse_run stops by

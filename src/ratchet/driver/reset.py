@@ -19,9 +19,9 @@ from ratchet.core.errors import UserError
 from ratchet.core.vocab import Kind, Status
 from ratchet.driver.candidate import study_branch
 from ratchet.driver.config import loads_config
-from ratchet.driver.ledger import Ledger, LedgerError
 from ratchet.driver.lock import StudyLock
 from ratchet.job import gitrepo
+from ratchet.store.ledger import Ledger, LedgerError
 
 STATE_DIR = ".ratchet"  # study.STATE_DIR (not imported: the study front is heavy)
 ARCHIVE = "archive"
@@ -64,7 +64,7 @@ def reset_study(repo: Path) -> Archived:
 def _archive(repo: Path, state: Path) -> Archived:
     ledger = _open(state / "ledger.db")
     try:
-        study = ledger.get("study") or _config_name(repo)
+        study = ledger.study().study or _config_name(repo)
     finally:
         ledger.close()
     branch = study_branch(study)
@@ -139,7 +139,7 @@ def unjudged_config_change(repo: Path, ledger: Ledger) -> str | None:
     HEAD, when its committed ratchet.toml differs from the one pinned at the study's
     start (else None). Once a candidate is judged against a measured baseline, the pinned
     config stays; a study whose baseline failed compared nothing, whatever it judged."""
-    pinned = ledger.get("config")
+    pinned = ledger.study().config
     cands = ledger.candidates()
     if any(c.kind == Kind.BASELINE and c.status in (Status.CRASH, Status.REJECTED)
            for c in cands):
@@ -147,7 +147,7 @@ def unjudged_config_change(repo: Path, ledger: Ledger) -> str | None:
     if not pinned or any(c.kind == Kind.CANDIDATE and c.is_judged for c in cands):
         return None
     head = gitrepo.try_rev_parse(repo, "HEAD")
-    if head is None or head == ledger.get("pinned") or not gitrepo.path_exists(
+    if head is None or head == ledger.study().pinned or not gitrepo.path_exists(
             repo, head, CONFIG_FILE):
         return None
     committed = gitrepo.show(repo, head, CONFIG_FILE).decode("utf-8", "replace")
@@ -163,7 +163,7 @@ def start_over_if_changed(repo: Path) -> str | None:
     ledger = _open(repo / STATE_DIR / "ledger.db")
     try:
         head = unjudged_config_change(repo, ledger)
-        start = str(ledger.get("pinned") or "")
+        start = str(ledger.study().pinned or "")
     finally:
         ledger.close()
     if head is None:

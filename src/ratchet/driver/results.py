@@ -23,8 +23,8 @@ from ratchet.core import stats
 from ratchet.core.candidate import Candidate
 from ratchet.core.vocab import Status
 from ratchet.driver import words
-from ratchet.driver.ledger import Ledger
 from ratchet.driver.views import study_noise
+from ratchet.store.ledger import Ledger
 
 TSV_STATUSES = ("keep", "discard", "crash", "rejected")
 COLUMNS = ["commit", "{metric}", "memory_gb", "status", "description", "tokens", "cost_usd",

@@ -30,13 +30,13 @@ from ratchet.driver.candidate import (
 )
 from ratchet.driver.integrity import Guard, row_key
 from ratchet.driver.jobs import Jobs
-from ratchet.driver.ledger import Ledger
 from ratchet.driver.proposals import Proposals
 from ratchet.driver.spend import Spend
 from ratchet.driver.views import reported_errors
 from ratchet.job import gitrepo
 from ratchet.job.faults import fault_point
 from ratchet.job.jobspec import JobResult
+from ratchet.store.ledger import Ledger
 
 # a candidate row that still has work to do (proposed ones are never left over: a
 # proposal is recorded committed or rejected in one transaction)
@@ -280,10 +280,7 @@ class Loop:
                 if led.row(cand_id).status == Status.REJECTED:
                     continue  # rejected meanwhile (tampering while it was confirmed)
                 confirmation = verdict.confirmation
-                led.update(cand_id, f"judged:{verdict.status}", status=verdict.status,
-                           reasons="; ".join(r for r in verdict.reasons if r) or None,
-                           gain=verdict.gain, margin=verdict.margin, noise=verdict.noise,
-                           code=verdict.code, judged_at=now)
+                led.judge(cand_id, verdict, now)
                 if confirmation is not None:
                     led.event("confirmation", cand_id, step=confirmation.step,
                               pairs=confirmation.pairs, t=confirmation.t,
@@ -334,10 +331,8 @@ class Loop:
         Returns the verdicts written, {id: (status, metric)}."""
         written = {}
         for cand_id, named in self.guard.mismatched(finished).items():
-            restore = {"commit_sha": named} if named else {}
-            self.ledger.update(cand_id, "judged:rejected", status=Status.REJECTED,
-                               reasons="tampering: the ledger's commit is not the one its "
-                                       "ref names", judged_at=time.time(), **restore)
+            self.ledger.reject(cand_id, "tampering: the ledger's commit is not the one its "
+                               "ref names", time.time(), commit_sha=named)
             written[cand_id] = ("rejected", self.ledger.row(cand_id).metric)
         return written
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 import contextlib
 import difflib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 from ratchet.backends import Backend
 from ratchet.core.candidate import Candidate, Incumbent, Proposal
@@ -33,9 +34,7 @@ from ratchet.driver.candidate import study_branch
 from ratchet.driver.config import load_config
 from ratchet.driver.integrity import Guard, check_commands, committed_config, pin_protected
 from ratchet.driver.jobs import Jobs
-from ratchet.driver.ledger import Ledger, LedgerError
 from ratchet.driver.lock import StudyLock
-from ratchet.driver.notify import Notifier
 from ratchet.driver.proposals import Proposals
 from ratchet.driver.results import write_results_tsv
 from ratchet.driver.rolling import Rolling
@@ -45,6 +44,8 @@ from ratchet.job import gitrepo, sandbox
 from ratchet.job.jobspec import JobSpec
 from ratchet.proposers import Proposer
 from ratchet.proposers.knobs import KnobError, knob_values
+from ratchet.store.calls import Meter
+from ratchet.store.ledger import Ledger, LedgerError
 
 STATE_DIR = ".ratchet"
 SESSION_BEAT_S = 2.0  # how often a running driver marks its session alive
@@ -82,6 +83,20 @@ def _noop(_: Progress) -> None:
     pass
 
 
+class Watcher(Protocol):
+    """What follows a study from outside the loop, handed in by the front that opens it
+    (`[notify]`'s notifier, ui/notify.py): told when a run starts, after each new
+    verdict, and when the run ends. What one raises is logged, never the study's."""
+
+    name: str  # how its warnings are labelled
+
+    def start(self, ledger: Ledger) -> None: ...
+
+    def check(self, ledger: Ledger) -> None: ...
+
+    def end(self, ledger: Ledger, why: str) -> None: ...
+
+
 class Study:
     def __init__(
         self,
@@ -93,6 +108,7 @@ class Study:
         parallel: int | None = None,
         progress: Callable[[Progress], None] = _noop,
         log: Callable[[str], None] = lambda _: None,
+        watch: Sequence[Callable[[Study], Watcher]] = (),
     ) -> None:
         top = gitrepo.work_tree(repo)
         if top is None:
@@ -127,8 +143,9 @@ class Study:
         # one submission at a time across processes (lock.SubmitLock), the lock recording
         # takes: a submission holds it from its budget check to its record
         self.submitting = self.proposals.submitting
-        self.notifier = Notifier(self.config.notify, self.name, self.config.metric.name,
-                                 self.config.metric.goal, log)
+        # what follows the study from outside the loop, as the front hands it in (the
+        # CLI's and `ratchet mcp`'s: [notify]'s notifier, ui/notify.py)
+        self.watchers = [make(self) for make in watch]
 
     @property
     def backend(self) -> Backend:
@@ -162,7 +179,7 @@ class Study:
 
     @property
     def started(self) -> bool:
-        return self.ledger.get("pinned") is not None
+        return self.ledger.study().pinned is not None
 
     def ensure_started(self, start: str = "HEAD") -> None:
         """Pin the study's starting point (once): commit, protected files, branch."""
@@ -221,7 +238,7 @@ class Study:
         from ratchet.driver.budget import preview
 
         with contextlib.suppress(UserError, gitrepo.GitError):  # an estimate, never a stop
-            estimate = preview(self.config, self.repo, self.ledger.get("incumbent"),
+            estimate = preview(self.config, self.repo, self.ledger.study().incumbent_commit,
                                self.parallel, self.proposer_kind)
             if estimate.usd > 0 or self.config.budget.limits:
                 self.log(estimate.line(self.config.budget))
@@ -241,7 +258,7 @@ class Study:
         its evaluator's child here, an agent), as their own uid? If not, one line names
         the path out of reach, the uid and the fixes, before the first job (and, at the
         first start, before anything is recorded): never a crash on every candidate."""
-        commit = self.ledger.get("pinned") or gitrepo.try_rev_parse(self.repo, "HEAD")
+        commit = self.ledger.study().pinned or gitrepo.try_rev_parse(self.repo, "HEAD")
         if commit is None:
             return  # no commits: ensure_started says so
         # the agent's probe beside the jobs' (the ledger is read on this thread only)
@@ -281,7 +298,7 @@ class Study:
                 raise StudyError(str(exc)) from None
         self.ensure_started()
         self._start_session("run")
-        if self.ledger.get("budget_stop") is not None:
+        if self.ledger.study().budget_stop is not None:
             self.ledger.set(budget_stop=None)  # this run checks the limits anew
         self._preview()
         with _as_study_errors():
@@ -293,7 +310,7 @@ class Study:
             else:
                 policy = Rounds(self._loop(), target)
             policy.start_early()  # the proposer thinks while workers start and prep runs
-        self._notify(lambda: self.notifier.start(self.ledger))
+        self._tell(lambda w: w.start(self.ledger))
         why = "failed"
         try:
             if self.config.prep:
@@ -313,7 +330,7 @@ class Study:
         finally:
             if self.stop.hard:  # a call still in flight is billed before the driver ends
                 self.interrupt()
-            self._notify(lambda: self.notifier.end(self.ledger, why))
+            self._tell(lambda w: w.end(self.ledger, why))
         self._write_views()  # a driver killed after the last verdict left them stale
 
     def interrupt(self) -> list[int]:
@@ -321,14 +338,16 @@ class Study:
         interrupted, with its time and what is known of its tokens, and ended (an agent's
         sandbox); the proposer gives up on it (HardStop) and nothing waits for its reply.
         From any thread; the ids of the calls billed."""
-        return spend.Meter.interrupt_all(self.state_dir)
+        return Meter.interrupt_all(self.state_dir)
 
-    def _notify(self, step: Callable[[], None]) -> None:
-        """A notification step; whatever goes wrong in it is logged, never raised."""
-        try:
-            step()
-        except Exception as exc:  # noqa: BLE001 - notices never break the study
-            self.log(f"warning: notify: {type(exc).__name__}: {exc} (the study goes on)")
+    def _tell(self, step: Callable[[Watcher], None]) -> None:
+        """A step of each watcher; whatever goes wrong in one is logged, never raised."""
+        for watcher in self.watchers:
+            try:
+                step(watcher)
+            except Exception as exc:  # noqa: BLE001 - notices never break the study
+                self.log(f"warning: {watcher.name}: {type(exc).__name__}: {exc} "
+                         "(the study goes on)")
 
     def _loop(self) -> Loop:
         return Loop(repo=self.repo, config=self.config, ledger=self.ledger, jobs=self.jobs,
@@ -399,7 +418,8 @@ class Study:
             self._check_reach(proposer=False)
         with self.submitting:  # the budget checked and the row recorded as one step
             self._refuse_over_budget()
-            incumbent, round_no = self.ledger.get("incumbent"), self.ledger.get("round")
+            record = self.ledger.study()
+            incumbent, round_no = record.incumbent_commit, record.next_round
             rows = self._loop().fixed_rows(incumbent)[:1]
             rows = [r for r in rows if r["kind"] == Kind.BASELINE]
             # submitting the start commit itself before anything ran makes it the baseline
@@ -436,7 +456,7 @@ class Study:
         baseline = [c for c in self.ledger.candidates() if c.kind == Kind.BASELINE
                     and not c.is_judged and c.id not in ids]
         group = [c.id for c in baseline + cands]
-        round_no = self.ledger.get("round")
+        round_no = self.ledger.study().next_round
         with _as_study_errors():
             trusted = self.guard.snapshot()
             done = self.jobs.wait(group, lambda running: self._report(round_no, round_no,
@@ -459,8 +479,7 @@ class Study:
         if cand.is_judged:
             raise StudyError(f"{cand.id} is already judged ({cand.status})")
         self.jobs.cancel(cand)
-        self.ledger.update(cand.id, "cancelled", status=Status.CANCELLED,
-                           reasons="cancelled by the user", judged_at=time.time())
+        self.ledger.cancel(cand.id, "cancelled by the user", time.time())
         self._write_views()
         return self.ledger.row(cand.id)
 
@@ -474,23 +493,23 @@ class Study:
             raise StudyError("ratchet.toml has no [prep] section "
                              "(add `[prep] run = \"python prepare.py\"`)")
         command = self.config.prep.run
+        record = self.ledger.study()
         with _as_study_errors():
             # a backend whose nodes do not see this machine prepares once where they all
             # see it (a prep job on the engine); None: the local cache below
             shared = self.backend.prepare(
                 study=self.name, repo=self.repo, command=command,
-                pinned_commit=self.ledger.get("pinned"),
-                key=prep_key(command, self.ledger.get("pins", {})),
+                pinned_commit=record.start, key=prep_key(command, record.pins),
                 env_allow=list(self.config.task.env), timeout_s=self.config.task.timeout)
             data: str | Path
             if shared is not None:
                 data, digest = shared
             else:
                 data, digest = prepare(self.repo, self.state_dir, command,
-                                       self.ledger.get("pinned"), self.ledger.get("pins", {}),
+                                       record.start, record.pins,
                                        list(self.config.task.env), self.config.task.timeout,
                                        force=force)
-        if self.ledger.get("data_digest") != digest or self.ledger.get("data_dir") != str(data):
+        if record.data_digest != digest or record.data_dir != str(data):
             self.ledger.set(data_dir=str(data), data_digest=digest)
         return Path(data)
 
@@ -505,7 +524,7 @@ class Study:
         key = tuple(sorted(counts.items()))
         if self._best[0] != key:  # the pooled best changes only with a verdict
             self._best = (key, views.best_so_far(self.ledger, self.config.metric.goal))
-            self._notify(lambda: self.notifier.check(self.ledger))
+            self._tell(lambda w: w.check(self.ledger))
         self._last_progress = Progress(round=round_no, rounds=target, running=running,
                                        best=self._best[1], counts=counts,
                                        message=self.jobs.trouble,
@@ -513,8 +532,8 @@ class Study:
         self.progress(self._last_progress)
 
     def _show_trouble(self, message: str) -> None:
-        last = self._last_progress or Progress(round=self.ledger.get("round") or 1,
-                                               rounds=self.ledger.get("round") or 1)
+        round_no = self.ledger.study().round or 1
+        last = self._last_progress or Progress(round=round_no, rounds=round_no)
         self.progress(replace(last, message=message))
 
     def sandbox_status(self) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ratchet.core.vocab import Kind, Status
-from ratchet.driver.ledger import _TRUTHY, Ledger
+from ratchet.store.ledger import _TRUTHY, Ledger
 
 
 @dataclass(frozen=True)

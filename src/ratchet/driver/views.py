@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ratchet.core import stats
 from ratchet.core.vocab import Kind, Status
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 LINE_WIDTH = 80  # what `ratchet run` prints fits a terminal's default width
 
@@ -188,10 +188,11 @@ def headline(ledger: Ledger, metric: str, goal: str, noise_ignored: bool = False
              groups: dict[str, list[float]] | None = None) -> Headline:
     groups = ledger.evaluations() if groups is None else groups
     noise = study_noise(ledger, metric, groups)
-    pinned, commit = ledger.get("pinned"), ledger.get("incumbent")
+    record = ledger.study()
+    pinned, commit = record.pinned, record.incumbent.commit
     base = stats.estimate(groups.get(pinned or "", []), noise)
     inc = stats.estimate(groups.get(commit or "", []), noise)
-    return Headline(metric, goal, base, inc, ledger.get("incumbent_id"), commit, noise,
+    return Headline(metric, goal, base, inc, record.incumbent.id, commit, noise,
                     noise_ignored)
 
 
@@ -199,7 +200,7 @@ def best_so_far(ledger: Ledger, goal: str) -> float | None:
     """The best pooled estimate of any commit that was the incumbent (the start and every
     keep): it never moves the wrong way when the incumbent is re-measured."""
     groups = ledger.evaluations()
-    commits = [ledger.get("pinned")] + [row[0] for row in ledger.db.execute(
+    commits = [ledger.study().pinned] + [row[0] for row in ledger.db.execute(
         "SELECT commit_sha FROM candidates WHERE status = ? AND kind != ? ORDER BY seq",
         (Status.KEEP.value, Kind.CONFIRM.value))]
     means = [sum(v) / len(v) for v in (groups.get(c or "") for c in commits) if v]

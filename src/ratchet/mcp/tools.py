@@ -24,8 +24,8 @@ from ratchet.core.config import CONFIG_FILE
 from ratchet.core.errors import UserError
 from ratchet.core.paths import matches_any, protected_by, unsafe
 from ratchet.core.vocab import Status
-from ratchet.driver import audit, spend, views
 from ratchet.driver import budget as budgets
+from ratchet.driver import spend, views
 from ratchet.driver.candidate import scope_violations
 from ratchet.driver.lock import StudyLocked
 from ratchet.driver.opening import open_study
@@ -34,6 +34,7 @@ from ratchet.driver.tally import Tally
 from ratchet.job import gitrepo
 from ratchet.proposers.context import context_settings, hardware_text
 from ratchet.proposers.scratch import MAX_FILE_BYTES, MAX_TOTAL_BYTES
+from ratchet.ui import audit, notify
 
 PROPOSER = "mcp"  # its candidates are recorded with it (in vocab.SUBMITTED_FROM_OUTSIDE)
 MAX_FILES = 100  # files in one submission
@@ -70,7 +71,7 @@ class StudyTools:
     @contextlib.contextmanager
     def _study(self) -> Iterator[Study]:
         # as every CLI command opens it: the config pinned at the study's start, ...
-        with open_study(self.repo, log=_log) as study:
+        with open_study(self.repo, log=_log, watch=[notify.watcher]) as study:
             yield study
 
     # -- study() -----------------------------------------------------------------------
@@ -84,7 +85,7 @@ class StudyTools:
             counts: dict[str, int] = {}
             for cand in cands:
                 counts[cand.status] = counts.get(cand.status, 0) + 1
-            start = ledger.get("incumbent") or gitrepo.try_rev_parse(study.repo, "HEAD")
+            start = ledger.study().incumbent.commit or gitrepo.try_rev_parse(study.repo, "HEAD")
             head = views.headline(ledger, metric.name, metric.goal,
                                   config.acceptance.noise == "ignore")
             limits = budgets.status(config.budget, spent, cands, ledger)
@@ -104,8 +105,8 @@ class StudyTools:
                 },
                 "incumbent": {
                     "commit": start,
-                    "id": ledger.get("incumbent_id"),
-                    "metric": ledger.get("incumbent_metric"),
+                    "id": ledger.study().incumbent.id,
+                    "metric": ledger.study().incumbent.metric,
                 },
                 # baseline -> incumbent as pooled estimates with 95% intervals, the noise
                 "estimate": head.as_dict(),
@@ -155,7 +156,8 @@ class StudyTools:
         if len(paths) > MAX_FILES:
             raise ToolInputError("paths", f"{len(paths)} paths; ask for at most {MAX_FILES}")
         with self._study() as study:
-            commit = study.ledger.get("incumbent") or gitrepo.try_rev_parse(study.repo, "HEAD")
+            commit = (study.ledger.study().incumbent.commit
+                      or gitrepo.try_rev_parse(study.repo, "HEAD"))
             if commit is None:
                 raise UserError(f"{study.repo}: the repository has no commits")
             readable = self._readable(study, commit)
@@ -181,7 +183,7 @@ class StudyTools:
                     raise ToolInputError("paths", f"more than {MAX_READ_CHARS:,} characters "
                                          "at once; ask for fewer files")
                 out[path] = text
-            return {"commit": commit, "incumbent_id": study.ledger.get("incumbent_id"),
+            return {"commit": commit, "incumbent_id": study.ledger.study().incumbent.id,
                     "files": out}
 
     # -- submit(files, description, base) ----------------------------------------------
@@ -201,7 +203,7 @@ class StudyTools:
                 if not matches_any(path, config.task.editable):
                     raise ToolInputError(field, "is not editable (task.editable: "
                                          f"{', '.join(config.task.editable)})")
-            incumbent = study.ledger.get("incumbent") or gitrepo.try_rev_parse(
+            incumbent = study.ledger.study().incumbent.commit or gitrepo.try_rev_parse(
                 study.repo, "HEAD")
             if incumbent is None:
                 raise UserError(f"{study.repo}: the repository has no commits; commit the "
@@ -291,9 +293,7 @@ class StudyTools:
             out: dict[str, Any] = {
                 "done": not running,
                 "verdicts": verdicts,
-                "incumbent": {"commit": study.ledger.get("incumbent"),
-                              "id": study.ledger.get("incumbent_id"),
-                              "metric": study.ledger.get("incumbent_metric")},
+                "incumbent": _incumbent(study),
             }
             if running:
                 out["still_running"] = running
@@ -309,9 +309,7 @@ class StudyTools:
             metric = study.config.metric.name
             rows = study.ledger.candidates()[-n:]
             return {
-                "incumbent": {"commit": study.ledger.get("incumbent"),
-                              "id": study.ledger.get("incumbent_id"),
-                              "metric": study.ledger.get("incumbent_metric")},
+                "incumbent": _incumbent(study),
                 "candidates": [{**audit.verdict(c, metric), "kind": c.kind, "round": c.round,
                                 "proposer": c.proposer, "parent": c.parent} for c in rows],
             }
@@ -468,3 +466,9 @@ def _same_tree(study: Study, commit: str) -> str | None:
     trees = study.proposals.trees([commit, *(c.commit_sha or "" for c in rows)])
     mine = trees.get(commit)
     return next((c.id for c in rows if mine and trees.get(c.commit_sha or "") == mine), None)
+
+
+def _incumbent(study: Study) -> dict[str, Any]:
+    """The incumbent as the tools report it: its commit, id and pooled metric."""
+    inc = study.ledger.study().incumbent
+    return {"commit": inc.commit, "id": inc.id, "metric": inc.metric}

@@ -48,11 +48,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ratchet.core import sanitize
 from ratchet.core.candidate import Candidate, Proposal
 from ratchet.core.config import CONFIG_FILE, Config, Duration, parse_duration
 from ratchet.core.errors import HardStop
-from ratchet.driver import sanitize
-from ratchet.driver.spend import Call, Flight, Meter, Outcome, gather
+from ratchet.core.vocab import CallOutcome
 from ratchet.job import egress, gitrepo, reach, sandbox
 from ratchet.job.procs import CappedLog
 from ratchet.proposers import Estimate, ProposalContext, Proposer, ProposerError, scratch
@@ -67,6 +67,7 @@ from ratchet.proposers.context import (
     validate_section,
     warm_context,
 )
+from ratchet.store.calls import Call, Flight, Meter, gather
 
 PASS_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TMPDIR",
             "TZ", "SHELL")
@@ -282,7 +283,7 @@ class AgentProposer(Proposer):
         with Meter(ctx.state_dir) as meter:
             got = self._one_agent(ctx, 0, 1, proposal.idea, "", shared, sorted(files), meter,
                                   name=name, instructions=AGENT_REPAIR,
-                                  ok=Outcome.REPAIRED)
+                                  ok=CallOutcome.REPAIRED)
         got.calls = [*proposal.calls, *got.calls]
         if got.error:
             got.error = f"the repair failed: {got.error}"
@@ -293,7 +294,7 @@ class AgentProposer(Proposer):
     def _one_agent(self, ctx: ProposalContext, i: int, k: int, idea: str | None, angle: str,
                    shared: str, files: list[str], meter: Meter | None = None,
                    name: str | None = None, instructions: str = "",
-                   ok: Outcome = Outcome.OK) -> Proposal:
+                   ok: CallOutcome = CallOutcome.OK) -> Proposal:
         name = name or f"{ctx.round}-{i}"
         work_dir = record_dir(ctx.state_dir / "agents", name)  # the driver's: prompt, log
         fallback = f"idea: {idea}" if idea else f"agent: {angle}"
@@ -321,7 +322,7 @@ class AgentProposer(Proposer):
     def _run_in(self, copy: scratch.Scratch, ctx: ProposalContext, argv: list[str],
                 prompt: str, prompt_file: Path, work_dir: Path, idea: str | None, angle: str,
                 fallback: str, meter: Meter | None = None,
-                ok: Outcome = Outcome.OK) -> Proposal:
+                ok: CallOutcome = CallOutcome.OK) -> Proposal:
         # a home and a temp dir of its own, inside the only place it may write: CLIs keep
         # sessions and caches there (the real HOME is out of reach in the sandbox), with
         # copies of the config dirs the user names (scratch.private_home)
@@ -354,7 +355,7 @@ class AgentProposer(Proposer):
     def _run_proxied(self, copy: scratch.Scratch, ctx: ProposalContext, argv: list[str],
                      env: dict[str, str], proxy: egress.Proxy, prompt: str, work_dir: Path,
                      idea: str | None, angle: str, fallback: str, meter: Meter | None,
-                     ok: Outcome) -> Proposal:
+                     ok: CallOutcome) -> Proposal:
         policy = self._policy(argv, env, copy, ctx, proxy.socket_path)
         # a hard stop (Ctrl-C twice) bills the run as it stands and ends its sandbox
         flight = None if meter is None else meter.begin(partial(self._bill_interrupted,
@@ -416,7 +417,7 @@ class AgentProposer(Proposer):
         return base
 
     def _call_record(self, command: str, code: int | None, timed_out: bool,
-                     reported: Usage, seconds: float, ok: Outcome = Outcome.OK) -> Call:
+                     reported: Usage, seconds: float, ok: CallOutcome = CallOutcome.OK) -> Call:
         """One agent run as a call: its time, and its cost as its CLI reports it (Claude
         Code's and Codex's JSON output), else its time at agent.hourly_usd."""
         if reported.cost_usd is not None:
@@ -424,8 +425,8 @@ class AgentProposer(Proposer):
         else:
             cost = self.settings.hourly_usd * seconds / 3600
             source = f"{seconds:.1f} s at ${self.settings.hourly_usd:g}/h agent.hourly_usd"
-        outcome = (Outcome.TIMEOUT if timed_out else ok if code == 0
-                   else Outcome.FAILED)
+        outcome = (CallOutcome.TIMEOUT if timed_out else ok if code == 0
+                   else CallOutcome.FAILED)
         return Call(proposer="agent", model=command, outcome=outcome,
                     input_tokens=reported.input_tokens, output_tokens=reported.output_tokens,
                     cost_usd=cost, seconds=seconds, detail=source)
@@ -433,7 +434,7 @@ class AgentProposer(Proposer):
     def _bill_interrupted(self, command: str, seconds: float) -> list[Call]:
         """A run a hard stop does not wait for: its time so far at agent.hourly_usd (its
         CLI's own figure comes at its end, which never came)."""
-        return [Call(proposer="agent", model=command, outcome=Outcome.INTERRUPTED,
+        return [Call(proposer="agent", model=command, outcome=CallOutcome.INTERRUPTED,
                      cost_usd=self.settings.hourly_usd * seconds / 3600, seconds=seconds,
                      detail=f"{seconds:.1f} s at ${self.settings.hourly_usd:g}/h "
                             "agent.hourly_usd, until the stop")]

@@ -27,15 +27,16 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ratchet.core import sanitize
 from ratchet.core.candidate import Candidate
 from ratchet.core.config import CONFIG_FILE, Config, matches_any, misspelling
 from ratchet.core.paths import protected_by
 from ratchet.core.vocab import Kind, Status
-from ratchet.driver import sanitize
 from ratchet.job import gitrepo
 from ratchet.proposers import ProposalContext, ProposerError
 
 CHARS_PER_TOKEN = 4
+PROMPT_OVERHEAD_TOKENS = 1500  # system prompt, instructions, history and notes
 ERROR_TAIL_LINES = 12
 ERROR_TAIL_CHARS = 1200
 MAX_REPAIR_DIFF_CHARS = 40_000  # a repair shows the change whole, up to this
@@ -414,3 +415,16 @@ def _running(ctx: ProposalContext, limit: int, room: int) -> list[str]:
         used += len(entry) + 1
     entries.reverse()
     return ["## Running now (no verdict yet: do not propose these again)", "", *entries, ""]
+
+
+def prompt_tokens(repo: Path, commit: str, config: Config, token_budget: int) -> int:
+    """About how many tokens a proposer's prompt holds: the editable files at `commit`
+    and the instructions around them, within the context's token budget."""
+    listing = gitrepo.git(repo, "ls-tree", "-r", "-l", commit)
+    size = 0
+    for line in listing.splitlines():
+        meta, _, path = line.partition("\t")
+        parts = meta.split()
+        if len(parts) == 4 and parts[3].isdigit() and matches_any(path, config.task.editable):
+            size += int(parts[3])
+    return min(token_budget, size // CHARS_PER_TOKEN + PROMPT_OVERHEAD_TOKENS)

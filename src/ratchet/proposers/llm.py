@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ratchet.core.candidate import Candidate, Proposal
 from ratchet.core.config import CONFIG_FILE, Config, Duration
 from ratchet.core.errors import HardStop
-from ratchet.driver.spend import Call, Flight, Meter, Outcome, gather
+from ratchet.core.vocab import CallOutcome
 from ratchet.proposers import Estimate, ProposalContext, Proposer, ProposerError, bounded_http
 from ratchet.proposers.context import (
     CHARS_PER_TOKEN,
@@ -50,11 +50,13 @@ from ratchet.proposers.context import (
     editable_files,
     hypotheses,
     hypothesis_text,
+    prompt_tokens,
     repair_text,
     validate_section,
     warm_context,
 )
 from ratchet.proposers.edits import EditParseError, apply_edits, find_description, parse_reply
+from ratchet.store.calls import Call, Flight, Meter, gather
 
 DEFAULT_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 529}
@@ -166,8 +168,6 @@ class LLMProposer(Proposer):
         model's max_tokens."""
         if not config.llm:
             return None
-        from ratchet.driver.budget import prompt_tokens
-
         settings = load_settings(config)
         context = context_settings(config, token_budget=settings.token_budget)
         tokens_in = prompt_tokens(repo, commit, config, context.token_budget)
@@ -273,7 +273,7 @@ class LLMProposer(Proposer):
         with Meter(ctx.state_dir) as meter:
             try:
                 reply = self.complete(spec_index, system, messages, meter, calls,
-                                      ok=Outcome.REPAIRED)
+                                      ok=CallOutcome.REPAIRED)
             except ProposerError as exc:  # a failed repair drops one proposal, no more
                 failed.error = f"the repair failed: {exc}"
                 return _with_calls(failed, proposal)
@@ -402,10 +402,10 @@ class LLMProposer(Proposer):
 
     def complete(self, spec_index: int, system: str, messages: list[dict],
                  meter: Meter | None = None, calls: list[int] | None = None,
-                 ok: Outcome = Outcome.OK) -> Reply:
+                 ok: CallOutcome = CallOutcome.OK) -> Reply:
         """One reply, with bounded retries. With a `meter`, every HTTP request sent (the
         SDK's retries and ours) is recorded as a call as it ends, its id added to `calls`;
-        the one that got a reply as `ok` (Outcome.REPAIRED for a repair)."""
+        the one that got a reply as `ok` (CallOutcome.REPAIRED for a repair)."""
         spec = self.settings.models[spec_index]
         delay = self.settings.backoff
         tries = self.settings.retries + 1
@@ -415,7 +415,7 @@ class LLMProposer(Proposer):
         prompt_tokens = estimate_tokens(system, messages)
         flight: Flight | None = None
 
-        def note(sent: list[bounded_http.Sent], outcome: Outcome, detail: str | None,
+        def note(sent: list[bounded_http.Sent], outcome: CallOutcome, detail: str | None,
                  reply: Reply | None = None) -> None:
             if meter is not None and flight is not None:
                 if not meter.land(flight):  # billed as interrupted: the study stopped
@@ -433,12 +433,12 @@ class LLMProposer(Proposer):
                 except Exception as exc:  # classified below; unknown errors are not retried
                     big = bounded_http.too_large(exc)
                     if big is not None:  # the same request would fetch the same reply
-                        note(sent, Outcome.UNUSABLE, str(big))
+                        note(sent, CallOutcome.UNUSABLE, str(big))
                         return Reply("", 0, 0, error=f"{spec.label}: {big}; the reply is not "
                                      "used (llm.max_reply_mb)")
                     retryable, why, wait = _classify(exc)
                     again = retryable and attempt + 1 < tries
-                    note(sent, Outcome.RETRIED if again else Outcome.FAILED, why)
+                    note(sent, CallOutcome.RETRIED if again else CallOutcome.FAILED, why)
                     if not retryable:
                         raise ProposerError(f"llm: {spec.label}: {why}") from None
                     last = why
@@ -549,7 +549,7 @@ def _malformed(exc: BaseException) -> bool:
 
 
 def record_requests(meter: Meter, spec: ModelSpec, sent: list[bounded_http.Sent],
-                    outcome: Outcome, detail: str | None, reply: Reply | None) -> list[int]:
+                    outcome: CallOutcome, detail: str | None, reply: Reply | None) -> list[int]:
     """Each request of one try, as a call: those the SDK sent again were retried; the
     last ended as the try did, and carries the reply's tokens and their price."""
     ids = []
@@ -560,7 +560,7 @@ def record_requests(meter: Meter, spec: ModelSpec, sent: list[bounded_http.Sent]
         tokens_in = reply.input_tokens if last and reply is not None else 0
         tokens_out = reply.output_tokens if last and reply is not None else 0
         ids.append(meter.record(Call(
-            proposer="llm", model=spec.label, outcome=outcome if last else Outcome.RETRIED,
+            proposer="llm", model=spec.label, outcome=outcome if last else CallOutcome.RETRIED,
             input_tokens=tokens_in, output_tokens=tokens_out,
             cost_usd=(tokens_in * spec.price_per_mtok_in
                       + tokens_out * spec.price_per_mtok_out) / 1e6,
@@ -590,7 +590,7 @@ def bill_interrupted(spec: ModelSpec, sent: bounded_http.Sends, prompt_tokens: i
         last = i == len(seen) - 1
         if last and (not one.done or one.status == 200):
             out.append(Call(
-                proposer="llm", model=spec.label, outcome=Outcome.INTERRUPTED,
+                proposer="llm", model=spec.label, outcome=CallOutcome.INTERRUPTED,
                 input_tokens=prompt_tokens,
                 cost_usd=prompt_tokens * spec.price_per_mtok_in / 1e6,
                 seconds=now - one.started,
@@ -598,7 +598,7 @@ def bill_interrupted(spec: ModelSpec, sent: bounded_http.Sends, prompt_tokens: i
                        "estimated from the prompt as sent"))
             continue
         why = f"HTTP {one.status}" if one.status is not None else (one.error or "no response")
-        out.append(Call(proposer="llm", model=spec.label, outcome=Outcome.RETRIED,
+        out.append(Call(proposer="llm", model=spec.label, outcome=CallOutcome.RETRIED,
                         seconds=one.seconds, detail=why))
     return out
 

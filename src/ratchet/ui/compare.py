@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from ratchet.core.candidate import Candidate
 from ratchet.core.vocab import Kind
-from ratchet.driver import blocks
-from ratchet.driver.blocks import _badge, _e, _num, duration, table, td
+from ratchet.ui import blocks
+from ratchet.ui.blocks import _badge, _e, _num, duration, table, td
 
 if TYPE_CHECKING:
-    from ratchet.driver.blocks import Site, Snapshot, StudyLike
+    from ratchet.ui.blocks import Site, Snapshot, StudyLike
 
 CHOICES = 2000  # the most candidates each picker lists (the newest)
 

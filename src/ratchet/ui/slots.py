@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from ratchet.core.candidate import Candidate
 from ratchet.core.vocab import Kind, Status
-from ratchet.driver.svg import Chart, _e, fmt, nice_ticks
+from ratchet.ui.svg import Chart, _e, fmt, nice_ticks
 
 if TYPE_CHECKING:
-    from ratchet.driver.blocks import Site, Snapshot
+    from ratchet.ui.blocks import Site, Snapshot
 
 JOB_COLORS = {"candidate": "#1565c0", "confirming": "#8e24aa", "baseline": "#00897b",
               "running": "#ffb300"}

@@ -21,10 +21,10 @@ from pathlib import Path
 from ratchet.core.errors import UserError
 from ratchet.core.vocab import Kind
 from ratchet.driver.candidate import study_branch
-from ratchet.driver.history import Step, format_change, kept_steps
-from ratchet.driver.ledger import Ledger
 from ratchet.job import gitrepo
 from ratchet.job.fingerprint import fingerprint_key
+from ratchet.store.ledger import Ledger
+from ratchet.ui.history import Step, format_change, kept_steps
 
 ZERO = "0" * 40  # update-ref's "must not exist yet"
 RATCHET_IDENT = {"GIT_COMMITTER_NAME": "ratchet", "GIT_COMMITTER_EMAIL": "ratchet@localhost"}
@@ -59,9 +59,11 @@ def export(study: StudyView, name: str, squash: bool = False, force: bool = Fals
     """Write branch `name`; returns what was written. Raises ExportError, never half-writes."""
     repo, ledger = study.repo, study.ledger
     ref = _branch_ref(repo, name)
-    start, incumbent = ledger.get("pinned"), ledger.get("incumbent")
+    record = ledger.study()
+    start = record.pinned
     if not start:
         raise ExportError("the study has not started: nothing to export (run `ratchet run`)")
+    incumbent = record.incumbent_commit  # pinned with the start
     if ref == study_branch(study.name):
         raise ExportError(f"{name} is the study's own branch; choose another name")
     steps = kept_steps(ledger)

@@ -25,8 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 from ratchet.core.candidate import Candidate
 from ratchet.core.vocab import OPEN, Kind, Status
-from ratchet.driver import charts, compare, knobs, slots, views
-from ratchet.driver.blocks import (
+from ratchet.driver import views
+from ratchet.job import gitrepo, sandbox
+from ratchet.job.fingerprint import fingerprint_key, software_key
+from ratchet.ui import charts, compare, knobs, slots
+from ratchet.ui.blocks import (
     COLORS,
     CONTEXT_LIMIT,
     CSS,
@@ -51,10 +54,8 @@ from ratchet.driver.blocks import (
     table,
     td,
 )
-from ratchet.driver.history import Share, success_shares
-from ratchet.driver.svg import Chart
-from ratchet.job import gitrepo, sandbox
-from ratchet.job.fingerprint import fingerprint_key, software_key
+from ratchet.ui.history import Share, success_shares
+from ratchet.ui.svg import Chart
 
 if TYPE_CHECKING:
     pass
@@ -82,14 +83,14 @@ def header(study: StudyLike, snap: Snapshot, title: str) -> str:
     cards.append(card("false-keep rate", f"{study.config.acceptance.rate:.3g}"
                       + (' <b class="warn">noise ignored</b>' if head.noise_ignored else ""),
                       "rate"))
-    incumbent = ledger.get("incumbent")
+    incumbent = ledger.study().incumbent.commit
     if incumbent:
-        cards.append(card("incumbent", f"{_e(ledger.get('incumbent_id') or '')} "
+        cards.append(card("incumbent", f"{_e(ledger.study().incumbent.id or '')} "
                           f"<code>{_e(str(incumbent)[:7])}</code>", "incumbent-id"))
     return (
         f"<h1>{_e(title)}</h1>"
         f'<div class="sub">{_e(str(study.repo))} · metric <code>{_e(metric)}</code>, goal '
-        f"{_e(goal)} · round {_e(views.rounds_done(ledger.get('round'), snap.cands))} · "
+        f"{_e(goal)} · round {_e(views.rounds_done(ledger.study().round, snap.cands))} · "
         f"branch <code>ratchet/{_e(study.name)}</code></div>"
         f'<div class="cards">{"".join(cards)}</div>'
     )
@@ -437,7 +438,7 @@ def candidate_page(study: StudyLike, snap: Snapshot, cand: Candidate, site: Site
            "<h2>Diff against its parent</h2>",
            diff_section(study, cand.parent, cand.commit_sha, snap.diffs),
            "<h2>Diff against the incumbent</h2>",
-           diff_section(study, study.ledger.get("incumbent"), cand.commit_sha, snap.diffs)
+           diff_section(study, study.ledger.study().incumbent.commit, cand.commit_sha, snap.diffs)
            if against_incumbent else
            f'<p class="note" id="against-incumbent">written once, at its verdict: what the '
            f'study kept since is on <a href="{_e(site.index())}">the overview</a> '
@@ -568,7 +569,7 @@ def training_view(study: StudyLike, snap: Snapshot, only: Candidate | None = Non
     (unless not `overlay`)."""
     if not study.config.task.run:
         return ""
-    inc_id = study.ledger.get("incumbent_id") if overlay else None
+    inc_id = study.ledger.study().incumbent.id if overlay else None
     incumbent = snap.by_id(inc_id) if inc_id else None
     chosen = [only] if only is not None else [
         c for c in snap.cands if c.phases or c.status == Status.SUBMITTED][-8:]
@@ -647,7 +648,7 @@ def shape_table(study: StudyLike, cand: Candidate) -> str:
 def kernel_view(study: StudyLike, snap: Snapshot) -> str:
     """The incumbent's kernel figures (the kernel harness's sweep metrics), its per-shape
     table (from its evaluate log), and its dispatch choices (dispatch.json)."""
-    inc_id = study.ledger.get("incumbent_id")
+    inc_id = study.ledger.study().incumbent.id
     cand = snap.by_id(inc_id) if inc_id else None
     extra = (cand.extra or {}) if cand else {}
     figures = [(k, extra[k]) for k in KERNEL_KEYS if k in extra and k != snap.metric]
@@ -664,7 +665,7 @@ def kernel_view(study: StudyLike, snap: Snapshot) -> str:
 
 def dispatch(study: StudyLike) -> str:
     """dispatch.json from the incumbent's tree (else the repo root), as a table."""
-    incumbent = study.ledger.get("incumbent")
+    incumbent = study.ledger.study().incumbent.commit
     text, where = None, ""
     if incumbent:
         try:
@@ -829,17 +830,17 @@ def phase_table(cands: list[Candidate]) -> str:
 
 def incumbent(study: StudyLike, snap: Snapshot) -> str:
     ledger = study.ledger
-    commit, pinned = ledger.get("incumbent"), ledger.get("pinned")
+    commit, pinned = ledger.study().incumbent.commit, ledger.study().pinned
     if not commit:
         return '<p class="note">no incumbent yet.</p>'
-    inc_id = ledger.get("incumbent_id")
+    inc_id = ledger.study().incumbent.id
     cand = snap.by_id(inc_id) if inc_id else None
     est = snap.head.incumbent
     facts = [
         ("candidate", _e(inc_id or "")),
         ("commit", f"<code>{_e(commit)}</code>"),
         (f"{snap.metric} (pooled)", _e(est.text()) if est else ""),
-        (f"hold-out {snap.metric}", _num(ledger.get("incumbent_holdout"))),
+        (f"hold-out {snap.metric}", _num(ledger.study().incumbent.holdout)),
         ("description", _e(cand.description if cand else "")),
         ("study start (pinned)", f"<code>{_e(pinned or '')}</code>"),
     ]

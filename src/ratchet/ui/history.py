@@ -15,10 +15,10 @@ from ratchet.core.candidate import Candidate
 from ratchet.core.errors import UserError
 from ratchet.core.verdict import Reason
 from ratchet.core.vocab import Kind, Status
-from ratchet.driver.ledger import OPEN, VERDICTS, Ledger
 from ratchet.driver.spend import RowSpend
 from ratchet.driver.spend import Step as SpendStep
 from ratchet.job import gitrepo
+from ratchet.store.ledger import OPEN, VERDICTS, Ledger
 
 STATUSES = (*OPEN, *VERDICTS)
 # names `ratchet diff` accepts besides candidate ids, job ids and commit prefixes
@@ -134,13 +134,13 @@ class Rev:
 def resolve(repo: Path, ledger: Ledger, ref: str) -> Rev:
     """A candidate (id, job id, commit prefix), `incumbent` or `baseline` -> its commit."""
     if ref == INCUMBENT:
-        commit = ledger.get("incumbent")
+        commit = ledger.study().incumbent.commit
         if not commit:
             raise HistoryError("the study has not started: no incumbent yet")
-        inc_id = ledger.get("incumbent_id")
+        inc_id = ledger.study().incumbent.id
         return Rev(f"incumbent ({inc_id})" if inc_id else "incumbent (the study start)", commit)
     if ref == BASELINE:
-        commit = ledger.get("pinned")
+        commit = ledger.study().pinned
         if not commit:
             raise HistoryError("the study has not started: no baseline yet")
         return Rev("baseline (the study start)", commit)

@@ -2,7 +2,7 @@
 
 `.ratchet/report/index.html` (the overview and the newest page of the candidate table),
 `candidates-N.html` (the table, PAGE_ROWS rows a page, oldest first) and one page per
-candidate under `.ratchet/report/c/`. Every view comes from `ratchet.driver.pages`, the
+candidate under `.ratchet/report/c/`. Every view comes from `ratchet.ui.pages`, the
 same functions `ratchet serve` sends live, so the two never disagree. Each page holds
 everything inline (CSS, charts as inline SVG), so it can be mailed, archived or opened
 from a job machine without a server.
@@ -30,9 +30,10 @@ from pathlib import Path
 
 from ratchet import __version__
 from ratchet.core.candidate import Candidate
-from ratchet.driver import blocks, pages, spend
-from ratchet.driver.blocks import Site, StudyLike
+from ratchet.driver import spend
 from ratchet.job import gitrepo
+from ratchet.ui import blocks, pages
+from ratchet.ui.blocks import Site, StudyLike
 
 REPORT_DIR = "report"
 MANIFEST = ".written.json"  # {"study": stamp, "pages": {file: key}}

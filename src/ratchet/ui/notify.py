@@ -26,14 +26,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ratchet.core.config import Notify
 from ratchet.core.vocab import Kind, Status
 from ratchet.driver import views, words
-from ratchet.driver.ledger import Ledger
 from ratchet.driver.tally import Tally
+from ratchet.store.ledger import Ledger
+
+if TYPE_CHECKING:
+    from ratchet.driver.study import Study
 
 STOP = object()  # tells the delivery thread to finish
 
@@ -56,7 +59,10 @@ class Notice:
 
 
 class Notifier:
-    """Watches a study's ledger and sends `[notify]`'s notices; inert without settings."""
+    """Watches a study's ledger and sends `[notify]`'s notices; inert without settings.
+    A study's watcher (driver/study.py's `Watcher`), handed in by the front (`watcher`)."""
+
+    name = "notify"  # its warnings' label
 
     def __init__(self, settings: Notify | None, study: str, metric: str, goal: str,
                  log: Callable[[str], None] = lambda _m: None) -> None:
@@ -83,7 +89,7 @@ class Notifier:
             return
         self.seen = set(ledger.verdicts())
         self.first_event = ledger.db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
-        self.budget_before = ledger.get("budget_stop")
+        self.budget_before = ledger.study().budget_stop
         self.thread = threading.Thread(target=self._deliver_all, name="ratchet-notify", daemon=True)
         self.thread.start()
 
@@ -128,7 +134,7 @@ class Notifier:
         self.check(ledger)
         # a budget stop in this run: the meta record the budget writes when a limit stops
         # the study (`budget_stop`, with its one line), or a `budget...` event
-        stop = ledger.get("budget_stop")
+        stop = ledger.study().budget_stop
         if stop is not None and stop != self.budget_before:
             budget: dict[str, Any] | None = {"kind": (stop.get("line") if isinstance(stop, dict)
                                                      else None) or str(stop)}
@@ -188,6 +194,13 @@ class Notifier:
             self.log(f"warning: notify: {problem} (the study goes on)")
             with contextlib.suppress(sqlite3.Error):  # a notice never breaks the study
                 ledger.event("notify-failed", None, problem=problem)
+
+
+def watcher(study: Study) -> Notifier:
+    """`[notify]`'s notifier of `study`, as the fronts hand it in: `Study(watch=[watcher])`
+    (cli.py, `ratchet mcp`); the loop itself never imports the views."""
+    return Notifier(study.config.notify, study.name, study.config.metric.name,
+                    study.config.metric.goal, study.log)
 
 
 def deliver(settings: Notify, study: str, notice: Notice) -> list[str]:

@@ -12,13 +12,20 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ratchet.core.candidate import Candidate, Incumbent
+from ratchet.core import sanitize
+from ratchet.core.candidate import (
+    INCUMBENT_KEYS,
+    META_KEYS,
+    Candidate,
+    Incumbent,
+    StudyRecord,
+)
+from ratchet.core.verdict import Reason, Verdict
 from ratchet.core.vocab import Kind, Status
-from ratchet.driver import sanitize
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -81,6 +88,9 @@ OPEN = (Status.PROPOSED, Status.COMMITTED, Status.SUBMITTED, Status.INTERRUPTED,
 VERDICTS = (Status.KEEP, Status.DISCARD, Status.CRASH, Status.REJECTED, Status.CANCELLED,
             Status.REFERENCE)
 JSON_COLUMNS = ("params", "samples", "extra", "phases", "result")
+# a candidate row's columns: the record's fields, one for one (the only names a write
+# may build its column list from)
+COLUMNS = frozenset(f.name for f in fields(Candidate))
 # the columns a page of candidates may be sorted by (Ledger.page)
 PAGE_ORDERS = ("seq", "round", "status", "metric", "gain", "margin", "noise", "holdout",
                "run_s", "proposer", "idea", "description", "reasons", "commit_sha")
@@ -168,14 +178,17 @@ MIGRATIONS: tuple[str, ...] = (
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
+def _known(keys: Any) -> None:
+    unknown = set(keys) - META_KEYS
+    if unknown:
+        raise KeyError(f"not keys of the study's record (core.candidate.StudyRecord): "
+                       f"{sorted(unknown)}")
+
+
 class LedgerError(Exception):
     """The ledger cannot be used by this ratchet (one line naming the cause)."""
 
 
-# the meta key of each field of the incumbent record
-INCUMBENT_KEYS = {"commit": "incumbent", "id": "incumbent_id", "metric": "incumbent_metric",
-                  "samples": "incumbent_samples", "holdout": "incumbent_holdout",
-                  "sem": "incumbent_sem"}
 
 
 class Ledger:
@@ -232,11 +245,32 @@ class Ledger:
 
     # -- meta ---------------------------------------------------------------------------
 
+    def study(self) -> StudyRecord:
+        """The study's record (core.candidate.StudyRecord): the meta table, one query."""
+        return StudyRecord.from_meta({row["key"]: json.loads(row["value"]) for row in
+                                      self.db.execute("SELECT key, value FROM meta")})
+
     def get(self, key: str, default: Any = None) -> Any:
+        """One key of the study's record (META_KEYS), as stored."""
+        _known([key])
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return json.loads(row["value"]) if row else default
 
     def set(self, **values: Any) -> None:
+        """Write keys of the study's record (META_KEYS alone), in one transaction."""
+        _known(values)
+        self.put_back(values)
+
+    def stored(self, keys: list[str]) -> dict[str, Any]:
+        """{key: value} of these meta keys as the table holds them, whatever they are (a
+        key planted behind the driver's back included): the integrity guard's reading."""
+        found = {row["key"]: json.loads(row["value"]) for row in self.db.execute(
+            f"SELECT key, value FROM meta WHERE key IN ({', '.join('?' * len(keys))})", keys)}
+        return {key: found.get(key) for key in keys}
+
+    def put_back(self, values: dict[str, Any]) -> None:
+        """Write meta keys as the integrity guard took them (whatever keys the ledger
+        held, an older ratchet's included): a restore, not a new fact."""
         with self.transaction():
             for key, value in values.items():
                 self.db.execute(
@@ -246,9 +280,7 @@ class Ledger:
                 )
 
     def incumbent(self) -> Incumbent:
-        record = Incumbent(**{f: self.get(k) for f, k in INCUMBENT_KEYS.items()})
-        record.samples = list(record.samples or [])
-        return record
+        return self.study().incumbent
 
     @staticmethod
     def incumbent_meta(record: Incumbent) -> dict[str, Any]:
@@ -337,7 +369,99 @@ class Ledger:
             self._event(made.id, Status.COMMITTED, {"description": description})
         return made
 
+    # -- transitions: what may happen to a row, each with the columns it writes ---------
+    # (after Optuna's storage: named steps with typed arguments; the loop, the jobs and the
+    # integrity guard write a row through these alone, tests/test_ledger_transitions.py)
+
+    def place(self, cand_id: str, job_id: str, at: float) -> None:
+        """Its job's id is recorded before the job is placed (write-ahead): submitted."""
+        self._write(cand_id, "submitted", status=Status.SUBMITTED, job_id=job_id,
+                    submitted_at=at)
+
+    def rename_job(self, cand_id: str, job_id: str, at: float) -> None:
+        """A submitted row whose job goes again under a new id (a driver killed between
+        counting a loss and recording the new id): the id, its status as it is."""
+        self._write(cand_id, "submitted", job_id=job_id, submitted_at=at)
+
+    def requeue(self, cand_id: str, attempt: int) -> None:
+        """An interrupted row goes back to committed, its attempt counted, in one write (a
+        driver killed before the submit must not count it twice)."""
+        self._write(cand_id, None, attempt=attempt, status=Status.COMMITTED)
+
+    def retry(self, cand_id: str, attempt: int, event: str) -> None:
+        """A lost or shut-out job runs again: its attempt counted (`event` says why)."""
+        self._write(cand_id, event, attempt=attempt)
+
+    def interrupt(self, cand_id: str, reasons: str, extra_slot_s: float,
+                  cost_usd: float) -> None:
+        """Its job ended with no result (a stop, an unreachable machine): it runs again on
+        resume; what the attempt held of its slot is counted."""
+        self._write(cand_id, "interrupted", status=Status.INTERRUPTED, reasons=reasons,
+                    extra_slot_s=extra_slot_s, cost_usd=cost_usd)
+
+    def lose(self, cand_id: str, reasons: str | None, result: dict[str, Any]) -> None:
+        """Its job was lost for good: finished, with the worker-less result."""
+        self._write(cand_id, "lost", status=Status.FINISHED, reasons=reasons, result=result)
+
+    def finish(self, cand_id: str, *, metric: float | None, samples: list[float] | None,
+               extra: dict[str, Any] | None, holdout: float | None,
+               phases: list[dict[str, Any]], failed_stage: str | None, slot: str | None,
+               queue_s: float | None, run_s: float, cost_usd: float, finished_at: float,
+               reasons: str | None, result: dict[str, Any]) -> None:
+        """Its job reported: finished, with what it measured, awaiting the judge."""
+        self._write(cand_id, "finished", status=Status.FINISHED, metric=metric,
+                    samples=samples, extra=extra, holdout=holdout, phases=phases,
+                    failed_stage=failed_stage, slot=slot, queue_s=queue_s, run_s=run_s,
+                    cost_usd=cost_usd, finished_at=finished_at, reasons=reasons,
+                    result=result)
+
+    def record_holdout(self, cand_id: str, holdout: float | None, extra_slot_s: float,
+                       cost_usd: float) -> None:
+        """Its hold-out follow-up job ran: the hold-out, and the slot time it held."""
+        self._write(cand_id, "holdout", holdout=holdout, extra_slot_s=extra_slot_s,
+                    cost_usd=cost_usd)
+
+    def judge(self, cand_id: str, verdict: Verdict, at: float) -> None:
+        """The judge's verdict: its status, reasons, numbers and reason code."""
+        self._write(cand_id, f"judged:{verdict.status}", status=verdict.status,
+                    reasons="; ".join(r for r in verdict.reasons if r) or None,
+                    gain=verdict.gain, margin=verdict.margin, noise=verdict.noise,
+                    code=verdict.code, judged_at=at)
+
+    def reject(self, cand_id: str, reasons: str, at: float,
+               commit_sha: str | None = None) -> None:
+        """Rejected for breaking a rule (tampering); `commit_sha`: the commit its row is
+        put back to, where the row's own was rewritten."""
+        restore = {"commit_sha": commit_sha} if commit_sha else {}
+        self._write(cand_id, "judged:rejected", status=Status.REJECTED, reasons=reasons,
+                    judged_at=at, **restore)
+
+    def cancel(self, cand_id: str, reasons: str, at: float, code: Reason | None = None,
+               event: str = "cancelled") -> None:
+        """Cancelled: by the user, or withdrawn by the driver (`code` says which)."""
+        fields: dict[str, Any] = {"code": code} if code is not None else {}
+        self._write(cand_id, event, status=Status.CANCELLED, reasons=reasons,
+                    **fields, judged_at=at)
+
+    def restore(self, cand_id: str, *, kind: Kind, commit_sha: str | None,
+                parent: str | None, round: int, proposer: str | None) -> None:
+        """The integrity guard puts back what a row is (rewritten behind the driver)."""
+        self._write(cand_id, None, kind=kind, commit_sha=commit_sha, parent=parent,
+                    round=round, proposer=proposer)
+
+    def restore_verdict(self, cand_id: str, status: Status, metric: float | None) -> None:
+        """The integrity guard puts back a verdict changed behind the driver's back."""
+        self._write(cand_id, None, status=status, metric=metric)
+
     def update(self, cand_id: str, event: str | None = None, **fields: Any) -> None:
+        """Any columns, as they are given: for tests and benches that set a row up. The
+        study writes through the transitions above."""
+        self._write(cand_id, event, **fields)
+
+    def _write(self, cand_id: str, event: str | None, **fields: Any) -> None:
+        unknown = set(fields) - COLUMNS
+        if unknown:  # a column list is built from these names: only the table's own
+            raise ValueError(f"not columns of a candidate row: {sorted(unknown)}")
         data = _to_row_partial(fields)
         with self.transaction():
             sets = ", ".join(f"{k} = ?" for k in data)
@@ -543,8 +667,6 @@ class Ledger:
     def made(self) -> int:
         """budget.made in SQL: candidates, a change withdrawn from beside a confirmation
         not counted twice."""
-        from ratchet.core.verdict import Reason  # the code's spelling, not a copy of it
-
         return int(self.db.execute(
             "SELECT COUNT(*) FROM candidates WHERE kind = ? AND code IS NOT ?",
             (Kind.CANDIDATE.value, Reason.WITHDRAWN.value)).fetchone()[0])
@@ -552,7 +674,7 @@ class Ledger:
     def rounds_done(self) -> int:
         """views.rounds_done in SQL: the ledger's counter points at the next round to run,
         which counts as run once a row of it exists."""
-        current = self.get("round")
+        current = self.study().round
         if not current:
             return 0
         there = self.db.execute("SELECT 1 FROM candidates WHERE round = ? AND kind != ? "

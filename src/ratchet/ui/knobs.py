@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from ratchet.core.candidate import Candidate
 from ratchet.core.vocab import Kind, Status
-from ratchet.driver import blocks
-from ratchet.driver.blocks import COLORS, table, td, thin
-from ratchet.driver.svg import Axis, Chart, _e, fmt, log_ticks, nice_ticks
+from ratchet.ui import blocks
+from ratchet.ui.blocks import COLORS, table, td, thin
+from ratchet.ui.svg import Axis, Chart, _e, fmt, log_ticks, nice_ticks
 
 if TYPE_CHECKING:
-    from ratchet.driver.blocks import Site, Snapshot, StudyLike
+    from ratchet.ui.blocks import Site, Snapshot, StudyLike
 
 
 

@@ -22,10 +22,10 @@ from ratchet.core import stats
 from ratchet.core.candidate import Candidate
 from ratchet.core.vocab import Kind, Status
 from ratchet.driver import views
-from ratchet.driver.ledger import Ledger
-from ratchet.driver.svg import Axis, Chart
 from ratchet.job import gitrepo
 from ratchet.job.fingerprint import fingerprint_key
+from ratchet.store.ledger import Ledger
+from ratchet.ui.svg import Axis, Chart
 
 if TYPE_CHECKING:
     from ratchet.driver.spend import Spend

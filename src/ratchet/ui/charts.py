@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ratchet.core.candidate import Candidate
-from ratchet.driver.blocks import PHASE_COLORS, SMALL_CHART_POINTS, metric_chart, thin
-from ratchet.driver.svg import Axis, Chart, _e, fmt
+from ratchet.ui.blocks import PHASE_COLORS, SMALL_CHART_POINTS, metric_chart, thin
+from ratchet.ui.svg import Axis, Chart, _e, fmt
 
 if TYPE_CHECKING:
-    from ratchet.driver.blocks import Site, Snapshot
+    from ratchet.ui.blocks import Site, Snapshot
 
 
 # ---------------------------------------------------------------------------------------

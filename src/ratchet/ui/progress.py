@@ -16,11 +16,11 @@ from typing import Any
 from ratchet.core import stats
 from ratchet.core.candidate import Candidate
 from ratchet.core.vocab import Kind, Status
-from ratchet.driver.ledger import Ledger
 from ratchet.driver.results import stopped_early
 from ratchet.driver.tally import Tally
 from ratchet.driver.views import study_noise
 from ratchet.job import gitrepo
+from ratchet.store.ledger import Ledger
 
 PROGRESS_FILE = "progress.png"
 LABEL_CHARS = 28

@@ -1,7 +1,7 @@
 """`ratchet serve`: the study's views live in a browser, read-only.
 
 A small web app over the ledger, on the standard library's `http.server`: the pages are
-the views of `ratchet.driver.pages` (the same functions the static report writes), and a page
+the views of `ratchet.ui.pages` (the same functions the static report writes), and a page
 left open follows the study through server-sent events (`/events` says when the ledger
 moved; the page then fetches its own content again). No web framework: the app serves
 a handful of GET routes, the HTML is made by the views already, and the server needs no
@@ -46,10 +46,11 @@ from ratchet.core.candidate import Candidate
 from ratchet.core.config import CONFIG_FILE, Config
 from ratchet.core.errors import UserError
 from ratchet.core.vocab import Status
-from ratchet.driver import blocks, charts, compare, pages, views
-from ratchet.driver.blocks import LIVE, StudyLike
+from ratchet.driver import views
 from ratchet.driver.config import load_config, loads_config
-from ratchet.driver.ledger import PAGE_ORDERS, Ledger, LedgerError
+from ratchet.store.ledger import PAGE_ORDERS, Ledger, LedgerError
+from ratchet.ui import blocks, charts, compare, pages
+from ratchet.ui.blocks import LIVE, StudyLike
 
 TOKEN_ENV = "RATCHET_SERVE_TOKEN"
 TOKEN_COOKIE = "ratchet_token"  # + "_<port>": a browser sends a host's cookies to every port
@@ -83,7 +84,7 @@ class ReadOnlyStudy:
             self.ledger = Ledger.readonly(db)
         except LedgerError as exc:
             raise ServeError(str(exc)) from None
-        pinned = self.ledger.get("config")
+        pinned = self.ledger.study().config
         # the config the study runs with: pinned at its start (an edit since is not in force)
         self.config: Config = (loads_config(pinned.encode(), f"{CONFIG_FILE} pinned at the "
                                             "study's start") if pinned else load_config(repo))
