@@ -106,12 +106,12 @@ class Guard:
         pinned = self.ledger.study().pinned
         return kept | ({pinned} if pinned else set())
 
-    def verify_state(self) -> None:
+    def verify_state(self) -> bool:
         """The incumbent and the branch must be a commit judged `keep` (or the start).
 
         Anything else was written by someone other than ratchet, typically a candidate
         running without a sandbox: restore the last real keep and reject the candidate
-        whose commit was planted.
+        whose commit was planted. True when it did.
         """
         keeps = sorted(self.ledger.candidates(status=Status.KEEP), key=lambda c: c.judged_at or 0)
         legit = {c.commit_sha for c in keeps} | {self.ledger.study().pinned}
@@ -132,8 +132,14 @@ class Guard:
         branch = gitrepo.try_rev_parse(self.repo, self.branch)
         if branch not in legit:
             planted.append(branch)
-        if not planted:
-            return
+        if planted:
+            self._undo_planted(planted)
+        return bool(planted)
+
+    def _undo_planted(self, planted: list[str | None]) -> None:
+        """A commit never judged keep was made the incumbent or the branch: the candidate
+        whose commit it is (the one party it serves) is rejected, and the branch goes
+        back to the ledger's incumbent."""
         reason = "tampering: planted itself as the incumbent (ledger or study branch)"
         self.ledger.event("tampering", None, planted=planted)
         self.log(f"warning: {reason}; restored the last kept commit")
@@ -188,12 +194,13 @@ class Guard:
                 rejected.append(cand_id)
         return rejected
 
-    def repair_branch(self) -> None:
-        """After a crash between the verdict commit and the ref update, finish the move."""
+    def repair_branch(self) -> bool:
+        """After a crash between the verdict commit and the ref update, finish the move;
+        a branch at a commit never kept is tampering, not a crash: undone, and True."""
         incumbent = self.ledger.study().incumbent.commit
         current = gitrepo.try_rev_parse(self.repo, self.branch)
         if current == incumbent:
-            return
+            return False
         # Only ever move the branch to a commit that was judged `keep` (or the start).
         if incumbent not in self.legit_commits():
             raise IntegrityError(
@@ -201,8 +208,15 @@ class Guard:
                 f"branch ratchet/{self.study} is at {str(current)[:7]}: the state was "
                 "tampered with; inspect .ratchet/ledger.db before resuming"
             )
+        if current is not None and current not in self.legit_commits():
+            # not a crash's remnant (the branch only ever lags the ledger, at an earlier
+            # keep): a candidate still running since `submit` moved it after the check
+            # above, which the next snapshot would otherwise have taken as trusted
+            self._undo_planted([current])
+            return True
         gitrepo.update_ref(self.repo, self.branch, incumbent, reason="ratchet: repair")
         self.ledger.event("branch-repaired", None, commit=incumbent, was=current)
+        return False
 
     def snapshot(self) -> dict:
         """What the driver trusts, taken before candidates run."""
