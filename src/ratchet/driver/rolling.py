@@ -97,6 +97,11 @@ class Rolling:
         # (asked, runnable) of the last replies: a proposer whose replies are partly
         # repeats or failures is asked for more at once, not once more after a wait
         self.replies: list[tuple[int, int]] = []
+        # the seq the next candidate would have had when the request that made a
+        # proposal was asked, by the proposer call that made it: a repeat of a candidate
+        # recorded since could not have been in what the proposer was shown
+        self.asked_seq: dict[tuple, int] = {}  # by request key
+        self.call_seq: dict[int, int] = {}  # by proposer call
         self._free_waiting, self._tick = 0, time.monotonic()
         self._gated_waiting = False  # the slots waiting now wait on gated requests only
         self._started = self._tick
@@ -342,10 +347,13 @@ class Rolling:
 
     def fill_beside(self) -> dict | None:
         """While a would-be keep is confirmed, the slots its pairs leave free take new
-        candidates on the current incumbent, as any freed slot does in rolling (they
-        would idle for the whole confirmation). Nothing is verified here: the writes are
-        returned for the pairs' check to expect, and the new candidates join
-        `loop.in_flight`, blamed with the others if anything else changes."""
+        candidates (they would idle for the whole confirmation): first those proposed on
+        the would-be keep (`speculate`), which are on the incumbent if it is kept, then
+        those on the current incumbent, as any freed slot does in rolling. Refused, the
+        would-be keep leaves the first ones stale: judged as any stale candidate, their
+        own files against the incumbent's (judge.judge_group). Nothing is verified here:
+        the writes are returned for the pairs' check to expect, and the new candidates
+        join `loop.in_flight`, blamed with the others if anything else changes."""
         loop, led = self.loop, self.loop.ledger
         self.tally(None)
         if loop.stop.soft or self.confirming is None:
@@ -356,13 +364,19 @@ class Rolling:
         # every other job placed runs in_flight; one that finished frees its slot
         busy = pairs + len(loop.jobs.poll(loop.in_flight))
         want = self.room_for(min(loop.parallel - busy, self.budget - self.made()))
-        take = self.choose(want, hold=self.confirming.commit_sha) if want > 0 else []
+        hold = self.confirming.commit_sha
+        ahead = [item for item in self.ready if item[0] == hold][:max(want, 0)]
+        self.ready = [item for item in self.ready if not any(item is a for a in ahead)]
+        spec = [p for _, p in ahead]
+        want -= len(spec)
+        take = self.choose(want, hold=hold) if want > 0 else []
         if len(take) < want:
             self.ask_beside(want - len(take))
-        if not take:
+        if not take and not spec:
             self.tally(busy)
             return None
-        created = loop.proposals.record(led.get("round"), led.get("incumbent"), take, [])
+        created = loop.proposals.record(led.get("round"), led.get("incumbent"), take, [],
+                                        stale=(hold, spec) if spec and hold else None)
         loop.write_views()
         writes = self.loop.writes_of(created)
         for key in ("refs", "verdicts"):  # the judge's check after the settle expects them
@@ -462,6 +476,7 @@ class Rolling:
             if not got:
                 self.exhausted = True  # the proposer has nothing new: no more requests
             replies.append((base, asked, got))
+            self.seen_at(got, self.asked_seq.pop(key, None))
             self.ready += [(base, p) for p in got]
         for item in [r for r in self.repairing if r[3].done()]:
             self.repairing.remove(item)
@@ -511,15 +526,50 @@ class Rolling:
             self.ready = [item for item in self.ready if not _among(item[1], twins)]
             self.loop.proposals.drop(twins, "dropped: the same change as another proposal "
                                      "in hand (made side by side)")
-        out = [p for b, p in self.ready if b == incumbent and (
-            p.error or self.loop.proposals.repeats(p))]
+        # (those made on the would-be keep being confirmed, which run beside it, are
+        # recorded where they run; a twin of theirs is dropped here too)
+        hold = self.confirming.commit_sha if self.confirming else None
+        out = [p for b, p in self.ready if (b == incumbent and (
+            p.error or self.loop.proposals.repeats(p))) or (
+            b == hold and self.loop.proposals.repeats(p) and self.repeats_unseen(p))]
         if out:
             self.ready = [item for item in self.ready if not _among(item[1], out)]
-            self.unrunnable += out
+            late = [p for p in out if not p.error and self.repeats_unseen(p)]
+            self.loop.proposals.drop(late, "dropped: the same files as a candidate recorded "
+                                     "after it was asked for (made side by side)")
+            self.unrunnable += [p for p in out if not _among(p, late)]
         self.unrunnable += [replace(proposal, files={}, commit=None, error=(
             f"conflicts with the incumbent {incumbent[:7]} it would run on (made on "
             f"{base[:7]})")) for base, proposal in self.conflicted]
         self.conflicted = []
+
+    def seen_at(self, proposals: list[Proposal], seq: int | None) -> None:
+        """Note what the proposer had been shown when it made `proposals`: the candidates
+        before `seq` (when the request was asked)."""
+        if seq is None:
+            return
+        for proposal in proposals:
+            for call in proposal.calls:
+                self.call_seq[call] = max(seq, self.call_seq.get(call, seq))
+
+    def repeats_unseen(self, proposal: Proposal) -> bool:
+        """Does it repeat only candidates the proposer was never shown: recorded after the
+        request that made it was asked, or any for a repair (whose prompt shows the change
+        and the incumbent's files, no other candidate)? Then it is the twin of a proposal
+        made side by side, billed and not recorded (as `twins`), rather than a repeat of a
+        tried change, which is recorded rejected (and is in the history the proposer is
+        shown next)."""
+        asked = [self.call_seq[c] for c in proposal.calls if c in self.call_seq]
+        if _among(proposal, self.repaired):
+            asked = [-1]
+        if not asked or not proposal.commit:
+            return False
+        tried = [c for c in self.loop.proposals.tried() if c.commit_sha]
+        trees = self.loop.proposals.trees([*(c.commit_sha or "" for c in tried),
+                                           proposal.commit])
+        mine = trees.get(proposal.commit)
+        same = [c for c in tried if trees.get(c.commit_sha or "") == mine]
+        return mine is not None and bool(same) and all(c.seq >= max(asked) for c in same)
 
     def twins(self) -> list[Proposal]:
         """Ready proposals with the same files as one ahead of them in `ready`."""
@@ -619,6 +669,7 @@ class Rolling:
             asked = max(want, self.room_for(asked))
         self.loop.proposals.ask_ahead(key, base, asked, ctx)
         self.asked[key] = asked
+        self.asked_seq[key] = next_seq(self.loop.ledger)
         if base in self.dry:  # asked again only because a verdict came in
             self.gated.add(key)
         self.ideas[key] = ctx.ideas[:asked]  # the first `asked` go to this request
