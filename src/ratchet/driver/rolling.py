@@ -365,7 +365,10 @@ class Rolling:
         busy = pairs + len(loop.jobs.poll(loop.in_flight))
         want = self.room_for(min(loop.parallel - busy, self.budget - self.made()))
         hold = self.confirming.commit_sha
-        ahead = [item for item in self.ready if item[0] == hold][:max(want, 0)]
+        # (one that will never run waits for the verdict, as the rest of them: kept, it
+        # is recorded as any on the incumbent is, within `record_unrunnable`'s limit)
+        ahead = [item for item in self.ready if item[0] == hold and not item[1].error
+                 and not self.loop.proposals.repeats(item[1])][:max(want, 0)]
         self.ready = [item for item in self.ready if not any(item is a for a in ahead)]
         spec = [p for _, p in ahead]
         want -= len(spec)
