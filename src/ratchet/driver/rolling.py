@@ -5,16 +5,21 @@ the budget is a number of candidates that run (a proposal that cannot run is rec
 It is the mode for never waiting: one request to the proposer is always in flight while
 jobs run, so a slot never waits for a reply it could have had. When the incumbent moves,
 the reply must not be asked for then:
-- a would-be keep going into confirmation is proposed on at once (`speculate`): if it is
-  kept, proposals made on it are ready when the confirmation ends; meanwhile the slots
-  its pairs leave free take what is ready on the incumbent of the time (`fill_beside`),
-  their writes expected by the pairs' tamper check and their jobs blamed with the others;
+- a would-be keep going into confirmation is proposed on at once (`speculate`), and the
+  slots its pairs leave free take those proposals first, then what is ready on the
+  incumbent of the time (`fill_beside`), their writes expected by the pairs' tamper check
+  and their jobs blamed with the others; if it is kept, what was made on it is on the
+  incumbent; if not, what ran on it is stale;
+- a candidate that ran while the incumbent moved (stale) is judged on its own files: a
+  winner is confirmed on fresh pairs against the current incumbent and kept as its own
+  files (judge.judge_group), not discarded and re-proposed;
 - what is ready, made on the old incumbent, is re-based onto the new one at once
   (`carry`), and what conflicts is repaired by the proposer (it re-applies its change on
   the new incumbent, cheaper than a new proposal) while the slots take the rest; a
   failed repair is dropped, its calls billed; a change no proposer can repair (a queued
   patch) is recorded as conflicting.
-A candidate is still always a commit on the incumbent it runs on.
+A candidate is always a commit on the incumbent of its time, or on the would-be keep
+being confirmed then.
 
 Before each new candidate (and each new request) the `[budget]` limits are checked
 (driver/budget.py); at one, the study stops as a first Ctrl-C stops it, and the requests
@@ -263,8 +268,9 @@ class Rolling:
         loop.check_baseline(finished)
         fault_point("judged")
         for cand in (led.row(i) for i in finished):
-            # it beat the incumbent but started from an older one: its change goes again,
-            # carried onto the current incumbent, before anything new
+            # (noise = "ignore" only: with a confirmation a stale winner is confirmed as
+            # its own files) it beat the incumbent but started from an older one: its
+            # change goes again, carried onto the current incumbent, before anything new
             if (cand.status == Status.DISCARD and cand.code == judge.Reason.STALE
                     and cand.parent is not None):
                 again = Proposal(
