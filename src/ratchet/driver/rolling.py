@@ -310,10 +310,9 @@ class Rolling:
         take = self.choose(want)
         return self.add([], take) if take else []
 
-    def choose(self, want: int, hold: str | None = None) -> list[Proposal]:
+    def choose(self, want: int) -> list[Proposal]:
         """Up to `want` proposals from `ready`, each on the current incumbent (re-based
-        onto it, or sent to the proposer for repair). Those made on `hold` (the would-be
-        keep being confirmed) stay: they run if it is kept."""
+        onto it, or sent to the proposer for repair)."""
         loop = self.loop
         incumbent = loop.ledger.get("incumbent")
         tried = {json.dumps(c.params, sort_keys=True) for c in loop.ledger.candidates()
@@ -324,8 +323,6 @@ class Rolling:
         # is the strongest lead), then those made on the incumbent, then the others
         self.ready.sort(key=lambda item: (not _among(item[1], self.first),
                                           item[0] != incumbent))
-        held = [item for item in self.ready if item[0] == hold]
-        self.ready = [item for item in self.ready if item[0] != hold]
         conflicts: dict[str, list[Proposal]] = {}  # by the commit they were made on
         while len(take) < want and self.ready:
             base, proposal = self.ready.pop(0)
@@ -345,7 +342,6 @@ class Rolling:
             conflicts.setdefault(base, []).extend(self.once(conflicting, base, incumbent))
             if key is not None:
                 tried.add(key)
-        self.ready += held
         for base, conflicting in conflicts.items():
             if conflicting:
                 self.repair(base, incumbent, conflicting)
@@ -353,13 +349,15 @@ class Rolling:
 
     def fill_beside(self) -> dict | None:
         """While a would-be keep is confirmed, the slots its pairs leave free take new
-        candidates (they would idle for the whole confirmation): first those proposed on
-        the would-be keep (`speculate`), which are on the incumbent if it is kept, then
-        those on the current incumbent, as any freed slot does in rolling. Refused, the
-        would-be keep leaves the first ones stale: judged as any stale candidate, their
-        own files against the incumbent's (judge.judge_group). Nothing is verified here:
-        the writes are returned for the pairs' check to expect, and the new candidates
-        join `loop.in_flight`, blamed with the others if anything else changes."""
+        candidates (they would idle for the whole confirmation) proposed on the would-be
+        keep (`speculate`): on the incumbent if it is kept, as most would-be keeps that
+        reach the pairs are. One started on the incumbent of the time instead would run
+        stale then, measured against a better incumbent than the one it was made for.
+        Refused, the would-be keep leaves them stale: judged as any stale candidate, on
+        their own files against the incumbent's (judge.judge_group). Nothing is verified
+        here: the writes are returned for the pairs' check to expect, and the new
+        candidates join `loop.in_flight`, blamed with the others if anything else
+        changes."""
         loop, led = self.loop, self.loop.ledger
         self.tally(None)
         if loop.stop.soft or self.confirming is None:
@@ -377,15 +375,11 @@ class Rolling:
                  and not self.loop.proposals.repeats(item[1])][:max(want, 0)]
         self.ready = [item for item in self.ready if not any(item is a for a in ahead)]
         spec = [p for _, p in ahead]
-        want -= len(spec)
-        take = self.choose(want, hold=hold) if want > 0 else []
-        if len(take) < want:
-            self.ask_beside(want - len(take))
-        if not take and not spec:
+        if not spec or not hold:
             self.tally(busy)
-            return None
-        created = loop.proposals.record(led.get("round"), led.get("incumbent"), take, [],
-                                        stale=(hold, spec) if spec and hold else None)
+            return None  # `ask_on` keeps a request on it in flight (`meanwhile`)
+        created = loop.proposals.record(led.get("round"), led.get("incumbent"), [], [],
+                                        stale=(hold, spec))
         loop.write_views()
         writes = self.loop.writes_of(created)
         for key in ("refs", "verdicts"):  # the judge's check after the settle expects them
@@ -396,23 +390,6 @@ class Rolling:
         loop.jobs.start(started, lambda: loop.stop.hard)
         self.tally(busy + len(started))
         return writes
-
-    def ask_beside(self, want: int) -> None:
-        """Slots beside a confirmation that nothing ready fills: a request on the
-        incumbent of the time for them (the one on the would-be keep is for after its
-        verdict), unless one is in flight or repairs will fill them."""
-        loop = self.loop
-        if self.exhausted or any(k[0] == self.KEY for k in self.asked) or (
-                self.asked_on(loop.ledger.get("incumbent")) in self.barren):
-            return  # the confirmation's verdict first
-        want = self.room_for(want - sum(r[2] for r in self.repairing))
-        if want <= 0:
-            return
-        led = loop.ledger
-        ctx = loop.proposals.context(self.ask_no(), led.get("incumbent"), led.candidates(),
-                                     led.get("incumbent_metric"),
-                                     taken=[p for _, p in self.ready], asked=self.asked_ideas())
-        self.ask((self.KEY, ctx.round), led.get("incumbent"), want, ctx)
 
     def carry(self) -> None:
         """The incumbent moved: what is ready is re-based onto it now, and a repair of
