@@ -672,9 +672,11 @@ class Rolling:
 
     def speculate(self, cand: Candidate) -> None:
         """A would-be keep goes into confirmation (the loop waits for its pairs): the
-        next proposals are asked for on it now, so that if it is kept they are ready,
-        made on the incumbent they will run on. If it is not, they were made on a commit
-        that is not the incumbent: re-based onto it, repaired, or dropped (billed)."""
+        next proposals are asked for on it now: the slots its pairs leave free run them
+        (`fill_beside`), and if it is kept the rest are ready, made on the incumbent they
+        will run on. If it is not, those that ran are stale (judged on their own files)
+        and the rest were made on a commit that is not the incumbent: re-based onto it,
+        repaired, or dropped (billed)."""
         self.confirming = cand
         self.ask_on(cand)
 
