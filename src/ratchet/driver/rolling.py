@@ -310,10 +310,9 @@ class Rolling:
         take = self.choose(want)
         return self.add([], take) if take else []
 
-    def choose(self, want: int, hold: str | None = None) -> list[Proposal]:
+    def choose(self, want: int) -> list[Proposal]:
         """Up to `want` proposals from `ready`, each on the current incumbent (re-based
-        onto it, or sent to the proposer for repair). Those made on `hold` (the would-be
-        keep being confirmed) stay: they run if it is kept."""
+        onto it, or sent to the proposer for repair)."""
         loop = self.loop
         incumbent = loop.ledger.get("incumbent")
         tried = {json.dumps(c.params, sort_keys=True) for c in loop.ledger.candidates()
@@ -324,8 +323,6 @@ class Rolling:
         # is the strongest lead), then those made on the incumbent, then the others
         self.ready.sort(key=lambda item: (not _among(item[1], self.first),
                                           item[0] != incumbent))
-        held = [item for item in self.ready if item[0] == hold]
-        self.ready = [item for item in self.ready if item[0] != hold]
         conflicts: dict[str, list[Proposal]] = {}  # by the commit they were made on
         while len(take) < want and self.ready:
             base, proposal = self.ready.pop(0)
@@ -345,7 +342,6 @@ class Rolling:
             conflicts.setdefault(base, []).extend(self.once(conflicting, base, incumbent))
             if key is not None:
                 tried.add(key)
-        self.ready += held
         for base, conflicting in conflicts.items():
             if conflicting:
                 self.repair(base, incumbent, conflicting)
@@ -379,17 +375,11 @@ class Rolling:
                  and not self.loop.proposals.repeats(item[1])][:max(want, 0)]
         self.ready = [item for item in self.ready if not any(item is a for a in ahead)]
         spec = [p for _, p in ahead]
-        take: list[Proposal] = []
-        if not spec and not any(key[0] == "on" and key[1] == self.confirming.id
-                                for key in self.asked):
-            # nothing on it is coming (the proposer has nothing new, or the budget has
-            # no room for a request): what is ready on the incumbent, rather than idle
-            take = self.choose(want, hold=hold) if want > 0 else []
-        if not (spec and hold) and not take:
+        if not spec or not hold:
             self.tally(busy)
             return None  # `ask_on` keeps a request on it in flight (`meanwhile`)
-        created = loop.proposals.record(led.get("round"), led.get("incumbent"), take, [],
-                                        stale=(hold, spec) if spec and hold else None)
+        created = loop.proposals.record(led.get("round"), led.get("incumbent"), [], [],
+                                        stale=(hold, spec))
         loop.write_views()
         writes = self.loop.writes_of(created)
         for key in ("refs", "verdicts"):  # the judge's check after the settle expects them
