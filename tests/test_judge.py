@@ -241,6 +241,29 @@ def test_a_lucky_measurement_is_not_confirmed_and_losers_cost_no_pair():
     assert a.pairs and decision.incumbent.samples == NOISY.samples + [i for _, i in a.pairs]
 
 
+def test_a_stale_winner_is_confirmed_as_its_own_files_against_the_incumbent():
+    """Made on an older incumbent (not based on this one): with a confirmation its files
+    are tested against the incumbent's on fresh pairs, by the same test, and kept as them;
+    its lucky twin is refused by the same pairs. With noise = "ignore" (no fresh pairs) a
+    stale candidate is still discarded."""
+    real = Pairs({"a": [(9.0, 10.1), (8.9, 9.9), (9.1, 10.0)]})
+    decision = judge.judge_group(config(), [entry("a", ok(9.0), based=False)], NOISY,
+                                 no_holdout, confirmation=confirming(real))
+    kept = decision.verdicts["a"]
+    assert decision.winner == "a" and kept.status == "keep" and kept.code == judge.Reason.KEPT
+    assert judge.STALE_NOTE in kept.reasons and "confirmed on" in kept.reasons[-1]
+    assert decision.incumbent.commit == "sha-a"  # its own commit, files as measured
+    lucky = Pairs({"a": [(10.2, 10.0), (9.9, 10.1)]})
+    decision = judge.judge_group(config(), [entry("a", ok(9.0), based=False)], NOISY,
+                                 no_holdout, confirmation=confirming(lucky))
+    refused = decision.verdicts["a"]
+    assert decision.winner is None and refused.code == judge.Reason.NOT_CONFIRMED
+    assert judge.STALE_NOTE in refused.reasons and lucky.asked
+    ignore = judge.judge_group(config('[acceptance]\nnoise = "ignore"\n'),
+                               [entry("a", ok(9.0), based=False)], NOISY, no_holdout)
+    assert ignore.winner is None and ignore.verdicts["a"].code == judge.Reason.STALE
+
+
 def test_confirmation_stops_at_the_budget():
     cfg = config('[acceptance]\nconfirm_pairs = 3\n')
     noisy = [(9.9, 10.0), (9.95, 10.0), (9.8, 10.1), (9.0, 10.0)]  # small, noisy gains

@@ -19,7 +19,9 @@ def test_a_queued_ref_that_conflicts_with_the_new_incumbent_is_recorded(tmp_path
     repo = make_repo(tmp_path / "r", {
         "ratchet.toml": config_text(
             knobs="",
-            search='[search]\nproposer = "patches"\nmode = "rolling"\nparallel = 2\n'
+            # one at a time: the next ref is proposed on the incumbent while one runs, and
+            # the pairs of a would-be keep leave no slot to run it beside them
+            search='[search]\nproposer = "patches"\nmode = "rolling"\nparallel = 1\n'
                    'candidates = 6\n\n[patches]\nrefs = ["x2", "x1", "x15"]\n'),
         "solution.py": "X = 3.0\n",
         "evaluate.py": EVALUATE,

@@ -126,8 +126,8 @@ def test_rolling_proposes_on_a_would_be_keep_while_it_is_confirmed(tmp_path):
 
 def test_slots_a_confirmation_leaves_free_take_new_candidates(tmp_path):
     """A would-be keep's confirmation pairs take two of the four slots; the other two do
-    not idle until its verdict: they take candidates on the current incumbent, as any
-    freed slot does in rolling."""
+    not idle until its verdict: they take candidates proposed on the would-be keep (on the
+    incumbent if it is kept; one made on the incumbent of the time would run stale)."""
     repo, proc, _ = run_study(tmp_path, Improving(delay=0.2),
                               'mode = "rolling"\ncandidates = 10\n', evaluate_s=1.5,
                               parallel=4)
@@ -144,9 +144,12 @@ def test_slots_a_confirmation_leaves_free_take_new_candidates(tmp_path):
         if not measured:
             continue
         first_pair = min(p.submitted_at for p in measured)
-        # placed while the pairs ran, on the incumbent of the time (its parent)
-        beside += [c for c in cands if c.submitted_at and first_pair < c.submitted_at
-                   < cand.judged_at and c.parent == cand.parent]
+        placed = [c for c in cands if c.submitted_at and first_pair < c.submitted_at
+                  < cand.judged_at]
+        # placed while the pairs ran: on the would-be keep, none on the incumbent of the time
+        assert all(c.parent == cand.commit_sha for c in placed), \
+            [(c.id, c.parent, cand.id) for c in placed]
+        beside += placed
     assert beside, [(c.id, c.status, c.submitted_at, c.judged_at) for c in rows]
     # each was judged like any other candidate
     assert all(c.status in ("keep", "discard") for c in beside), \

@@ -54,6 +54,8 @@ SPENT = 0.75
 # identical to the first of its commit: a coarse noisy metric (a rounded score) can
 # reproduce by chance once or twice, far less often four times running.
 NOISELESS_REPEATS = 4
+# said of a would-be keep made on an older incumbent (confirmed as its own files)
+STALE_NOTE = "made on an older incumbent: its own files are confirmed against the incumbent's"
 _CONSTRAINT = re.compile(r"^\s*([A-Za-z_][\w.\-]*)\s*(<=|>=|<|>|==|!=)\s*(-?[\d.eE+\-]+)\s*$")
 _OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt,
         "==": operator.eq, "!=": operator.ne}
@@ -460,10 +462,12 @@ def judge_group(config: Config, entries: list[Entry], incumbent: Incumbent,
 
     Baselines and co-run references are measured first and pool into the incumbent's
     estimate. The candidates beating it by more than `min_improvement` are contenders;
-    the one with the largest gain (earliest on ties) must descend from the incumbent, be
-    confirmed on fresh pairs (with `confirmation`; without one, the measured noise
-    decides on the one measurement, as with acceptance.noise = "ignore"), and pass the
-    hold-out; the others are discarded as beaten.
+    the one with the largest gain (earliest on ties) must be confirmed on fresh pairs
+    beside the incumbent (with `confirmation`; without one, the measured noise decides on
+    the one measurement, as with acceptance.noise = "ignore") and pass the hold-out; the
+    others are discarded as beaten. One made on an older incumbent (stale: it does not
+    descend from this one) is confirmed as its own files against the incumbent's, and
+    kept as them; without a confirmation it is discarded and the next one tried.
     """
     name = config.metric.name
     current = Incumbent(**incumbent.__dict__)
@@ -538,11 +542,20 @@ def judge_group(config: Config, entries: list[Entry], incumbent: Incumbent,
                                    f"the round's best ({failed}) was not confirmed")
             continue
         based = entry.based_on_incumbent
-        if not (based() if callable(based) else based):
+        stale = not (based() if callable(based) else based)
+        confirmed = measure and confirmation is not None
+        if stale and not confirmed:
+            # one measurement of files made before the incumbent moved: no claim about
+            # them against the incumbent's (noise = "ignore" has no fresh pairs)
             verdict.status, verdict.code = Status.DISCARD, Reason.STALE
             verdict.reasons.append("not based on the current incumbent")
             continue
-        if measure and confirmation is not None:
+        if stale:
+            # made on an older incumbent (it ran while the incumbent moved): its files,
+            # as they were measured, are confirmed against the current incumbent's on
+            # fresh pairs, the same test as any would-be keep (docs/statistics.md)
+            verdict.reasons.append(STALE_NOTE)
+        if confirmed and confirmation is not None:
             test, pairs = confirm(config, entry, current, confirmation)
             verdict.confirmation, verdict.pairs = test, pairs
             for _, value in pairs:  # the incumbent's side pools into its estimate
@@ -550,7 +563,7 @@ def judge_group(config: Config, entries: list[Entry], incumbent: Incumbent,
             if test.step != stats.Step.KEEP:
                 verdict.status = Status.DISCARD
                 verdict.code = Reason.NOT_CONFIRMED if test.noise_known else Reason.NO_NOISE
-                verdict.reasons = [verdict.reasons[0], test.reason]
+                verdict.reasons = [verdict.reasons[0], *[STALE_NOTE] * stale, test.reason]
                 failed = entry.id
                 continue
             verdict.reasons.append(test.reason)

@@ -5,16 +5,21 @@ the budget is a number of candidates that run (a proposal that cannot run is rec
 It is the mode for never waiting: one request to the proposer is always in flight while
 jobs run, so a slot never waits for a reply it could have had. When the incumbent moves,
 the reply must not be asked for then:
-- a would-be keep going into confirmation is proposed on at once (`speculate`): if it is
-  kept, proposals made on it are ready when the confirmation ends; meanwhile the slots
-  its pairs leave free take what is ready on the incumbent of the time (`fill_beside`),
-  their writes expected by the pairs' tamper check and their jobs blamed with the others;
+- a would-be keep going into confirmation is proposed on at once (`speculate`), and the
+  slots its pairs leave free take those proposals first, then what is ready on the
+  incumbent of the time (`fill_beside`), their writes expected by the pairs' tamper check
+  and their jobs blamed with the others; if it is kept, what was made on it is on the
+  incumbent; if not, what ran on it is stale;
+- a candidate that ran while the incumbent moved (stale) is judged on its own files: a
+  winner is confirmed on fresh pairs against the current incumbent and kept as its own
+  files (judge.judge_group), not discarded and re-proposed;
 - what is ready, made on the old incumbent, is re-based onto the new one at once
   (`carry`), and what conflicts is repaired by the proposer (it re-applies its change on
   the new incumbent, cheaper than a new proposal) while the slots take the rest; a
   failed repair is dropped, its calls billed; a change no proposer can repair (a queued
   patch) is recorded as conflicting.
-A candidate is still always a commit on the incumbent it runs on.
+A candidate is always a commit on the incumbent of its time, or on the would-be keep
+being confirmed then.
 
 Before each new candidate (and each new request) the `[budget]` limits are checked
 (driver/budget.py); at one, the study stops as a first Ctrl-C stops it, and the requests
@@ -97,6 +102,11 @@ class Rolling:
         # (asked, runnable) of the last replies: a proposer whose replies are partly
         # repeats or failures is asked for more at once, not once more after a wait
         self.replies: list[tuple[int, int]] = []
+        # the seq the next candidate would have had when the request that made a
+        # proposal was asked, by the proposer call that made it: a repeat of a candidate
+        # recorded since could not have been in what the proposer was shown
+        self.asked_seq: dict[tuple, int] = {}  # by request key
+        self.call_seq: dict[int, int] = {}  # by proposer call
         self._free_waiting, self._tick = 0, time.monotonic()
         self._gated_waiting = False  # the slots waiting now wait on gated requests only
         self._started = self._tick
@@ -258,8 +268,9 @@ class Rolling:
         loop.check_baseline(finished)
         fault_point("judged")
         for cand in (led.row(i) for i in finished):
-            # it beat the incumbent but started from an older one: its change goes again,
-            # carried onto the current incumbent, before anything new
+            # (noise = "ignore" only: with a confirmation a stale winner is confirmed as
+            # its own files) it beat the incumbent but started from an older one: its
+            # change goes again, carried onto the current incumbent, before anything new
             if (cand.status == Status.DISCARD and cand.code == judge.Reason.STALE
                     and cand.parent is not None):
                 again = Proposal(
@@ -299,10 +310,9 @@ class Rolling:
         take = self.choose(want)
         return self.add([], take) if take else []
 
-    def choose(self, want: int, hold: str | None = None) -> list[Proposal]:
+    def choose(self, want: int) -> list[Proposal]:
         """Up to `want` proposals from `ready`, each on the current incumbent (re-based
-        onto it, or sent to the proposer for repair). Those made on `hold` (the would-be
-        keep being confirmed) stay: they run if it is kept."""
+        onto it, or sent to the proposer for repair)."""
         loop = self.loop
         incumbent = loop.ledger.get("incumbent")
         tried = {json.dumps(c.params, sort_keys=True) for c in loop.ledger.candidates()
@@ -313,8 +323,6 @@ class Rolling:
         # is the strongest lead), then those made on the incumbent, then the others
         self.ready.sort(key=lambda item: (not _among(item[1], self.first),
                                           item[0] != incumbent))
-        held = [item for item in self.ready if item[0] == hold]
-        self.ready = [item for item in self.ready if item[0] != hold]
         conflicts: dict[str, list[Proposal]] = {}  # by the commit they were made on
         while len(take) < want and self.ready:
             base, proposal = self.ready.pop(0)
@@ -334,7 +342,6 @@ class Rolling:
             conflicts.setdefault(base, []).extend(self.once(conflicting, base, incumbent))
             if key is not None:
                 tried.add(key)
-        self.ready += held
         for base, conflicting in conflicts.items():
             if conflicting:
                 self.repair(base, incumbent, conflicting)
@@ -342,10 +349,15 @@ class Rolling:
 
     def fill_beside(self) -> dict | None:
         """While a would-be keep is confirmed, the slots its pairs leave free take new
-        candidates on the current incumbent, as any freed slot does in rolling (they
-        would idle for the whole confirmation). Nothing is verified here: the writes are
-        returned for the pairs' check to expect, and the new candidates join
-        `loop.in_flight`, blamed with the others if anything else changes."""
+        candidates (they would idle for the whole confirmation) proposed on the would-be
+        keep (`speculate`): on the incumbent if it is kept, as most would-be keeps that
+        reach the pairs are. One started on the incumbent of the time instead would run
+        stale then, measured against a better incumbent than the one it was made for.
+        Refused, the would-be keep leaves them stale: judged as any stale candidate, on
+        their own files against the incumbent's (judge.judge_group). Nothing is verified
+        here: the writes are returned for the pairs' check to expect, and the new
+        candidates join `loop.in_flight`, blamed with the others if anything else
+        changes."""
         loop, led = self.loop, self.loop.ledger
         self.tally(None)
         if loop.stop.soft or self.confirming is None:
@@ -356,13 +368,18 @@ class Rolling:
         # every other job placed runs in_flight; one that finished frees its slot
         busy = pairs + len(loop.jobs.poll(loop.in_flight))
         want = self.room_for(min(loop.parallel - busy, self.budget - self.made()))
-        take = self.choose(want, hold=self.confirming.commit_sha) if want > 0 else []
-        if len(take) < want:
-            self.ask_beside(want - len(take))
-        if not take:
+        hold = self.confirming.commit_sha
+        # (one that will never run waits for the verdict, as the rest of them: kept, it
+        # is recorded as any on the incumbent is, within `record_unrunnable`'s limit)
+        ahead = [item for item in self.ready if item[0] == hold and not item[1].error
+                 and not self.loop.proposals.repeats(item[1])][:max(want, 0)]
+        self.ready = [item for item in self.ready if not any(item is a for a in ahead)]
+        spec = [p for _, p in ahead]
+        if not spec or not hold:
             self.tally(busy)
-            return None
-        created = loop.proposals.record(led.get("round"), led.get("incumbent"), take, [])
+            return None  # `ask_on` keeps a request on it in flight (`meanwhile`)
+        created = loop.proposals.record(led.get("round"), led.get("incumbent"), [], [],
+                                        stale=(hold, spec))
         loop.write_views()
         writes = self.loop.writes_of(created)
         for key in ("refs", "verdicts"):  # the judge's check after the settle expects them
@@ -373,23 +390,6 @@ class Rolling:
         loop.jobs.start(started, lambda: loop.stop.hard)
         self.tally(busy + len(started))
         return writes
-
-    def ask_beside(self, want: int) -> None:
-        """Slots beside a confirmation that nothing ready fills: a request on the
-        incumbent of the time for them (the one on the would-be keep is for after its
-        verdict), unless one is in flight or repairs will fill them."""
-        loop = self.loop
-        if self.exhausted or any(k[0] == self.KEY for k in self.asked) or (
-                self.asked_on(loop.ledger.get("incumbent")) in self.barren):
-            return  # the confirmation's verdict first
-        want = self.room_for(want - sum(r[2] for r in self.repairing))
-        if want <= 0:
-            return
-        led = loop.ledger
-        ctx = loop.proposals.context(self.ask_no(), led.get("incumbent"), led.candidates(),
-                                     led.get("incumbent_metric"),
-                                     taken=[p for _, p in self.ready], asked=self.asked_ideas())
-        self.ask((self.KEY, ctx.round), led.get("incumbent"), want, ctx)
 
     def carry(self) -> None:
         """The incumbent moved: what is ready is re-based onto it now, and a repair of
@@ -462,6 +462,7 @@ class Rolling:
             if not got:
                 self.exhausted = True  # the proposer has nothing new: no more requests
             replies.append((base, asked, got))
+            self.seen_at(got, self.asked_seq.pop(key, None))
             self.ready += [(base, p) for p in got]
         for item in [r for r in self.repairing if r[3].done()]:
             self.repairing.remove(item)
@@ -511,15 +512,50 @@ class Rolling:
             self.ready = [item for item in self.ready if not _among(item[1], twins)]
             self.loop.proposals.drop(twins, "dropped: the same change as another proposal "
                                      "in hand (made side by side)")
-        out = [p for b, p in self.ready if b == incumbent and (
-            p.error or self.loop.proposals.repeats(p))]
+        # (those made on the would-be keep being confirmed, which run beside it, are
+        # recorded where they run; a twin of theirs is dropped here too)
+        hold = self.confirming.commit_sha if self.confirming else None
+        out = [p for b, p in self.ready if (b == incumbent and (
+            p.error or self.loop.proposals.repeats(p))) or (
+            b == hold and self.loop.proposals.repeats(p) and self.repeats_unseen(p))]
         if out:
             self.ready = [item for item in self.ready if not _among(item[1], out)]
-            self.unrunnable += out
+            late = [p for p in out if not p.error and self.repeats_unseen(p)]
+            self.loop.proposals.drop(late, "dropped: the same files as a candidate recorded "
+                                     "after it was asked for (made side by side)")
+            self.unrunnable += [p for p in out if not _among(p, late)]
         self.unrunnable += [replace(proposal, files={}, commit=None, error=(
             f"conflicts with the incumbent {incumbent[:7]} it would run on (made on "
             f"{base[:7]})")) for base, proposal in self.conflicted]
         self.conflicted = []
+
+    def seen_at(self, proposals: list[Proposal], seq: int | None) -> None:
+        """Note what the proposer had been shown when it made `proposals`: the candidates
+        before `seq` (when the request was asked)."""
+        if seq is None:
+            return
+        for proposal in proposals:
+            for call in proposal.calls:
+                self.call_seq[call] = max(seq, self.call_seq.get(call, seq))
+
+    def repeats_unseen(self, proposal: Proposal) -> bool:
+        """Does it repeat only candidates the proposer was never shown: recorded after the
+        request that made it was asked, or any for a repair (whose prompt shows the change
+        and the incumbent's files, no other candidate)? Then it is the twin of a proposal
+        made side by side, billed and not recorded (as `twins`), rather than a repeat of a
+        tried change, which is recorded rejected (and is in the history the proposer is
+        shown next)."""
+        asked = [self.call_seq[c] for c in proposal.calls if c in self.call_seq]
+        if _among(proposal, self.repaired):
+            asked = [-1]
+        if not asked or not proposal.commit:
+            return False
+        tried = [c for c in self.loop.proposals.tried() if c.commit_sha]
+        trees = self.loop.proposals.trees([*(c.commit_sha or "" for c in tried),
+                                           proposal.commit])
+        mine = trees.get(proposal.commit)
+        same = [c for c in tried if trees.get(c.commit_sha or "") == mine]
+        return mine is not None and bool(same) and all(c.seq >= max(asked) for c in same)
 
     def twins(self) -> list[Proposal]:
         """Ready proposals with the same files as one ahead of them in `ready`."""
@@ -619,6 +655,7 @@ class Rolling:
             asked = max(want, self.room_for(asked))
         self.loop.proposals.ask_ahead(key, base, asked, ctx)
         self.asked[key] = asked
+        self.asked_seq[key] = next_seq(self.loop.ledger)
         if base in self.dry:  # asked again only because a verdict came in
             self.gated.add(key)
         self.ideas[key] = ctx.ideas[:asked]  # the first `asked` go to this request
@@ -635,9 +672,11 @@ class Rolling:
 
     def speculate(self, cand: Candidate) -> None:
         """A would-be keep goes into confirmation (the loop waits for its pairs): the
-        next proposals are asked for on it now, so that if it is kept they are ready,
-        made on the incumbent they will run on. If it is not, they were made on a commit
-        that is not the incumbent: re-based onto it, repaired, or dropped (billed)."""
+        next proposals are asked for on it now: the slots its pairs leave free run them
+        (`fill_beside`), and if it is kept the rest are ready, made on the incumbent they
+        will run on. If it is not, those that ran are stale (judged on their own files)
+        and the rest were made on a commit that is not the incumbent: re-based onto it,
+        repaired, or dropped (billed)."""
         self.confirming = cand
         self.ask_on(cand)
 
