@@ -13,7 +13,7 @@ from helpers import ROOT, config_text, git, make_repo, ratchet
 
 from ratchet.core.vocab import Kind, Status
 from ratchet.driver.config import loads_config
-from ratchet.driver.ledger import Ledger
+from ratchet.store.ledger import Ledger
 
 sys.path.insert(0, str(ROOT / "bench"))
 
