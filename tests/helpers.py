@@ -111,6 +111,16 @@ def make_repo(path: Path, files: dict[str, str], commit: bool = True) -> Path:
     return path
 
 
+def solution_branches(repo: Path, values: dict[str, str]) -> None:
+    """A branch off main per name, each setting solution.py's X to its value (refs for the
+    patches proposer); the checkout is left on main."""
+    for name, value in values.items():
+        git(repo, "checkout", "-q", "-b", name, "main")
+        (repo / "solution.py").write_text(f"X = {value}\n")
+        git(repo, "commit", "-qam", f"X = {value}")
+    git(repo, "checkout", "-q", "main")
+
+
 def score_repo(path: Path, **config_overrides: str) -> Path:
     return make_repo(
         path,

@@ -3,7 +3,7 @@ incumbent it would run on is recorded as `rejected` with the reason, not dropped
 
 from __future__ import annotations
 
-from helpers import config_text, git, make_repo, ratchet
+from helpers import config_text, make_repo, ratchet, solution_branches
 
 from ratchet.store.ledger import Ledger
 
@@ -26,11 +26,7 @@ def test_a_queued_ref_that_conflicts_with_the_new_incumbent_is_recorded(tmp_path
         "solution.py": "X = 3.0\n",
         "evaluate.py": EVALUATE,
     })
-    for name, value in refs.items():
-        git(repo, "checkout", "-q", "-b", name, "main")
-        (repo / "solution.py").write_text(f"X = {value}\n")
-        git(repo, "commit", "-qam", f"X = {value}")
-    git(repo, "checkout", "-q", "main")
+    solution_branches(repo, refs)
 
     proc = ratchet(repo, "run", timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr

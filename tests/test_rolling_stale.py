@@ -9,7 +9,7 @@ import random
 import sys
 
 import pytest
-from helpers import ROOT, config_text, git, make_repo, ratchet
+from helpers import ROOT, config_text, git, make_repo, ratchet, solution_branches
 
 from ratchet.core.vocab import Kind, Status
 from ratchet.driver.config import loads_config
@@ -48,11 +48,7 @@ def test_a_stale_winner_is_confirmed_against_the_new_incumbent(tmp_path):
         "solution.py": "X = 3.0\n",
         "evaluate.py": EVALUATE,
     })
-    for name, value in REFS.items():
-        git(repo, "checkout", "-q", "-b", name, "main")
-        (repo / "solution.py").write_text(f"X = {value}\n")
-        git(repo, "commit", "-qam", f"X = {value}")
-    git(repo, "checkout", "-q", "main")
+    solution_branches(repo, REFS)
 
     run = ratchet(repo, "run", timeout=500)
     assert run.returncode == 0, run.stdout + run.stderr
