@@ -181,7 +181,7 @@ def test_an_mcp_submission_during_a_run_is_queued_never_tampering(tmp_path):
 
     async def after(client, cand):
         stale = await call(client, "wait", ids=[cand], timeout=200)
-        # the agent goes on from the incumbent the run left, as program.md says
+        # the agent goes on from the incumbent it now finds, as program.md says
         source = (await call(client, "files", paths=["solution.py"]))["files"]["solution.py"]
         again = re.sub(r"(?m)^X = .*$", "X = 1.25", re.sub(r"(?m)^SLEEP = .*$", "SLEEP = 0.0",
                                                           source))
@@ -200,15 +200,18 @@ def test_an_mcp_submission_during_a_run_is_queued_never_tampering(tmp_path):
     mine = {c.id: c for c in rows}[sub["id"]]
     assert mine.proposer == "mcp" and mine.kind == "candidate"
     assert not [c for c in rows if "tampering" in (c.reasons or "") or c.status == "rejected"]
-    stale, again, kept = in_process(repo, lambda client: after(client, sub["id"]))
-    # judged by the judge like any candidate: the run kept a change meanwhile, so this one,
-    # made on the baseline, is discarded as not based on the incumbent; made again on the
-    # incumbent, the exact answer is kept
+    run_kept = git(repo, "rev-parse", "ratchet/demo")
+    assert run_kept != mine.parent  # the run kept a change meanwhile: this one is stale
+    stale, again, judged = in_process(repo, lambda client: after(client, sub["id"]))
+    # judged by the judge like any candidate: made on the baseline, it is a stale winner,
+    # confirmed as its own files against the incumbent the run left, and kept as them
     (verdict,) = stale["verdicts"]
-    assert (verdict["status"], verdict["code"]) == ("discard", "not-based-on-incumbent")
-    (verdict,) = kept["verdicts"]
     assert verdict["status"] == "keep", (verdict["reasons"], verdict["code"])
-    assert git(repo, "rev-parse", "ratchet/demo") == again["commit"]
+    assert "made on an older incumbent" in verdict["reasons"]
+    # made again on that incumbent, the same answer (only its SLEEP differs) is no better
+    (verdict,) = judged["verdicts"]
+    assert verdict["status"] == "discard", (verdict["reasons"], verdict["code"])
+    assert git(repo, "rev-parse", "ratchet/demo") == mine.commit_sha != again["commit"]
 
 
 def _cands(repo):
