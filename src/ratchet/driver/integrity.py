@@ -114,13 +114,14 @@ class Guard:
         whose commit was planted. True when it did.
         """
         keeps = sorted(self.ledger.candidates(status=Status.KEEP), key=lambda c: c.judged_at or 0)
-        legit = {c.commit_sha for c in keeps} | {self.ledger.study().pinned}
+        record = self.ledger.study()
+        legit = {c.commit_sha for c in keeps} | {record.pinned}
         planted = []
-        incumbent = self.ledger.study().incumbent.commit
+        incumbent = record.incumbent.commit
         if incumbent not in legit:
             planted.append(incumbent)
             last = keeps[-1] if keeps else None
-            commit = last.commit_sha if last else self.ledger.study().pinned
+            commit = last.commit_sha if last else record.pinned
             # the restored record pools every judged evaluation of that commit
             values = [c.metric for c in self.ledger.candidates()
                       if c.commit_sha == commit and c.metric is not None
@@ -202,13 +203,14 @@ class Guard:
         if current == incumbent:
             return False
         # Only ever move the branch to a commit that was judged `keep` (or the start).
-        if incumbent not in self.legit_commits():
+        legit = self.legit_commits()
+        if incumbent not in legit:
             raise IntegrityError(
                 f"the ledger's incumbent {str(incumbent)[:7]} was never judged keep and "
                 f"branch ratchet/{self.study} is at {str(current)[:7]}: the state was "
                 "tampered with; inspect .ratchet/ledger.db before resuming"
             )
-        if current is not None and current not in self.legit_commits():
+        if current is not None and current not in legit:
             # not a crash's remnant (the branch only ever lags the ledger, at an earlier
             # keep): a candidate still running since `submit` moved it after the check
             # above, which the next snapshot would otherwise have taken as trusted
@@ -230,6 +232,19 @@ class Guard:
             "verdicts": self.ledger.verdicts(),
             "rows": self.ledger.columns(ROW_FIELDS),  # row_key of every row, undecoded
         }
+
+    def snapshot_checked(self) -> dict:
+        """`snapshot` for a window whose candidates were already running (`ratchet wait`
+        after `submit`): one may plant itself (the ledger's incumbent, the branch) after
+        the start's checks and before the snapshot, which would then trust it. So the
+        checks run again after the snapshot: a plant before it is still there for them,
+        one after it is `check`'s; what they undo is snapshotted afresh."""
+        trusted = self.snapshot()
+        for _ in range(3):
+            if not (self.verify_state() or self.repair_branch()):
+                break
+            trusted = self.snapshot()
+        return trusted
 
     def trusted_keys(self) -> list[str]:
         """TRUSTED_META and every `incumbent*` key the ledger holds."""

@@ -6,10 +6,10 @@ It is the mode for never waiting: one request to the proposer is always in fligh
 jobs run, so a slot never waits for a reply it could have had. When the incumbent moves,
 the reply must not be asked for then:
 - a would-be keep going into confirmation is proposed on at once (`speculate`), and the
-  slots its pairs leave free take those proposals first, then what is ready on the
-  incumbent of the time (`fill_beside`), their writes expected by the pairs' tamper check
-  and their jobs blamed with the others; if it is kept, what was made on it is on the
-  incumbent; if not, what ran on it is stale;
+  slots its pairs leave free take those proposals alone (`fill_beside`; nothing on it
+  ready, they wait for one), their writes expected by the pairs' tamper check and their
+  jobs blamed with the others; if it is kept, what was made on it is on the incumbent;
+  if not, what ran on it is stale;
 - a candidate that ran while the incumbent moved (stale) is judged on its own files: a
   winner is confirmed on fresh pairs against the current incumbent and kept as its own
   files (judge.judge_group), not discarded and re-proposed;

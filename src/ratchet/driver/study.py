@@ -458,15 +458,7 @@ class Study:
         group = [c.id for c in baseline + cands]
         round_no = self.ledger.study().next_round
         with _as_study_errors():
-            trusted = self.guard.snapshot()
-            # the candidates run since `submit`: one may have planted itself between the
-            # checks of ensure_started and this snapshot, which would then trust it. The
-            # checks again, after the snapshot: a plant before it is still there to find,
-            # one after it is `check`'s to find.
-            for _ in range(3):
-                if not (self.guard.verify_state() or self.guard.repair_branch()):
-                    break
-                trusted = self.guard.snapshot()
+            trusted = self.guard.snapshot_checked()  # its candidates run since `submit`
             done = self.jobs.wait(group, lambda running: self._report(round_no, round_no,
                                                                       running),
                                   lambda: self.stop.hard,
