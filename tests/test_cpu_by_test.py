@@ -17,18 +17,29 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(
     not os.access(CPUACCT, os.W_OK), reason="needs a writable cgroup-v1 cpuacct hierarchy (root)")
 
-BUSY = "import time\\nend = time.process_time() + 1.0\\nwhile time.process_time() < end: pass"
+# The daemon burns one CPU-second, then leaves a mark; the test waits for the mark rather
+# than a fixed time, since on a loaded machine a CPU-second takes longer than a wall second.
+DAEMON = textwrap.dedent("""
+    import pathlib, time
+    end = time.process_time() + 1.0
+    while time.process_time() < end:
+        pass
+    pathlib.Path("daemon-done").touch()
+""")
 
-TESTS = textwrap.dedent(f'''
+TESTS = textwrap.dedent('''
     import os, subprocess, sys, time
 
     def test_a_daemon_burns_a_second():
         # double-forked: reparented away from this process, invisible to getrusage
         subprocess.run([sys.executable, "-c",
-                        "import os, subprocess, sys; subprocess.Popen("
-                        "[sys.executable, '-c', {BUSY!r}], start_new_session=True)"],
+                        "import subprocess, sys; subprocess.Popen("
+                        "[sys.executable, 'daemon.py'], start_new_session=True)"],
                        check=True)
-        time.sleep(1.5)
+        deadline = time.monotonic() + 60
+        while not os.path.exists("daemon-done") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.path.exists("daemon-done"), "the daemon never finished its CPU-second"
 
     def test_idle():
         time.sleep(0.2)
@@ -37,6 +48,7 @@ TESTS = textwrap.dedent(f'''
 
 def test_a_double_forked_daemons_cpu_counts_for_the_test_that_started_it(tmp_path):
     (tmp_path / "test_sample.py").write_text(TESTS)
+    (tmp_path / "daemon.py").write_text(DAEMON)
     out = tmp_path / "cpu"
     env = {**os.environ, "RATCHET_CPU_DIR": str(out),
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
