@@ -32,6 +32,36 @@ def tmp_path_factory(tmp_path_factory: pytest.TempPathFactory) -> pytest.TempPat
 SHARED_BY_NAME = {"ray_cluster": "ray-cluster"}
 
 
+# One private Ray cluster for the whole session, defined here once: a session-scoped
+# fixture imported into several test modules is one fixture per module to pytest, and each
+# started a cluster of its own (three, each idling until the session ended).
+sys.path.insert(0, str(Path(__file__).parent / "backends"))
+import ray_cluster as _ray_cluster_module  # noqa: E402
+
+_cluster_users_left: list[int] = []  # the session's ray-cluster tests not run yet
+
+
+@pytest.fixture(scope="session", name="ray_cluster")
+def ray_cluster():
+    """The session's private Ray cluster, stopped after its last user (below), not at the
+    session's end: an idle cluster burns about 0.06 CPU-s a second, 40 over a suite."""
+    yield from _ray_cluster_module.session_cluster()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _cluster_users_left[:] = [sum(_shared_fixture_group(item) == "ray-cluster"
+                                  for item in session.items)]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    yield
+    if _cluster_users_left and _shared_fixture_group(item) == "ray-cluster":
+        _cluster_users_left[0] -= 1
+        if _cluster_users_left[0] == 0:  # (every user runs on this worker: one xdist group)
+            _ray_cluster_module.stop_session_cluster()
+
+
 def _shared_fixture_group(item: pytest.Item) -> str | None:
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
@@ -39,6 +69,10 @@ def _shared_fixture_group(item: pytest.Item) -> str | None:
     for name in info.names_closure:
         if name in SHARED_BY_NAME:
             return SHARED_BY_NAME[name]
+    if item.get_closest_marker("ray") and not item.get_closest_marker("timing"):
+        # a side-by-side Ray test uses the cluster, some by getfixturevalue (test_contract's
+        # ray case), which the closure above does not show
+        return SHARED_BY_NAME["ray_cluster"]
     callspec = getattr(item, "callspec", None)
     module = item.nodeid.split("::", 1)[0]
     for name in info.names_closure:

@@ -234,7 +234,7 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
     return alive
 
 
-def _ray_cluster():
+def session_cluster():
     """A private cluster for the session; yields its description (see `start`)."""
     pytest.importorskip("ray.job_submission", reason="needs ray[default]")
     given = os.environ.get("RATCHET_RAY_STATE")
@@ -248,14 +248,20 @@ def _ray_cluster():
         info = start()
     except (RuntimeError, OSError) as exc:
         pytest.skip(f"could not start a local Ray cluster: {exc}")
+    _session_started.append(info)
     try:
         yield info
     finally:
-        stop(info)
+        stop_session_cluster()
 
 
-if pytest is not None:
-    ray_cluster = pytest.fixture(scope="session", name="ray_cluster")(_ray_cluster)
+_session_started: list[dict] = []  # the cluster session_cluster started, until stopped
+
+
+def stop_session_cluster() -> None:
+    """Stop the cluster `session_cluster` started, once (a reused one is not ours)."""
+    while _session_started:
+        stop(_session_started.pop())
 
 
 def main(argv: list[str]) -> int:

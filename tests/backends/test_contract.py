@@ -18,7 +18,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from ray_cluster import ray_cluster  # noqa: F401  (session fixture, used by the ray case)
 from tasks import make_task
 
 from ratchet.backends import Backend

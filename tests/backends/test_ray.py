@@ -16,7 +16,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from ray_cluster import ray_cluster  # noqa: F401  (session fixture)
 from tasks import check_holdout_everywhere, make_task, summary
 
 from ratchet.driver.study import Study, StudyError
@@ -47,7 +46,7 @@ def submission_ids(address: str, study: str) -> list[str]:
             if (j.submission_id or "").startswith(f"{study}-")]
 
 
-def test_study_on_ray_survives_a_killed_driver_and_matches_local(tmp_path, ray_cluster):  # noqa: F811
+def test_study_on_ray_survives_a_killed_driver_and_matches_local(tmp_path, ray_cluster):
     study_name = f"tiny-{uuid.uuid4().hex[:6]}"
     trace = tmp_path / "trace.txt"
     # eight candidates beside the baseline however the rounds fall (the round after a
@@ -129,7 +128,7 @@ def test_study_on_ray_survives_a_killed_driver_and_matches_local(tmp_path, ray_c
 
 
 @pytest.mark.parametrize("mode", ["actors", "job"])
-def test_holdout_only_for_the_would_be_keep_and_unreadable_elsewhere(tmp_path, ray_cluster,  # noqa: F811
+def test_holdout_only_for_the_would_be_keep_and_unreadable_elsewhere(tmp_path, ray_cluster,
                                                                      mode, monkeypatch):
     check_holdout_everywhere(
         tmp_path, monkeypatch, backend="ray", records=".ratchet/ray/jobs",
@@ -137,7 +136,7 @@ def test_holdout_only_for_the_would_be_keep_and_unreadable_elsewhere(tmp_path, r
         name=f"hold-{mode}-{uuid.uuid4().hex[:6]}")
 
 
-def test_queue_timeout_and_job_timeout_are_crashes(tmp_path, ray_cluster):  # noqa: F811
+def test_queue_timeout_and_job_timeout_are_crashes(tmp_path, ray_cluster):
     # a job that can never be placed (3 GPUs on a 2-GPU cluster) is stopped and recorded
     name = f"queue-{uuid.uuid4().hex[:6]}"
     repo = make_task(tmp_path / "q", backend="ray", parallel=1, rounds=1, prep=False,
@@ -169,7 +168,7 @@ def test_queue_timeout_and_job_timeout_are_crashes(tmp_path, ray_cluster):  # no
         study.close()
 
 
-def test_job_mode_places_one_ray_job_per_candidate(tmp_path, ray_cluster):  # noqa: F811
+def test_job_mode_places_one_ray_job_per_candidate(tmp_path, ray_cluster):
     name = f"jobs-{uuid.uuid4().hex[:6]}"
     repo = make_task(tmp_path, backend="ray", parallel=2, rounds=1, sleep=0.2, name=name,
                      extra=ray_section(tmp_path, ray_cluster, mode='"job"'))
@@ -197,7 +196,7 @@ def test_prep_across_nodes_needs_a_shared_location():
 
 
 @pytest.mark.parametrize("mode", ["actors", "job"])
-def test_node_count_of_the_test_cluster(tmp_path, ray_cluster, mode):  # noqa: F811
+def test_node_count_of_the_test_cluster(tmp_path, ray_cluster, mode):
     from ratchet.backends import make_backend
     from ratchet.driver.config import load_config
 
@@ -210,7 +209,7 @@ def test_node_count_of_the_test_cluster(tmp_path, ray_cluster, mode):  # noqa: F
         backend.close()
 
 
-def test_a_slot_that_left_when_idle_is_replaced_without_losing_the_job(tmp_path, ray_cluster):  # noqa: F811
+def test_a_slot_that_left_when_idle_is_replaced_without_losing_the_job(tmp_path, ray_cluster):
     from ratchet.backends import make_backend
     from ratchet.driver.config import load_config
     from ratchet.job.jobspec import JobSpec

@@ -38,7 +38,6 @@ from helpers import (
     sandbox_env,
     submit_and_wait,
 )
-from ray_cluster import ray_cluster  # noqa: F401  (session fixture: a private Ray head)
 
 from ratchet.job import sandbox
 from security.evidence import checkout_state, end_processes_in, files_holding, processes_in
@@ -232,7 +231,7 @@ def test_a_candidate_cannot_reach_a_job_server_on_loopback(tmp_path, level, netw
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.parametrize("level", ["bwrap", "pidns"])
-def test_a_candidate_cannot_submit_a_job_to_a_private_ray_head(tmp_path, level, ray_cluster):  # noqa: F811
+def test_a_candidate_cannot_submit_a_job_to_a_private_ray_head(tmp_path, level, ray_cluster):
     """The attack as seen, against a real Ray head's job server on loopback."""
     from ray.job_submission import JobSubmissionClient
 
