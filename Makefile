@@ -20,13 +20,21 @@ install: $(STAMP)
 demo: $(STAMP)
 	bash scripts/run_example.sh kernel-cpu
 
-# Side by side (pytest-xdist): 4 workers on 2 cores, since most of a study-driven test is
-# waiting on its jobs' processes; tests sharing a built study stay on one worker
-# (tests/conftest.py). The `timing` tests measure wall time and run after, one at a time.
+# Three passes. Side by side (pytest-xdist): 4 workers on 2 cores, since most of a
+# study-driven test is waiting on its jobs' processes; tests sharing a built study stay on
+# one worker (tests/conftest.py). Then the `race` tests (events seconds apart, mostly
+# asleep) four at a time, away from that load; then the `timing` tests, which measure CPU
+# work, one at a time.
+# The last two passes collect only the files that name their marker (collecting all ~900
+# tests costs each pytest process ~6 CPU-s); tests/conftest.py fails a marked test whose
+# file does not name the marker.
 PYTEST_WORKERS ?= 4
+RACE_FILES   = $(shell grep -rlE 'mark\.race\b' tests --include='*.py')
+TIMING_FILES = $(shell grep -rlE 'mark\.timing\b' tests --include='*.py')
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 -m "not timing"
-	$(BIN)/python -m pytest -q -m timing
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 -m "not timing and not race"
+	$(BIN)/python -m pytest -q -n 4 --dist loadgroup --durations=5 -m race $(RACE_FILES)
+	$(BIN)/python -m pytest -q --durations=5 -m timing $(TIMING_FILES)
 
 # Where the suite's CPU goes (root: each test in a cpuacct cgroup; tests/cpu_by_test.py):
 # the side-by-side pass as `make test` runs it, then the CPU by file, largest first.
@@ -34,7 +42,7 @@ CPU_DIR ?= cpu-by-test
 test-cpu: $(STAMP)
 	rm -rf $(CPU_DIR)
 	RATCHET_CPU_DIR=$(CPU_DIR) PYTHONPATH=tests $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) \
-	  --dist loadgroup -m "not timing" -p cpu_by_test
+	  --dist loadgroup -m "not timing and not race" -p cpu_by_test
 	$(BIN)/python scripts/suite_cpu.py $(CPU_DIR)
 
 # The inner loop (about 2 minutes with lint): the tests that start no study and no CLI.

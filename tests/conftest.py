@@ -69,7 +69,7 @@ def _shared_fixture_group(item: pytest.Item) -> str | None:
     for name in info.names_closure:
         if name in SHARED_BY_NAME:
             return SHARED_BY_NAME[name]
-    if item.get_closest_marker("ray") and not item.get_closest_marker("timing"):
+    if item.get_closest_marker("ray") and not item.get_closest_marker("race"):
         # a side-by-side Ray test uses the cluster, some by getfixturevalue (test_contract's
         # ray case), which the closure above does not show
         return SHARED_BY_NAME["ray_cluster"]
@@ -91,6 +91,13 @@ def _shared_fixture_group(item: pytest.Item) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:  # `make test` collects the race and timing passes by grep
+        for marker in ("race", "timing"):
+            if item.get_closest_marker(marker) and \
+                    f"mark.{marker}" not in Path(str(item.path)).read_text():
+                raise pytest.UsageError(
+                    f"{item.nodeid} is marked {marker} but its file never says "
+                    f"`mark.{marker}`: the Makefile's {marker} pass would miss it")
     if not os.environ.get("PYTEST_XDIST_WORKER"):  # collection happens on the workers
         return
     for item in items:

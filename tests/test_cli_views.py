@@ -30,7 +30,7 @@ def tty_run(tmp_path_factory):
 
 # The tty study's screen: a fresh-clone run at load ~15 once found two verdict lines drawn
 # over by the live area (not seen alone or in three other full runs): serial, and open
-@pytest.mark.timing
+@pytest.mark.race
 def test_final_screen_keeps_every_round_once_with_its_verdicts(tty_run):
     _, _, lines = tty_run
     for n in (1, 2, 3):
@@ -41,7 +41,7 @@ def test_final_screen_keeps_every_round_once_with_its_verdicts(tty_run):
     assert any(line.startswith("study demo: 5 candidates: ") for line in lines)  # + baseline
 
 
-@pytest.mark.timing  # the same study as above
+@pytest.mark.race  # the same study as above
 def test_live_area_leaves_nothing_behind(tty_run):
     _, raw, lines = tty_run
     # it was there while the study ran: the metric's name with the best value, and jobs

@@ -82,7 +82,7 @@ def made(cands: list) -> list:
 
 
 @pytest.mark.slow
-@pytest.mark.timing  # the tuner's reply must come in while a pair runs (1.2 s)
+@pytest.mark.race  # the tuner's reply must come in while a pair runs (1.2 s)
 @pytest.mark.timeout(900)
 def test_the_next_round_runs_beside_a_confirmation_and_status_tells_the_shares(tmp_path):
     repo = study_repo(tmp_path / "r", start=3.0,
@@ -119,7 +119,7 @@ def test_the_next_round_runs_beside_a_confirmation_and_status_tells_the_shares(t
 
 
 @pytest.mark.slow
-@pytest.mark.timing  # the tuner's reply must come in while a pair runs
+@pytest.mark.race  # the tuner's reply must come in while a pair runs
 @pytest.mark.timeout(900)
 def test_a_candidate_beside_a_refused_keep_is_withdrawn_carried_never_blamed(tmp_path):
     repo = study_repo(tmp_path / "r", start=1.25, lucky=True,

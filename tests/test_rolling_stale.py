@@ -36,7 +36,7 @@ print(f"score: {score}")
 
 
 @pytest.mark.slow
-@pytest.mark.timing  # a race by design: the three must end in that order, seconds apart
+@pytest.mark.race  # a race by design: the three must end in that order, seconds apart
 @pytest.mark.timeout(600)
 def test_a_stale_winner_is_confirmed_against_the_new_incumbent(tmp_path):
     repo = make_repo(tmp_path / "r", {

@@ -110,7 +110,7 @@ def test_every_job_runs_in_a_spare_forked_by_one_server(tmp_path):
     assert not servers_of(repo / ".ratchet" / "jobs")
 
 
-@pytest.mark.timing  # its 3 s jobs must outlive the driver's kill and its server's exit
+@pytest.mark.race  # its 3 s jobs must outlive the driver's kill and its server's exit
 def test_a_killed_driver_leaves_running_jobs_and_nothing_idle(tmp_path):
     """kill -9 of the driver: its server reads EOF and exits, idle spares with it; a job
     already handed to a spare runs on, and the resumed study takes its result."""

@@ -10,6 +10,7 @@ import pytest
 import ray_cluster
 
 # alone: it starts and checks clusters on Ray's default ports, which the machine shares
+# (and two cluster starts are CPU-heavy enough to upset the race tests beside it)
 pytestmark = [pytest.mark.ray, pytest.mark.timing]
 
 

@@ -92,7 +92,7 @@ def test_the_baseline_runs_while_the_first_proposals_are_made(tmp_path):
     assert {c.round for c in cands} == {1}
 
 
-@pytest.mark.timing  # asserts a placement within one reply's latency (1 s): load broke it once
+@pytest.mark.race  # asserts a placement within one reply's latency (1 s): load broke it once
 def test_rolling_proposes_on_a_would_be_keep_while_it_is_confirmed(tmp_path):
     model = Improving(delay=1.0)
     # the baseline runs longest: proposals made on it queue up meanwhile, and are

@@ -125,7 +125,8 @@ def kill_worker_while_it_evaluates(repo, attempt):
     os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.timing  # a race: the kill must land while the worker runs
+@pytest.mark.timing  # a race: the kill must land while the worker runs; beside the race
+# tests' studies it missed (the job ended first, or the rerun was killed) in 2 of 4 runs
 @pytest.mark.parametrize("kills", [1, 2])
 def test_worker_killed_from_outside_is_rerun_once_then_crashes(tmp_path, kills):
     repo = make_repo(tmp_path / "r", {
@@ -146,7 +147,7 @@ def test_worker_killed_from_outside_is_rerun_once_then_crashes(tmp_path, kills):
     db.close()
     assert cand.attempt == 1 and "lost-resubmitted" in events
     if kills == 1:
-        assert cand.status == "keep" and cand.metric == 0.5  # the rerun counted once
+        assert cand.status == "keep" and cand.metric == 0.5, cand.reasons  # the rerun counted once
     else:
         assert cand.status == "crash"
         assert "job lost 2 times" in cand.reasons
