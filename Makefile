@@ -29,19 +29,23 @@ demo: $(STAMP)
 # tests costs each pytest process ~6 CPU-s); tests/conftest.py fails a marked test whose
 # file does not name the marker.
 PYTEST_WORKERS ?= 4
+# The venv first on PATH, as `source .venv/bin/activate` does: a task's `python` and the
+# fake engines' `python3` are then the venv's, not a version manager's shim (pyenv's costs
+# ~0.08 CPU-s a start: a third of tests/backends/test_shell.py's CPU).
+PYTEST = PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest
 RACE_FILES   = $(shell grep -rlE 'mark\.race\b' tests --include='*.py')
 TIMING_FILES = $(shell grep -rlE 'mark\.timing\b' tests --include='*.py')
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 -m "not timing and not race"
-	$(BIN)/python -m pytest -q -n 4 --dist loadgroup --durations=5 -m race $(RACE_FILES)
-	$(BIN)/python -m pytest -q --durations=5 -m timing $(TIMING_FILES)
+	$(PYTEST) -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 -m "not timing and not race"
+	$(PYTEST) -q -n 4 --dist loadgroup --durations=5 -m race $(RACE_FILES)
+	$(PYTEST) -q --durations=5 -m timing $(TIMING_FILES)
 
 # Where the suite's CPU goes (root: each test in a cpuacct cgroup; tests/cpu_by_test.py):
 # the side-by-side pass as `make test` runs it, then the CPU by file, largest first.
 CPU_DIR ?= cpu-by-test
 test-cpu: $(STAMP)
 	rm -rf $(CPU_DIR)
-	RATCHET_CPU_DIR=$(CPU_DIR) PYTHONPATH=tests $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) \
+	RATCHET_CPU_DIR=$(CPU_DIR) PYTHONPATH=tests $(PYTEST) -q -n $(PYTEST_WORKERS) \
 	  --dist loadgroup -m "not timing and not race" -p cpu_by_test
 	$(BIN)/python scripts/suite_cpu.py $(CPU_DIR)
 
@@ -53,7 +57,7 @@ UNIT_TESTS := tests/test_stats.py tests/test_judge.py tests/test_vocab.py \
   tests/proposers/test_edits.py tests/proposers/test_example_configs.py \
   tests/backends/test_engine_configs.py tests/security/test_units.py
 check: lint
-	$(BIN)/python -m pytest -q -n 2 $(UNIT_TESTS)
+	$(PYTEST) -q -n 2 $(UNIT_TESTS)
 
 # The real coding-agent CLIs (Claude Code, Codex, aider), pinned, into .venv-agents/; the
 # tests in tests/agent_cli (marker agent_cli, part of `make test`) skip without them.
