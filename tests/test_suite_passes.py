@@ -1,0 +1,36 @@
+"""`make test`'s race and timing passes collect only the files that name their marker
+(a grep in the Makefile): tests/conftest.py refuses a marked test whose file never does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def collect(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
+    (tmp_path / "test_sample.py").write_text(body)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only",
+                           "-p", "conftest", "-p", "no:cacheprovider", str(tmp_path)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_marker_the_makefiles_grep_would_miss_stops_the_run(tmp_path):
+    proc = collect(tmp_path, 'import pytest\n'
+                             'pytestmark = [getattr(pytest.mark, "ra" + "ce")]\n'
+                             'def test_x():\n    pass\n')
+    assert proc.returncode != 0
+    assert "is marked race but its file never says `mark.race`" in proc.stdout + proc.stderr
+
+
+def test_a_marker_written_out_is_collected(tmp_path):
+    proc = collect(tmp_path, 'import pytest\n'
+                             '@pytest.mark.timing\n'
+                             'def test_x():\n    pass\n')
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 test collected" in proc.stdout
