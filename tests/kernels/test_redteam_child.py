@@ -12,9 +12,11 @@ purpose: the cheats that must reach the hold-out run to be caught there (right, 
 fast, on the public shapes only) must clear the noise margin of a loaded 2-core machine
 first (measured: REPEAT 4 -> 1 gave only 2.2x there).
 
-The timing group runs in torch (one trick watches a tensor's poison); the file and channel
-groups and the control run in numpy: they attack the process boundary, not the library,
-and importing torch twice per evaluation was most of their cost (FLAVOURS below).
+Every study runs in numpy: the tricks attack the process boundary, the clock and the
+channel, not the library, and `import torch` (2 CPU-seconds, twice per evaluation: the
+evaluator and the child) was most of each evaluation's cost. The timing group ran in torch
+until its 81.6 CPU-s (serial, 110 s wall) measured 19.1 beside it in numpy, same verdicts;
+a torch child's timing is tested in test_timing_with_torch_child.py.
 
 The evaluator breaks one rule of the docs on purpose: it imports one module after the
 child has started (case 7), so the test shows that `python -P` and the read-only tree
@@ -101,22 +103,6 @@ with rk.CandidateProcess(HERE / "kernel.py", timeout=60, confine="{confine}") as
 rk.emit(report)
 '''
 
-TORCH_PROBLEM = '''
-def make_inputs(shape, dtype, rng):
-    g = torch.Generator().manual_seed(int(rng.integers(2**62)))
-    return (torch.rand(shape["rows"], shape["cols"], generator=g) - 0.5) * 8
-
-
-def reference(x):
-    return torch.softmax(x, dim=-1)
-
-
-def baseline(x):
-    return torch.softmax(x, dim=-1)
-
-
-'''
-
 NUMPY_PROBLEM = '''
 def make_inputs(shape, dtype, rng):
     return ((rng.random((shape["rows"], shape["cols"])) - 0.5) * 8).astype(np.float32)
@@ -140,30 +126,9 @@ def evaluator(library: str, imports: str, setup: str, problem: str) -> str:
             .replace("@SETUP@", setup).replace("@PROBLEM@", problem.lstrip("\n")))
 
 
-EVALUATOR = evaluator("torch", "import numpy as np  # noqa: F401\nimport torch\n",
-                      "torch.set_num_threads(1)\n", TORCH_PROBLEM)
-
 HOLDOUT = [{"rows": 384, "cols": 1500}]
 
-INCUMBENT = '''
-"""The kernel under research: torch's row softmax, done REPEAT times."""
-import torch
-
-torch.set_num_threads(1)
-REPEAT = 8
-
-
-def softmax(x):
-    for _ in range(REPEAT - 1):
-        torch.softmax(x, dim=-1)
-    return torch.softmax(x, dim=-1)
-'''
-
-
-# The same study in numpy, for the groups whose tricks do not touch torch (files, channel)
-# and the honest control: what they attack is the process boundary (the hold-out's place,
-# the channel, the tree, the CPUs), and `import torch` (2 CPU-seconds, twice per
-# evaluation: the evaluator and the child) was most of each evaluation's cost.
+# The study in numpy (the module's docstring says why).
 NP_EVALUATOR = evaluator("numpy", "import numpy as np\n", "", NUMPY_PROBLEM)
 assert "torch" not in NP_EVALUATOR, NP_EVALUATOR
 
@@ -219,7 +184,7 @@ def softmax(x):
 
 CHEATS: dict[str, str] = {
     # 1. slow down the empty requests the harness subtracts as round-trip overhead
-    "rtt_sleep": INCUMBENT + '''
+    "rtt_sleep": NP_INCUMBENT + '''
 import sys
 import time
 
@@ -243,7 +208,7 @@ _child.call = _call
     # 2. a helper outside the child's process group stretches the trusted baseline: while
     # the child is stopped (the baseline is being timed) it duty-cycles SIGSTOP on the
     # evaluator, or burns CPU where it cannot see the evaluator
-    "setsid_helper": INCUMBENT + FIND_EVALUATOR + '''
+    "setsid_helper": NP_INCUMBENT + FIND_EVALUATOR + '''
 import signal
 import sys
 import time
@@ -403,7 +368,7 @@ except OSError as exc:
 ''',
     # near miss: compute each output as soon as the harness fills the inputs and poisons
     # the outputs, before the clock starts; the call then finds it done
-    "work_before_clock": INCUMBENT + '''
+    "work_before_clock": NP_INCUMBENT + '''
 import sys
 import threading
 import time
@@ -428,8 +393,8 @@ def _one_call(self, fn, call, index):
 def _watch():
     while True:
         for key, (x, out) in list(_pairs.items()):
-            if key not in _done and bool(torch.isnan(out[0, 0])):
-                out.copy_(softmax(x))
+            if key not in _done and bool(np.isnan(out[0, 0])):
+                out[...] = softmax(x)
                 _done.add(key)
         time.sleep(0.00005)
 
@@ -547,14 +512,7 @@ assert sorted(n for names in GROUPS.values() for n in names) == sorted(CHEATS)
 CHEAT_ACCEPTANCE = "confirm_pairs = 6\nnoise_floor = 3"
 
 
-# What each study's evaluator and incumbent are written in: the timing tricks reach into
-# torch (work_before_clock watches a tensor's NaN poison), the others need no torch.
-FLAVOURS = {"torch": (EVALUATOR, INCUMBENT), "numpy": (NP_EVALUATOR, NP_INCUMBENT)}
-GROUP_FLAVOUR = {"timing": "torch", "files": "numpy", "channel": "numpy"}
-
-
-def _study_repo(tmp_path_factory, level: str, label: str, acceptance: str = "",
-                flavour: str = "numpy") -> Path:
+def _study_repo(tmp_path_factory, level: str, label: str, acceptance: str = "") -> Path:
     why = _available(LEVELS[level][1])
     if why:
         pytest.skip(why)
@@ -562,8 +520,8 @@ def _study_repo(tmp_path_factory, level: str, label: str, acceptance: str = "",
     repo = make_repo(tmp_path_factory.mktemp(f"rt-child-{label}") / "repo", {
         "ratchet.toml": CONFIG.replace("{backend_sandbox}", backend_sandbox)
                               .replace("{acceptance}", acceptance),
-        "evaluate.py": FLAVOURS[flavour][0].replace("{confine}", confine),
-        "kernel.py": FLAVOURS[flavour][1],
+        "evaluate.py": NP_EVALUATOR.replace("{confine}", confine),
+        "kernel.py": NP_INCUMBENT,
         ".gitignore": "holdout/\n",
     })
     (repo / "holdout").mkdir()
@@ -593,7 +551,7 @@ def study(request, tmp_path_factory):
     """One study per confinement and group of cheats, judged through `ratchet submit` /
     `ratchet wait`."""
     level, group = request.param.split("-")
-    repo = _study_repo(tmp_path_factory, level, request.param, CHEAT_ACCEPTANCE, GROUP_FLAVOUR[group])
+    repo = _study_repo(tmp_path_factory, level, request.param, CHEAT_ACCEPTANCE)
     ids = {name: _submit(repo, _branch(repo, name, CHEATS[name])) for name in GROUPS[group]}
     verdicts = {v["id"]: v for v in _wait(repo, list(ids.values())) if "id" in v}
     results = {name: verdicts.get(cid, {}) for name, cid in ids.items()}

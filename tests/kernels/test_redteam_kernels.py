@@ -434,11 +434,18 @@ def softmax(x):
 '''
 
 
+# The torch study has no hold-out run: its one cheat is caught on the public shapes, and
+# the baseline's hold-out evaluation (`import torch` in the evaluator and in its child)
+# was a third of the test's CPU (14.7 -> 9.8-10.0 CPU-s without it).
+TORCH_CONFIG = CONFIG.replace('holdout = "python evaluate.py --holdout"\n', "").replace('holdout_tolerance = "50%"\n', "")
+assert "holdout" not in TORCH_CONFIG
+
+
 def test_tensor_subclass_is_never_kept(tmp_path):
     """The torch face of the subclass cheat, through submit + wait on a torch study."""
     pytest.importorskip("torch")
     assert "import torch" in TORCH_EVALUATOR and "torch.softmax(x, dim=-1)" in TORCH_EVALUATOR
-    repo = make_repo(tmp_path / "repo", {"ratchet.toml": CONFIG, "evaluate.py": TORCH_EVALUATOR, "kernel.py": TORCH_INCUMBENT})
+    repo = make_repo(tmp_path / "repo", {"ratchet.toml": TORCH_CONFIG, "evaluate.py": TORCH_EVALUATOR, "kernel.py": TORCH_INCUMBENT})
     cid = _submit(repo, _branch(repo, "torch_subclass", TORCH_SUBCLASS))
     [verdict] = [v for v in _wait(repo, [cid]) if v.get("id") == cid]
     assert verdict["status"] in CAUGHT, (verdict, _logs(repo, cid)[-3000:])

@@ -211,7 +211,15 @@ def _op_times(recorded: Sequence[Any], timed: Sequence[tuple[int, Any]], on_devi
 
 
 def _forwards(prof: Any) -> list[Any]:
-    return [e for e in prof.events() if e.name == FORWARD]
+    return [e for e in prof.function_events if e.name == FORWARD]
+
+
+def _profiler(torch: Any, on_device: bool, **options: Any) -> Any:
+    """The profiler `torch.profiler.profile` starts for these activities (kineto; the CPU,
+    and CUDA on a device), used directly: `torch.profiler.profile` first asks
+    `hasattr(torch, "_inductor")`, which imports inductor and dynamo (1.5 CPU-seconds,
+    measured on the 2-core machine) in a profile that never compiles."""
+    return torch.autograd.profiler.profile(use_cpu=True, use_device="cuda" if on_device else None, use_kineto=True, **options)
 
 
 def _top_level(forward: Any) -> list[Any]:
@@ -292,7 +300,6 @@ def profile_model(
         model = torch.compile(model, backend=workload.compile_backend)
     if peaks is None and measure:
         peaks = measure_peaks(device if on_device else "cpu")
-    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_device else [])
     rng = np.random.default_rng(0)
     weights = workload.weights()
     rows: dict[tuple[str, str], list[ShapeRecord]] = defaultdict(list)
@@ -324,17 +331,17 @@ def profile_model(
             with labelled_ops(module, torch, compiled):
                 # a first profiled forward, thrown away: the profiler's start-up (its
                 # first session, each new record's set-up) stays out of the records
-                with torch.profiler.profile(activities=activities, record_shapes=True, with_flops=True), label(FORWARD):
+                with _profiler(torch, on_device, record_shapes=True, with_flops=True), label(FORWARD):
                     model(*inputs)
                 # the records: what each operator is called on (shapes, dtypes, FLOPs)
-                with torch.profiler.profile(activities=activities, record_shapes=True, with_flops=True) as records:
+                with _profiler(torch, on_device, record_shapes=True, with_flops=True) as records:
                     with label(FORWARD):
                         model(*inputs)
                     sync()
                 # the times: the same forwards without shapes and FLOPs, whose recording
                 # cost is inside every operator with nested events
                 preempted = []
-                with torch.profiler.profile(activities=activities) as timed:
+                with _profiler(torch, on_device) as timed:
                     for _ in range(workload.steps):
                         switched = _preemptions()
                         with label(FORWARD):
