@@ -153,6 +153,8 @@ def prep(
 
 
 PROGRESS_EVERY_S = 30.0
+# The live area is redrawn at most this often, from the thread that runs the study
+LIVE_REFRESH_S = 0.25
 
 
 def progress_line(p: Progress, metric: str) -> str:
@@ -180,6 +182,12 @@ class RunView:
     Rolling search has no rounds to wait for: each verdict is printed once it is made,
     without a round header (its ledger "round" counts keeps, not a budget of rounds).
     A study's log line (`keep c0003 ...`) is printed after the verdicts it follows.
+
+    Only the study's thread writes to the terminal. rich's own refresh thread is off: its
+    redraw could reach the terminal between a print's cursor move (the live area's last
+    height) and the print's own text, and when the area's height had changed in between,
+    a verdict line was drawn over or a copy of the area left behind (seen under load). A
+    log line from another thread waits for the study's thread's next update.
     """
 
     def __init__(self) -> None:
@@ -197,6 +205,9 @@ class RunView:
         # long round is not silent until it is judged
         self.every = float(os.environ.get("RATCHET_PROGRESS_EVERY", PROGRESS_EVERY_S))
         self.last_line = time.monotonic()
+        self.drawn = 0.0  # when the live area was last redrawn
+        self.owner = threading.get_ident()  # the thread that writes to the terminal
+        self.pending: list[str] = []  # log lines from other threads, printed by the owner
 
     def attach(self, study: Study, rounds: int | None) -> None:
         self.study = study
@@ -232,15 +243,29 @@ class RunView:
         """The study's log lines. While the live area is up they go through its console,
         which prints them above it; a write to the terminal behind its back would leave
         copies of the live area on screen."""
+        if threading.get_ident() != self.owner:
+            self.pending.append(message)  # (list.append is atomic)
+            return
         self.print_judged()  # the verdicts a line such as `keep c0003` speaks of come first
         for line in message.split("\n"):  # each line wrapped on its own
             emit(self.live.console if self.live is not None else err, line)
 
+    def print_pending(self) -> None:
+        while self.pending:
+            self.note(self.pending.pop(0))
+
     def update(self, p: Progress) -> None:
         self.rounds = p.rounds or self.rounds
+        if threading.get_ident() != self.owner:
+            return  # the owner's next update draws it
+        self.print_pending()
         self.print_judged(before=p.round)
         if self.live is not None:
-            self.live.update(self.renderable(p))
+            now = time.monotonic()
+            due = now - self.drawn >= LIVE_REFRESH_S
+            self.live.update(self.renderable(p), refresh=due)
+            if due:
+                self.drawn = now
             return
         if p.message != self.trouble:
             self.trouble = p.message
@@ -337,13 +362,15 @@ def run(
         if console.is_terminal:
             from rich.live import Live
 
-            with Live(console=console, refresh_per_second=4, transient=True) as live_view:
+            # auto_refresh off: only this thread draws (RunView says why)
+            with Live(console=console, auto_refresh=False, transient=True) as live_view:
                 view.live = live_view
                 try:
                     study.run(rounds=rounds)
                 except UserError as exc:
                     problem = str(exc)  # printed once the live area is gone, so it stays
                 finally:
+                    view.print_pending()
                     view.print_judged()  # the last round stays on screen
                     view.live = None
         else:
