@@ -69,9 +69,11 @@ def _shared_fixture_group(item: pytest.Item) -> str | None:
     for name in info.names_closure:
         if name in SHARED_BY_NAME:
             return SHARED_BY_NAME[name]
-    if item.get_closest_marker("ray") and not item.get_closest_marker("race"):
+    if item.get_closest_marker("ray") and not (item.get_closest_marker("race")
+                                               or item.get_closest_marker("timing")):
         # a side-by-side Ray test uses the cluster, some by getfixturevalue (test_contract's
-        # ray case), which the closure above does not show
+        # ray case), which the closure above does not show; the race and timing passes'
+        # Ray tests start clusters of their own
         return SHARED_BY_NAME["ray_cluster"]
     callspec = getattr(item, "callspec", None)
     module = item.nodeid.split("::", 1)[0]

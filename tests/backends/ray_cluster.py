@@ -234,6 +234,9 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
     return alive
 
 
+_session_started: list[dict] = []  # the cluster session_cluster started, until stopped
+
+
 def session_cluster():
     """A private cluster for the session; yields its description (see `start`)."""
     pytest.importorskip("ray.job_submission", reason="needs ray[default]")
@@ -253,9 +256,6 @@ def session_cluster():
         yield info
     finally:
         stop_session_cluster()
-
-
-_session_started: list[dict] = []  # the cluster session_cluster started, until stopped
 
 
 def stop_session_cluster() -> None:
