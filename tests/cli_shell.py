@@ -23,7 +23,9 @@ def user_env(tmp: Path) -> dict[str, str]:
     gitconfig = tmp / "gitconfig"
     gitconfig.write_text("[init]\n\tdefaultBranch = master\n"
                          "[user]\n\tname = tour\n\temail = tour@example.invalid\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    # a user's shell: no git overrides, and none of the suite's own switches (conftest.py)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("GIT_") and k != "RATCHET_PROGRESS_PNG"}
     env.update(PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}",
                PYTHONPATH=str(ROOT / "src"), GIT_CONFIG_GLOBAL=str(gitconfig),
                GIT_CONFIG_NOSYSTEM="1", COLUMNS="200")

@@ -6,6 +6,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest  # noqa: E402
 
+# No progress.png at the end of each `ratchet run` (0.2 CPU-s a run in this process, 0.8 in
+# a CLI process, over a few hundred runs): the tests of the chart ask for it
+# (tests/handoff_study.py), the tour runs as a user's shell, without this switch.
+os.environ.setdefault("RATCHET_PROGRESS_PNG", "0")
+
 
 @pytest.fixture(scope="session")
 def tmp_path_factory(tmp_path_factory: pytest.TempPathFactory) -> pytest.TempPathFactory:

@@ -130,7 +130,8 @@ def _build(root: Path) -> HandoffStudy:
     })
     for idea in IDEAS:
         ratchet(repo, "idea", idea, check=True)
-    ratchet(repo, "run", check=True, timeout=600)
+    ratchet(repo, "run", check=True, timeout=600,
+            env={"RATCHET_PROGRESS_PNG": "1"})  # its chart is tested (test_history)
     (repo / "notes.txt").write_text("the user's own uncommitted work\n")
     git(repo, "add", "notes.txt")  # staged, not committed: export must leave it so
     return HandoffStudy(repo, git(repo, "rev-parse", "HEAD"))

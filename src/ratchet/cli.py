@@ -155,6 +155,10 @@ def prep(
 PROGRESS_EVERY_S = 30.0
 # The live area is redrawn at most this often, from the thread that runs the study
 LIVE_REFRESH_S = 0.25
+# `RATCHET_PROGRESS_PNG=0`: `ratchet run` ends without drawing progress.png, for scripted
+# and CI runs that never look at it (the chart costs 0.2 CPU-s a run, 0.8 with matplotlib's
+# import); `ratchet report` draws it whenever asked.
+PROGRESS_PNG_ENV = "RATCHET_PROGRESS_PNG"
 
 
 def progress_line(p: Progress, metric: str) -> str:
@@ -386,7 +390,8 @@ def run(
             _leave_at_once(2)
         fail(problem)
     _print_summary(study)
-    _write_progress(study)
+    if os.environ.get(PROGRESS_PNG_ENV, "1") != "0":
+        _write_progress(study)
     if stopped_by:
         err.print("stopped; run `ratchet run` again to resume")
         # the shell's convention for a command ended by a signal (130 after Ctrl-C), so a

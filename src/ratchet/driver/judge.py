@@ -250,7 +250,10 @@ class Confirmation:
     pairs: list[list[tuple[float, float]]] = field(default_factory=list)
     # how many pairs the next look of a candidate (its id) adds, given the pairs measured
     # so far: 1, or a group when slots are free (settle.Confirming.next_look); never a
-    # function of the pairs' values
+    # function of the pairs' values (confirm's one exception: while every value of the
+    # study has reproduced exactly, a look takes no more pairs than the noiseless rule
+    # lacks; under noise that never holds past the first pair, and one differing value
+    # ends it for good)
     next_look: Callable[[str, int], int] = field(default=lambda _id, _n: 1, repr=False,
                                              compare=False)
 
@@ -341,18 +344,21 @@ def confirm(config: Config, entry: Entry, incumbent: Incumbent,
                                                    *(i for _, i in pairs)]}
         noise = confirmation.noise(extra)
         required = acceptance.min_improvement.margin(incumbent.metric or 0.0)
-        exact = noiseless(entry, incumbent, pairs, confirmation, extra)
-        if exact is not None:
+        repeated = identical_repeats(entry, incumbent, pairs, confirmation, extra)
+        if repeated is not None and repeated >= NOISELESS_REPEATS:
             gain_now = metric.gain(pairs[0][0], pairs[0][1])
+            fresh = f"{len(pairs)} fresh pair{'s' * (len(pairs) != 1)}"
             if gain_now > required and gain_now > 0:
                 return stats.Test(stats.Step.KEEP, len(pairs), mean=gain_now - required,
                                   t=math.inf, reason=(
-                                      f"confirmed on 1 fresh pair: the metric is noiseless "
-                                      f"({exact}), and the pair reproduced both values"
+                                      f"confirmed on {fresh}: the metric is noiseless "
+                                      f"({repeated} repeated evaluations in the study, all "
+                                      f"identical), and the {'pair' if len(pairs) == 1 else 'pairs'}"
+                                      f" reproduced both values"
                                   )), list(pairs)
             return stats.Test(stats.Step.DISCARD, len(pairs), mean=gain_now - required,
-                              reason="not confirmed: the metric is noiseless and the fresh "
-                                     "pair shows no gain beyond min_improvement"), list(pairs)
+                              reason=f"not confirmed: the metric is noiseless and the {fresh} "
+                                     "show no gain beyond min_improvement"), list(pairs)
 
         def gain(c: float, i: float, relative: bool = noise.relative) -> float:
             # the gain as a log ratio when the noise is relative
@@ -390,27 +396,35 @@ def confirm(config: Config, entry: Entry, incumbent: Incumbent,
                                                 noise.relative), looks=looks)
         if test.step != stats.Step.MORE:
             return test, list(pairs)
-        need = min(len(pairs) + max(1, confirmation.next_look(entry.id, len(pairs))),
-                   acceptance.confirm_pairs)
+        step = max(1, confirmation.next_look(entry.id, len(pairs)))
+        if repeated is not None:
+            # every value so far reproduced, short of the repeats the noiseless rule asks:
+            # the next look takes only the pairs it lacks (each pair repeats two values),
+            # so a deterministic study's first keep costs two pairs, not a group more
+            step = min(step, math.ceil((NOISELESS_REPEATS - repeated) / 2))
+        need = min(len(pairs) + step, acceptance.confirm_pairs)
         looks.append(need)
 
 
-def noiseless(entry: Entry, incumbent: Incumbent, pairs: list[tuple[float, float]],
-              confirmation: Confirmation, extra: dict[str, list[float]]) -> str | None:
-    """Why the metric is taken as noiseless (a deterministic evaluator, a count, a size),
-    or None: the fresh pair reproduced the candidate's first value and the incumbent's
-    value exactly, every commit measured more than once in the study gave the same value
-    every time, no evaluator reported an error above 0, and no earlier confirmation's
-    pair differed from its first. One differing value anywhere brings back the full test.
-    Only the first look asks: a second pair is only ever measured under the full test."""
-    if len(pairs) != 1 or entry.result.metric is None or not incumbent.samples:
+def identical_repeats(entry: Entry, incumbent: Incumbent, pairs: list[tuple[float, float]],
+                      confirmation: Confirmation, extra: dict[str, list[float]]) -> int | None:
+    """The study's repeated evaluations when every one so far gave its commit's value
+    exactly, or None. Counted: every fresh pair reproduced the candidate's first value and
+    the incumbent's value, every commit measured more than once in the study gave the same
+    value every time, no evaluator reported an error above 0, and no earlier
+    confirmation's pair differed from its first. At NOISELESS_REPEATS the metric is taken
+    as noiseless (a deterministic evaluator, a count, a size): the pairs measured confirm.
+    One differing value anywhere brings back the full test, for good."""
+    if not pairs or entry.result.metric is None or not incumbent.samples:
         return None
     if any(sem > 0 for sem, _ in confirmation.reported):
         return None
-    candidate, reference = pairs[0]
-    if candidate != entry.result.metric or any(v != reference for v in incumbent.samples):
+    reference = incumbent.samples[0]
+    if any(c != entry.result.metric or i != reference for c, i in pairs):
         return None
-    if len(set(entry.result.samples or [candidate])) > 1:
+    if any(v != reference for v in incumbent.samples):
+        return None
+    if len(set(entry.result.samples or [entry.result.metric])) > 1:
         return None  # the job's own repeats differ
     groups = {**confirmation.groups, **extra}
     if any(len(set(values)) > 1 for values in groups.values()):
@@ -418,10 +432,7 @@ def noiseless(entry: Entry, incumbent: Incumbent, pairs: list[tuple[float, float
     if any(len({c for c, _ in got}) > 1 or len({i for _, i in got}) > 1
            for got in confirmation.pairs):
         return None
-    repeated = sum(len(values) - 1 for values in groups.values() if len(values) > 1)
-    if repeated < NOISELESS_REPEATS:
-        return None  # too few repeats to tell a deterministic metric from a coarse one
-    return f"{repeated} repeated evaluation{'s' * (repeated != 1)} in the study, all identical"
+    return sum(len(values) - 1 for values in groups.values() if len(values) > 1)
 
 
 def design(config: Config) -> stats.Design:
