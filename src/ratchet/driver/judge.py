@@ -250,10 +250,7 @@ class Confirmation:
     pairs: list[list[tuple[float, float]]] = field(default_factory=list)
     # how many pairs the next look of a candidate (its id) adds, given the pairs measured
     # so far: 1, or a group when slots are free (settle.Confirming.next_look); never a
-    # function of the pairs' values (confirm's one exception: while every value of the
-    # study has reproduced exactly, a look takes no more pairs than the noiseless rule
-    # lacks; under noise that never holds past the first pair, and one differing value
-    # ends it for good)
+    # function of the pairs' values
     next_look: Callable[[str, int], int] = field(default=lambda _id, _n: 1, repr=False,
                                              compare=False)
 
@@ -396,13 +393,8 @@ def confirm(config: Config, entry: Entry, incumbent: Incumbent,
                                                 noise.relative), looks=looks)
         if test.step != stats.Step.MORE:
             return test, list(pairs)
-        step = max(1, confirmation.next_look(entry.id, len(pairs)))
-        if repeated is not None:
-            # every value so far reproduced, short of the repeats the noiseless rule asks:
-            # the next look takes only the pairs it lacks (each pair repeats two values),
-            # so a deterministic study's first keep costs two pairs, not a group more
-            step = min(step, math.ceil((NOISELESS_REPEATS - repeated) / 2))
-        need = min(len(pairs) + step, acceptance.confirm_pairs)
+        need = min(len(pairs) + max(1, confirmation.next_look(entry.id, len(pairs))),
+                   acceptance.confirm_pairs)
         looks.append(need)
 
 
