@@ -197,13 +197,13 @@ class Proxy:
 
     def close(self) -> None:
         """Stop serving. No thread is left blocked on a descriptor this closes: a system
-        call blocked on a closed descriptor is restarted by the kernel, with the same
-        number, when the process is stopped and continued (SIGSTOP/SIGCONT, a debugger
-        attaching), and that number may be another socket's by then. An accept() left
-        waiting here took the connections of whatever listener the process opened next
-        (a server on loopback got this proxy's 403). So the listener is shut down, which
-        wakes the accept, and closed only once the accepting thread is gone; each open
-        connection is shut down (waking its readers) before it is closed."""
+        call blocked on a closed descriptor is restarted by the kernel with the same
+        number (when the process is stopped and continued; on Linux 6.18 also when it
+        starts a subprocess), and that number may be another socket's by then. An
+        accept() left waiting here took the connections of whatever listener the process
+        opened next (a server on loopback got this proxy's 403). So the listener is shut
+        down, which wakes the accept, and closed only once the accepting thread is gone;
+        each open connection is shut down (waking its readers) before it is closed."""
         with self._lock:
             self._closed.set()
             socks, self._open = list(self._open), set()
