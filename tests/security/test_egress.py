@@ -8,11 +8,18 @@ cannot carry a second request to another server (keep-alive smuggling).
 from __future__ import annotations
 
 import http.server
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from helpers import ROOT
 
 from ratchet.job.egress import AllowList, Endpoint, Proxy, endpoint
 from ratchet.proposers.agent_clis import model_endpoints
@@ -98,3 +105,65 @@ def test_a_second_request_on_an_allowed_connection_reaches_no_other_server():
     assert other.paths == []
     assert model.paths[0] == "/first"  # as a server expects it, not the proxy form
     assert proxy.refused == [f"127.0.0.1:{o}"]
+
+
+# A process that ran an agent's proxy, closed it, then listens on loopback itself (the
+# driver asking its model's server, a test's stand-in server): the proxy's listening
+# descriptor number is the new listener's now. The process is stopped and continued
+# meanwhile, as a debugger or a shell's job control may; then a client connects.
+AFTER_CLOSE = """
+import os, socket, sys
+from ratchet.job.egress import AllowList, Proxy
+
+def sockets():
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                found.add(int(fd))
+        except OSError:  # the listing's own descriptor, closed by now
+            pass
+    return found
+
+before = sockets()
+proxy = Proxy(AllowList([]))
+(number,) = sockets() - before
+proxy.close()
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen()
+if server.fileno() != number:
+    os.dup2(server.fileno(), number)
+print("listening", flush=True)
+sys.stdin.readline()  # stopped and continued meanwhile
+client = socket.create_connection(server.getsockname(), timeout=5)
+client.sendall(b"GET / HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\n\\r\\n")
+client.settimeout(0.5)
+try:
+    print(client.recv(200).decode().splitlines()[0])
+except TimeoutError:
+    server.settimeout(5)
+    server.accept()
+    print("reached its own server")
+"""
+
+
+def test_a_closed_proxy_takes_no_connection_meant_for_the_next_listener():
+    """Seen as a flake: a study's loopback LLM server "answered" 403, the proxy's refusal
+    (an accept() left waiting on the closed proxy's descriptor took the connection)."""
+    child = subprocess.Popen([sys.executable, "-c", AFTER_CLOSE], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert child.stdout is not None and child.stdout.readline() == "listening\n"
+    os.kill(child.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _state(child.pid) not in ("T", "t"):
+        time.sleep(0.005)
+    os.kill(child.pid, signal.SIGCONT)
+    out, _ = child.communicate("go\n", timeout=30)
+    assert out == "reached its own server\n", out
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0]

@@ -42,6 +42,7 @@ PROXY_ENV = ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "ALL_PROX
              "all_proxy")
 HEAD_LIMIT = 64 * 1024  # a request line and headers; a proxy request never needs more
 CONNECT_TIMEOUT_S = 15.0
+CLOSE_WAIT_S = 5.0  # for the accepting thread to return once its listener is shut down
 
 
 @dataclass(frozen=True, order=True)
@@ -113,7 +114,8 @@ class Proxy:
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
-        threading.Thread(target=self._accept, daemon=True, name="egress-proxy").start()
+        self._acceptor = threading.Thread(target=self._accept, daemon=True, name="egress-proxy")
+        self._acceptor.start()
 
     @property
     def directory(self) -> Path:
@@ -125,12 +127,20 @@ class Proxy:
                 conn, _ = self._server.accept()
             except OSError:
                 return
-            self._track(conn)
+            try:
+                self._track(conn)
+            except OSError:
+                return  # closed meanwhile
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _track(self, sock: socket.socket) -> None:
+        """Note an open socket, for `close()` to end; once closed, end it here instead."""
         with self._lock:
-            self._open.add(sock)
+            if not self._closed.is_set():
+                self._open.add(sock)
+                return
+        _end(sock)
+        raise OSError("the proxy is closed")
 
     def _serve(self, conn: socket.socket) -> None:
         out: socket.socket | None = None
@@ -186,16 +196,26 @@ class Proxy:
             sock.close()
 
     def close(self) -> None:
-        self._closed.set()
-        with contextlib.suppress(OSError):
-            self._server.close()
+        """Stop serving. No thread is left blocked on a descriptor this closes: a system
+        call blocked on a closed descriptor is restarted by the kernel with the same
+        number (when the process is stopped and continued; on Linux 6.18 also when it
+        starts a subprocess), and that number may be another socket's by then. An
+        accept() left waiting here took the connections of whatever listener the process
+        opened next (a server on loopback got this proxy's 403). So the listener is shut
+        down, which wakes the accept, and closed only once the accepting thread is gone;
+        each open connection is shut down (waking its readers) before it is closed."""
         with self._lock:
+            self._closed.set()
             socks, self._open = list(self._open), set()
+        with contextlib.suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)
+        if self._acceptor is not threading.current_thread():
+            self._acceptor.join(timeout=CLOSE_WAIT_S)
+        if not self._acceptor.is_alive():  # else left open: never a number to reuse
+            with contextlib.suppress(OSError):
+                self._server.close()
         for sock in socks:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                sock.close()
+            _end(sock)
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> Proxy:
@@ -241,6 +261,14 @@ def _origin_form(head: bytes) -> bytes:
     path = urlsplit(target.decode("latin-1"))
     origin = (path.path or "/") + (f"?{path.query}" if path.query else "")
     return b" ".join([method, origin.encode("latin-1"), version]) + b"\r\n" + headers
+
+
+def _end(sock: socket.socket) -> None:
+    """Shut a socket down (whoever is blocked reading or writing it returns) and close it."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()
 
 
 def _refuse(conn: socket.socket, asked: str) -> None:
