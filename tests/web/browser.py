@@ -199,9 +199,16 @@ class Browser:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        for fd in (self._to_child, self._from_child):
+        with contextlib.suppress(OSError):
+            os.close(self._to_child)
+        # the read end is closed only once its reader is gone: a read blocked on a closed
+        # descriptor can be restarted on whatever takes the number next in this process
+        # (another test's socket: ratchet/job/egress.py, Proxy.close); a helper of
+        # chromium's still holding the pipe keeps it open until this process ends
+        self._reader.join(timeout=5)
+        if not self._reader.is_alive():
             with contextlib.suppress(OSError):
-                os.close(fd)
+                os.close(self._from_child)
 
     def __enter__(self) -> Browser:
         return self

@@ -153,8 +153,13 @@ class MetricPipe:
         """Call once the phase's whole process tree is gone: EOF comes at once."""
         self.close_writer()
         self._thread.join(timeout=5)
-        with contextlib.suppress(OSError):
-            os.close(self.read_fd)
+        if not self._thread.is_alive():
+            # closed only once no thread reads it: a read blocked on a closed descriptor
+            # can be restarted by the kernel on whatever file takes the number next
+            # (egress.Proxy.close), here the next phase's pipe. A writer left alive past
+            # its tree's end keeps it open; the worker's exit closes it.
+            with contextlib.suppress(OSError):
+                os.close(self.read_fd)
         return bytes(self.data)
 
 
