@@ -299,7 +299,10 @@ def run_capped(
     else:
         kill_group(proc.pid, grace_s=0.5)
     drainer.join(timeout=5)
-    if proc.stdout:
+    if proc.stdout and not drainer.is_alive():
+        # closed only once nothing reads it: a descendant still holding the pipe would
+        # keep the close waiting on the reader's lock, or (closed under a raw read) let the
+        # kernel restart that read on whatever takes the number next (egress.Proxy.close)
         proc.stdout.close()
     log.save()
     seconds = time.monotonic() - start
