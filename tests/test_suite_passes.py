@@ -34,3 +34,15 @@ def test_a_marker_written_out_is_collected(tmp_path):
                              'def test_x():\n    pass\n')
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 test collected" in proc.stdout
+
+
+def test_the_makefiles_race_and_timing_passes_name_their_files():
+    """`make -n test`: the race and timing passes run on the files that name their marker
+    (an empty list would collect every test file, ~6 CPU-s a pytest process)."""
+    proc = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "MAKEFLAGS": ""})
+    assert proc.returncode == 0, proc.stderr
+    for marker, expected in (("race", "tests/test_rolling_stale.py"),
+                             ("timing", "tests/test_slots.py")):
+        [line] = [x for x in proc.stdout.splitlines() if f" -m {marker} " in x]
+        assert expected in line.split(), line
