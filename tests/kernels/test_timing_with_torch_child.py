@@ -129,14 +129,22 @@ def test_two_thread_torch_baseline_times_the_same_beside_a_torch_candidate(tmp_p
     """The symptom: the baseline's time beside a checked torch candidate is its time alone."""
     module = tmp_path / "cand.py"
     module.write_text(textwrap.dedent(CANDIDATE))
-    got = _run(TIMING, str(module))
-    alone, beside = np.asarray(got["alone"]), np.asarray(got["beside"])
-    # Other processes on the machine take cores from the two OpenMP threads too and slow
-    # random batches of either kind, by as much as the bug did: no verdict from a machine
-    # too loaded to time the baseline alone steadily.
-    if np.median(alone) > 3 * alone.min():
-        pytest.skip(f"machine too loaded to time a two-thread baseline: alone {alone.min() * 1e3:.4f} ms/call best, {np.median(alone) * 1e3:.4f} median")
-    a50, b50 = np.median(alone), np.median(beside)
+    readings = []
     # Measured on the 2-core machine before the fix: 2.4-5.9 here (and 40-160 in some runs
-    # of a longer-lived candidate); after it, 0.7-1.3.
-    assert b50 / a50 < 2.0, f"baseline {a50 * 1e3:.4f} ms/call alone, {b50 * 1e3:.4f} ms/call beside the candidate (medians of {len(alone)} and {len(beside)} batches)"
+    # of a longer-lived candidate), every time; after it, mostly 0.7-1.3, but 1.90 and
+    # 2.04 in single readings on an idle machine (stop 47). The bug shows in every
+    # reading, a stray ratio in one: a ratio at the bound is measured again, up to three
+    # readings, and the test fails when every one of them is at 2x or more.
+    for _ in range(3):
+        got = _run(TIMING, str(module))
+        alone, beside = np.asarray(got["alone"]), np.asarray(got["beside"])
+        # Other processes on the machine take cores from the two OpenMP threads too and
+        # slow random batches of either kind, by as much as the bug did: no verdict from a
+        # machine too loaded to time the baseline alone steadily.
+        if np.median(alone) > 3 * alone.min():
+            pytest.skip(f"machine too loaded to time a two-thread baseline: alone {alone.min() * 1e3:.4f} ms/call best, {np.median(alone) * 1e3:.4f} median")
+        a50, b50 = np.median(alone), np.median(beside)
+        readings.append(f"baseline {a50 * 1e3:.4f} ms/call alone, {b50 * 1e3:.4f} ms/call beside the candidate (medians of {len(alone)} and {len(beside)} batches)")
+        if b50 / a50 < 2.0:
+            return
+    pytest.fail("the baseline beside the candidate took 2x its time alone, in three readings: " + "; ".join(readings))
