@@ -344,18 +344,19 @@ def confirm(config: Config, entry: Entry, incumbent: Incumbent,
         repeated = identical_repeats(entry, incumbent, pairs, confirmation, extra)
         if repeated is not None and repeated >= NOISELESS_REPEATS:
             gain_now = metric.gain(pairs[0][0], pairs[0][1])
-            fresh = f"{len(pairs)} fresh pair{'s' * (len(pairs) != 1)}"
+            single = len(pairs) == 1
             if gain_now > required and gain_now > 0:
                 return stats.Test(stats.Step.KEEP, len(pairs), mean=gain_now - required,
                                   t=math.inf, reason=(
-                                      f"confirmed on {fresh}: the metric is noiseless "
-                                      f"({repeated} repeated evaluations in the study, all "
-                                      f"identical), and the {'pair' if len(pairs) == 1 else 'pairs'}"
-                                      f" reproduced both values"
+                                      f"confirmed on {'1 fresh pair' if single else f'{len(pairs)} fresh pairs'}: "
+                                      f"the metric is noiseless ({repeated} repeated evaluations "
+                                      f"in the study, all identical), and the "
+                                      f"{'pair' if single else 'pairs'} reproduced both values"
                                   )), list(pairs)
             return stats.Test(stats.Step.DISCARD, len(pairs), mean=gain_now - required,
-                              reason=f"not confirmed: the metric is noiseless and the {fresh} "
-                                     "show no gain beyond min_improvement"), list(pairs)
+                              reason="not confirmed: the metric is noiseless and the fresh "
+                                     f"{'pair shows' if single else 'pairs show'} no gain beyond "
+                                     "min_improvement"), list(pairs)
 
         def gain(c: float, i: float, relative: bool = noise.relative) -> float:
             # the gain as a log ratio when the noise is relative
