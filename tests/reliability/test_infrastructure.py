@@ -4,6 +4,7 @@ from outside is `lost` and rerun once, a second loss is a crash with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -99,43 +100,61 @@ def test_backend_down_for_good_stops_the_study_resumably(tmp_path, fast_backoff)
     assert len(cands) == 4 and all(c.is_judged and c.attempt == 0 for c in cands)
 
 
-SLOW_SOLUTION = '''
+GATED_SOLUTION = """
+import os
 import time
 MODE = "base"
 def score():
-    if MODE == "slow":
-        time.sleep(4)
-        return 0.5
-    return 1.0
-'''
+    if MODE == "base":
+        return 1.0
+    if os.environ.get("RATCHET_JOB_ID") in {held!r}:
+        # held until the test opens the gate in the job's tree (or kills it; a minute at most)
+        deadline = time.monotonic() + 50
+        while not os.path.exists("gate") and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return {score!r}
+"""
+
+
+def gated_repo(path, held=(), score=0.5):
+    """One candidate (c0001, MODE = "gated"); the evaluations of the jobs named in `held`
+    run until the test opens their gate, so a kill lands while they run, however loaded
+    the machine."""
+    return make_repo(path, {
+        "ratchet.toml": config_text(
+            search="[search]\nparallel = 2\nrounds = 1\n",
+            knobs='[tune.knobs]\n"solution.py:MODE" = { choices = ["gated"] }\n'),
+        "solution.py": GATED_SOLUTION.format(held=set(held), score=score),
+        "evaluate.py": "import solution\nprint(f'score: {solution.score()}')\n",
+    })
 
 
 def job_dir(repo, cand_id, attempt):
     return repo / ".ratchet" / "jobs" / f"demo-{cand_id}-{attempt}"
 
 
+def evaluating(repo, attempt):
+    """The worker of c0001's attempt runs its evaluate phase (its pid), else None."""
+    try:
+        state = json.loads((job_dir(repo, "c0001", attempt) / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return state["pid"] if state.get("phase") == "evaluate" else None
+
+
 def kill_worker_while_it_evaluates(repo, attempt):
-    jd = job_dir(repo, "c0001", attempt)
-    wait_until(lambda: (jd / "logs" / "evaluate.log").exists() or
-               (jd / "pid.json").exists() and (jd / "state.json").exists()
-               and json.loads((jd / "state.json").read_text())["state"] == "running",
-               what=f"attempt {attempt} running")
-    time.sleep(0.8)  # the evaluator (its own session) is running now
-    pid = json.loads((jd / "pid.json").read_text())["pid"]
-    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: evaluating(repo, attempt), what=f"attempt {attempt} evaluating")
+    os.kill(evaluating(repo, attempt), signal.SIGKILL)  # its evaluator is held: still running
 
 
-@pytest.mark.timing  # a race: the kill must land while the worker runs; beside the race
-# tests' studies it missed (the job ended first, or the rerun was killed) in 2 of 4 runs
+def open_gate(repo, attempt):
+    with contextlib.suppress(FileNotFoundError):  # the job ended already (the bug: killed)
+        (job_dir(repo, "c0001", attempt) / "work" / "gate").touch()
+
+
 @pytest.mark.parametrize("kills", [1, 2])
 def test_worker_killed_from_outside_is_rerun_once_then_crashes(tmp_path, kills):
-    repo = make_repo(tmp_path / "r", {
-        "ratchet.toml": config_text(
-            search="[search]\nparallel = 2\nrounds = 1\n",
-            knobs='[tune.knobs]\n"solution.py:MODE" = { choices = ["slow"] }\n'),
-        "solution.py": SLOW_SOLUTION,
-        "evaluate.py": "import solution\nprint(f'score: {solution.score()}')\n",
-    })
+    repo = gated_repo(tmp_path / "r", held=[f"demo-c0001-{a}" for a in range(kills)])
     driver = start_run(repo)
     for attempt in range(kills):
         kill_worker_while_it_evaluates(repo, attempt)
@@ -156,3 +175,40 @@ def test_worker_killed_from_outside_is_rerun_once_then_crashes(tmp_path, kills):
     while processes_under(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert processes_under(tmp_path) == []
+
+
+def test_a_lost_job_of_another_study_with_the_same_ids_leaves_ours_running(tmp_path):
+    """Two studies of tasks with the same name have the same job ids (demo-c0001-0). When
+    one study's worker dies, its driver kills what that job left behind, and only that:
+    the other study's evaluator of its own c0001-0, running meanwhile, is not touched and
+    its candidate is judged on its score, never blamed for a crash."""
+    # worse than the base: plain discards, no confirmation to wait for
+    held = ["demo-c0001-0", "demo-c0001-1"]
+    ours = gated_repo(tmp_path / "ours", held, score=2.0)
+    theirs = gated_repo(tmp_path / "theirs", held, score=2.0)
+    ours_driver = start_run(ours)
+    theirs_driver = None
+    try:
+        wait_until(lambda: evaluating(ours, 0), what="our c0001 evaluating")
+        theirs_driver = start_run(theirs)
+        kill_worker_while_it_evaluates(theirs, 0)
+        # their driver saw the loss, killed that job's leftovers and ran it again
+        wait_until(lambda: evaluating(theirs, 1), what="their rerun evaluating")
+        open_gate(ours, 0)
+        open_gate(theirs, 1)
+        for driver in (ours_driver, theirs_driver):
+            _, err = driver.communicate(timeout=120)
+            assert driver.returncode == 0, err
+    finally:
+        for driver in (ours_driver, theirs_driver):
+            if driver is not None and driver.poll() is None:
+                driver.kill()
+                driver.wait()
+    db = ledger(ours)
+    mine = db.candidate("c0001")
+    db.close()
+    assert mine.attempt == 0 and mine.metric == 2.0, mine.reasons  # judged, not crashed
+    db = ledger(theirs)
+    rerun = db.candidate("c0001")
+    db.close()
+    assert rerun.attempt == 1 and rerun.metric == 2.0, rerun.reasons

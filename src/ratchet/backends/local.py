@@ -26,7 +26,7 @@ from ratchet.backends.spares import Spare, SpareServer, running
 from ratchet.core.config import Backend as BackendSection
 from ratchet.job import seal
 from ratchet.job.faults import fault_point
-from ratchet.job.jobspec import JobResult, JobSpec, Slot, scrub_env, worker_env
+from ratchet.job.jobspec import JOB_DIR_ENV, JobResult, JobSpec, Slot, scrub_env, worker_env
 
 
 def visible_gpus() -> list[str]:
@@ -348,10 +348,16 @@ class LocalBackend(Backend):
         return None
 
     def _kill_leftovers(self, job_id: str) -> None:
-        """Kill processes of a job whose worker vanished (they run in their own sessions)."""
+        """Kill processes of a job whose worker vanished (they run in their own sessions).
+
+        Matched on the job's directory, which the worker puts in each phase's environment:
+        the job id alone is not this study's (another study of a task with the same name
+        has the same ids), and matching on it killed that study's running evaluator, whose
+        candidate was then blamed for a crash."""
+        mine = str(self.job_dir(job_id).resolve())
         for proc in psutil.process_iter(["environ"]):
             with contextlib.suppress(psutil.Error):
-                if (proc.info["environ"] or {}).get("RATCHET_JOB_ID") == job_id:
+                if (proc.info["environ"] or {}).get(JOB_DIR_ENV) == mine:
                     proc.kill()
 
     def _alive(self, job_id: str) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 from ratchet.core.vocab import Outcome
 
 RESULT_MARKER = "RATCHET-WORKER-RESULT: "
+JOB_DIR_ENV = "RATCHET_JOB_DIR"  # set by the worker in every phase: names the job machine-wide
 CONFIG_FILE = "ratchet.toml"  # pinned with the protected files at study start
 
 # Environment variables a candidate may always see. Everything else is dropped unless

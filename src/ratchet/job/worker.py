@@ -25,6 +25,7 @@ from ratchet.core.vocab import Outcome
 from ratchet.job import leftovers, limits, reach, sandbox, seal
 from ratchet.job.jobspec import (
     COMPILE_CACHE_VARS,
+    JOB_DIR_ENV,
     RESULT_MARKER,
     STDOUT,
     UNREACHABLE_STAGE,
@@ -786,6 +787,10 @@ def build_env(spec: JobSpec, job_dir: Path, work: Path, slot) -> dict[str, str]:
     env["TMPDIR"] = str(job_dir / "tmp")
     env.update(spec.env_set)
     env["RATCHET_JOB_ID"] = spec.job_id
+    # the job's directory names it on the whole machine (a job id does not: two studies of
+    # tasks with the same name both have a c0001-0); the local backend's leftover kill
+    # matches on it
+    env[JOB_DIR_ENV] = str(job_dir.resolve())
     env["RATCHET_CANDIDATE"] = spec.candidate
     env["RATCHET_COMMIT"] = spec.commit
     env["RATCHET_WORKDIR"] = str(work)
