@@ -9,6 +9,7 @@ import random
 import sys
 
 import pytest
+from gates import HOLD, GateKeeper
 from helpers import ROOT, config_text, git, make_repo, ratchet, solution_branches
 
 from ratchet.core.vocab import Kind, Status
@@ -18,25 +19,37 @@ from ratchet.store.ledger import Ledger
 sys.path.insert(0, str(ROOT / "bench"))
 
 # all three change the same line, so none re-bases onto another: each runs on the
-# baseline, and the slower two end after the fastest was kept
+# baseline, and the other two end after the fast one was kept
 REFS = {"fast": "2.0", "lucky": "2.5", "slow": "1.0"}
 
-# the run time of each value; "lucky" reads far better than it is in its own first
-# evaluation (a candidate's job, RATCHET_CANDIDATE c....) and as it is in a confirmation
-# pair (a row r....), as a noisy evaluator's lucky draw would
-EVALUATE = '''
-import os, time
+# "lucky" reads far better than it is in its own first evaluation (a candidate's job,
+# RATCHET_CANDIDATE c....) and as it is in a confirmation pair (a row r....), as a noisy
+# evaluator's lucky draw would. The own evaluations of "lucky" and "slow" are held until
+# the test opens them (tests/gates.py): "lucky" once "fast" is kept, "slow" once "lucky"
+# is judged, the order a stale winner meets, however loaded the machine.
+EVALUATE = HOLD + '''
+import os
 import solution
-time.sleep({3.0: 0.2, 2.0: 0.2, 2.5: 5.0, 1.0: 12.0}[solution.X])
+own = os.environ.get("RATCHET_CANDIDATE", "").startswith("c")
+if own and solution.X in (2.5, 1.0):
+    hold()
 score = (solution.X - 1.25) ** 2
-if solution.X == 2.5 and os.environ.get("RATCHET_CANDIDATE", "").startswith("c"):
+if solution.X == 2.5 and own:
     score = 0.01
 print(f"score: {score}")
 '''
 
 
+def _own_job(name):
+    return lambda cands: f"demo-{cands[name].id}-0"
+
+
+def _judged(name, status=None):
+    return lambda cands: name in cands and cands[name].is_judged and (
+        status is None or cands[name].status == status)
+
+
 @pytest.mark.slow
-@pytest.mark.race  # a race by design: the three must end in that order, seconds apart
 @pytest.mark.timeout(600)
 def test_a_stale_winner_is_confirmed_against_the_new_incumbent(tmp_path):
     repo = make_repo(tmp_path / "r", {
@@ -50,8 +63,15 @@ def test_a_stale_winner_is_confirmed_against_the_new_incumbent(tmp_path):
     })
     solution_branches(repo, REFS)
 
-    run = ratchet(repo, "run", timeout=500)
+    gates = GateKeeper(repo, [(_judged("fast", Status.KEEP), _own_job("lucky")),
+                              (_judged("lucky"), _own_job("slow"))])
+    gates.start()
+    try:
+        run = ratchet(repo, "run", timeout=500)
+    finally:
+        gates.close()
     assert run.returncode == 0, run.stdout + run.stderr
+    assert not gates.failure, gates.failure
     db = Ledger(repo / ".ratchet" / "ledger.db")
     try:
         cands = {c.description.split(":")[0].removeprefix("ref "): c

@@ -9,9 +9,11 @@ import psutil
 import pytest
 import ray_cluster
 
-# alone: it starts and checks clusters on Ray's default ports, which the machine shares
-# (and two cluster starts are CPU-heavy enough to upset the race tests beside it)
-pytestmark = [pytest.mark.ray, pytest.mark.timing]
+# Side by side, in a group of its own (not the private cluster's: it uses none, and that
+# group is one of the suite's longest chains). Its cluster on Ray's default ports is the
+# only one there; the one test that must find no cluster at all
+# (test_cli_edges.py's ray backend with no address) runs in the race pass, after this one.
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray-default-ports")]
 
 
 def _busy(port: int) -> bool:
