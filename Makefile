@@ -21,20 +21,19 @@ install: $(STAMP)
 demo: $(STAMP)
 	bash scripts/run_example.sh kernel-cpu
 
-# Three passes. Side by side (pytest-xdist): 4 workers on 2 cores, since most of a
+# Two passes. Side by side (pytest-xdist): 4 workers on 2 cores, since most of a
 # study-driven test is waiting on its jobs' processes; tests sharing a built study stay on
-# one worker (tests/conftest.py). Then the `race` tests (events seconds apart, mostly
-# asleep) four at a time, away from that load; then the `timing` tests, which measure CPU
-# work, one at a time.
-# The last two passes collect only the files that name their marker (collecting all ~900
-# tests costs each pytest process ~6 CPU-s); tests/conftest.py fails a marked test whose
-# file does not name the marker.
+# one worker (tests/conftest.py). A test that asserts an order of events holds the
+# evaluations that must wait (tests/gates.py) rather than sleeping seconds apart, so load
+# does not reorder them. Then the `timing` tests, which measure CPU work, one at a time.
+# The timing pass collects only the files that name its marker (collecting all ~900 tests
+# costs a pytest process ~6 CPU-s); tests/conftest.py fails a marked test whose file does
+# not name it.
 PYTEST_WORKERS ?= 4
 # The venv first on PATH, as `source .venv/bin/activate` does: a task's `python` and the
 # fake engines' `python3` are then the venv's, not a version manager's shim (pyenv's costs
 # ~0.08 CPU-s a start: a third of tests/backends/test_shell.py's CPU).
 PYTEST = PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest
-RACE_FILES   = $(shell grep -rlE 'mark\.race\b' tests --include='*.py')
 TIMING_FILES = $(shell grep -rlE 'mark\.timing\b' tests --include='*.py')
 # Bytecode made once, before the passes. Where the environment sets PYTHONDONTWRITEBYTECODE
 # (this machine's does), nothing is cached, and every process the suite starts (workers,
@@ -45,8 +44,7 @@ bytecode: $(STAMP)
 	$(BIN)/python -m compileall -q src tests
 
 test: $(STAMP) bytecode
-	$(PYTEST) -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 -m "not timing and not race"
-	$(PYTEST) -q -n 4 --dist loadgroup --durations=5 -m race $(RACE_FILES)
+	$(PYTEST) -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 -m "not timing"
 	$(PYTEST) -q --durations=5 -m timing $(TIMING_FILES)
 
 # Where the suite's CPU goes (root: each test in a cpuacct cgroup; tests/cpu_by_test.py):
@@ -55,7 +53,7 @@ CPU_DIR ?= cpu-by-test
 test-cpu: $(STAMP) bytecode
 	rm -rf $(CPU_DIR)
 	RATCHET_CPU_DIR=$(CPU_DIR) PYTHONPATH=tests $(PYTEST) -q -n $(PYTEST_WORKERS) \
-	  --dist loadgroup -m "not timing and not race" -p cpu_by_test
+	  --dist loadgroup -m "not timing" -p cpu_by_test
 	$(BIN)/python scripts/suite_cpu.py $(CPU_DIR)
 
 # The inner loop (about 2 minutes with lint): the tests that start no study and no CLI.

@@ -74,11 +74,10 @@ def _shared_fixture_group(item: pytest.Item) -> str | None:
     for name in info.names_closure:
         if name in SHARED_BY_NAME:
             return SHARED_BY_NAME[name]
-    if item.get_closest_marker("ray") and not (item.get_closest_marker("race")
-                                               or item.get_closest_marker("timing")):
+    if item.get_closest_marker("ray") and not item.get_closest_marker("timing"):
         # a side-by-side Ray test uses the cluster, some by getfixturevalue (test_contract's
-        # ray case), which the closure above does not show; the race and timing passes'
-        # Ray tests start clusters of their own
+        # ray case), which the closure above does not show; the timing pass's Ray test
+        # wants no cluster at all
         return SHARED_BY_NAME["ray_cluster"]
     callspec = getattr(item, "callspec", None)
     module = item.nodeid.split("::", 1)[0]
@@ -98,13 +97,12 @@ def _shared_fixture_group(item: pytest.Item) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:  # `make test` collects the race and timing passes by grep
-        for marker in ("race", "timing"):
-            if item.get_closest_marker(marker) and \
-                    f"mark.{marker}" not in Path(str(item.path)).read_text():
-                raise pytest.UsageError(
-                    f"{item.nodeid} is marked {marker} but its file never says "
-                    f"`mark.{marker}`: the Makefile's {marker} pass would miss it")
+    for item in items:  # `make test` collects the timing pass by grep
+        if item.get_closest_marker("timing") and \
+                "mark.timing" not in Path(str(item.path)).read_text():
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked timing but its file never says "
+                "`mark.timing`: the Makefile's timing pass would miss it")
     if not os.environ.get("PYTEST_XDIST_WORKER"):  # collection happens on the workers
         return
     for item in items:

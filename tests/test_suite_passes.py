@@ -1,5 +1,5 @@
-"""`make test`'s race and timing passes collect only the files that name their marker
-(a grep in the Makefile): tests/conftest.py refuses a marked test whose file never does."""
+"""`make test`'s timing pass collects only the files that name its marker (a grep in the
+Makefile): tests/conftest.py refuses a marked test whose file never does."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ def collect(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
 
 def test_a_marker_the_makefiles_grep_would_miss_stops_the_run(tmp_path):
     proc = collect(tmp_path, 'import pytest\n'
-                             'pytestmark = [getattr(pytest.mark, "ra" + "ce")]\n'
+                             'pytestmark = [getattr(pytest.mark, "tim" + "ing")]\n'
                              'def test_x():\n    pass\n')
     assert proc.returncode != 0
-    assert "is marked race but its file never says `mark.race`" in proc.stdout + proc.stderr
+    assert "is marked timing but its file never says `mark.timing`" in proc.stdout + proc.stderr
 
 
 def test_a_marker_written_out_is_collected(tmp_path):
@@ -36,13 +36,11 @@ def test_a_marker_written_out_is_collected(tmp_path):
     assert "1 test collected" in proc.stdout
 
 
-def test_the_makefiles_race_and_timing_passes_name_their_files():
-    """`make -n test`: the race and timing passes run on the files that name their marker
-    (an empty list would collect every test file, ~6 CPU-s a pytest process)."""
+def test_the_makefiles_timing_pass_names_its_files():
+    """`make -n test`: the timing pass runs on the files that name its marker (an empty
+    list would collect every test file, ~6 CPU-s a pytest process)."""
     proc = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60, env={**os.environ, "MAKEFLAGS": ""})
     assert proc.returncode == 0, proc.stderr
-    for marker, expected in (("race", "tests/test_rolling_stale.py"),
-                             ("timing", "tests/test_slots.py")):
-        [line] = [x for x in proc.stdout.splitlines() if f" -m {marker} " in x]
-        assert expected in line.split(), line
+    [line] = [x for x in proc.stdout.splitlines() if " -m timing " in x]
+    assert "tests/test_slots.py" in line.split(), line
