@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 import textwrap
 from pathlib import Path
 
 import pytest
 from helpers import git, make_repo, ratchet
 
+from ratchet.core.vocab import Status
 from ratchet.job import sandbox
 from ratchet.store.ledger import Ledger
 
@@ -273,6 +275,37 @@ def test_ledger_tampering_without_sandbox_is_undone_and_rejected(template, tmp_p
     assert "tampering" in verdict["reasons"]
     ledger = Ledger(repo / ".ratchet" / "ledger.db")
     assert ledger.get("incumbent_metric") > 100
+
+
+def test_a_plant_between_the_starts_two_checks_is_undone_not_a_refusal(template, tmp_path):
+    """`ratchet wait` after `submit` checks the state (`verify_state`), then the branch
+    (`repair_branch`). An unsandboxed candidate running since `submit` can plant itself
+    as the ledger's incumbent between the two, as the cheat above does: the second check
+    undoes it as the first would (the last keep restored, the planter rejected). It once
+    refused to start instead ("the state was tampered with"), seen on a loaded machine."""
+    from ratchet.driver.study import Study
+
+    repo = new_study(template, tmp_path, "none")
+    branch = cheat(repo, "plant-late", {"solution.py": FAST_SOLUTION})
+    proc = ratchet(repo, "submit", branch)
+    assert proc.returncode == 0, proc.stderr
+    cand_id = proc.stdout.strip().splitlines()[-1]
+    with Study(repo) as study:
+        baseline = study.ledger.study().incumbent.commit
+        planted = study.ledger.candidate(cand_id).commit_sha
+        # the plant lands after the first check looked: written as the candidate writes it
+        db = sqlite3.connect(repo / ".ratchet" / "ledger.db")
+        db.execute("UPDATE meta SET value = ? WHERE key = 'incumbent'", (json.dumps(planted),))
+        db.commit()
+        db.close()
+        assert study.guard.repair_branch()  # undone: True, no IntegrityError
+        assert study.ledger.study().incumbent.commit == baseline
+        cand = study.ledger.candidate(cand_id)
+        assert cand.status == Status.REJECTED and "tampering" in cand.reasons
+    assert git(repo, "rev-parse", "ratchet/redteam") == baseline
+    proc = ratchet(repo, "wait", cand_id, "--json")  # the study goes on
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["status"] == "rejected"
 
 
 @needs_sandbox

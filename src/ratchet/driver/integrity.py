@@ -205,11 +205,10 @@ class Guard:
         # Only ever move the branch to a commit that was judged `keep` (or the start).
         legit = self.legit_commits()
         if incumbent not in legit:
-            raise IntegrityError(
-                f"the ledger's incumbent {str(incumbent)[:7]} was never judged keep and "
-                f"branch ratchet/{self.study} is at {str(current)[:7]}: the state was "
-                "tampered with; inspect .ratchet/ledger.db before resuming"
-            )
+            # planted in the ledger after `verify_state` looked (a candidate running since
+            # `submit`, unsandboxed, writes it between the two checks of a start): the same
+            # tampering, undone the same way; it once stopped `ratchet wait` instead
+            return self.verify_state()
         if current is not None and current not in legit:
             # not a crash's remnant (the branch only ever lags the ledger, at an earlier
             # keep): a candidate still running since `submit` moved it after the check

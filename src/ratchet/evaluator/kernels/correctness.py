@@ -191,35 +191,47 @@ def inputs_unchanged(slot: Slot, fresh: tuple[Any, ...], who: str) -> None:
             raise _Fail(f"{who} modified input {j} in place ({changed} elements changed)")
 
 
-def _norm(x: np.ndarray) -> float:
-    """Euclidean norm without BLAS (numpy's pairwise sum of squares).
+def _sum_of_squares(x: np.ndarray) -> float:
+    """sum(x*x) without BLAS and without a temporary (einsum's own loop).
 
-    Not `np.linalg.norm`: for more than ~10k elements it calls OpenBLAS's threaded dot,
-    whose worker threads then busy-wait ~0.1 s for more work. On a 2-core machine that
-    spinning thread took a core from the multi-threaded baseline timed next, and torch's
-    OpenMP barriers then waited for a descheduled thread: torch.softmax 0.05 -> 2-8 ms
-    per call, the candidate's speedup inflated 40-160x (docs/kernels.md).
+    Not `np.linalg.norm` or `np.dot`: for more than ~10k elements they call OpenBLAS's
+    threaded dot, whose worker threads then busy-wait ~0.1 s for more work. On a 2-core
+    machine that spinning thread took a core from the multi-threaded baseline timed next,
+    and torch's OpenMP barriers then waited for a descheduled thread: torch.softmax 0.05 ->
+    2-8 ms per call, the candidate's speedup inflated 40-160x (docs/kernels.md).
     """
-    return math.sqrt(float(np.sum(np.square(x))))
+    flat = x.reshape(-1)
+    return float(np.einsum("i,i->", flat, flat, dtype=np.float64))
 
 
 def _compare(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> tuple[list[str], float, float, float]:
-    """Per-element |got-want| <= atol + rtol|want| and ||got-want|| / ||want|| <= rtol."""
-    diff = np.abs(got - want)
-    if diff.size == 0:
+    """Per-element |got-want| <= atol + rtol|want| and ||got-want|| / ||want|| <= rtol.
+
+    Three full-size temporaries, reused in place: a large output's check is one of the
+    harness's biggest costs on the host (a 512x4096 float64 check took 31 ms with a
+    temporary per step, 20 ms so), and the timing check repeats it for sampled calls."""
+    if want.size == 0:
         return [], 0.0, 0.0, 0.0
-    allowed = atol + rtol * np.abs(want)
-    bad = diff > allowed
+    diff = np.subtract(got, want, dtype=np.float64)
+    np.abs(diff, out=diff)
+    magnitude = np.abs(want, dtype=np.float64)
     max_abs = float(diff.max())
-    max_rel = float((diff / np.maximum(np.abs(want), np.finfo(np.float64).tiny)).max())
-    norm_want = _norm(want)
-    norm_diff = _norm(diff)
+    norm_want = math.sqrt(_sum_of_squares(want))
+    norm_diff = math.sqrt(_sum_of_squares(diff))
+    scratch = np.multiply(magnitude, rtol)
+    scratch += atol  # the allowed error of each element
+    bad = diff > scratch
+    n_bad = int(np.count_nonzero(bad))
+    worst = int(np.argmax(diff - scratch)) if n_bad else 0
+    np.maximum(magnitude, np.finfo(np.float64).tiny, out=magnitude)
+    np.divide(diff, magnitude, out=scratch)
+    max_rel = float(scratch.max())
     rel_norm = norm_diff / norm_want if norm_want > 0 else norm_diff
     reasons = []
-    if bad.any():
-        idx = np.unravel_index(int(np.argmax(diff - allowed)), diff.shape)
+    if n_bad:
+        idx = np.unravel_index(worst, diff.shape)
         reasons.append(
-            f"{int(bad.sum())} of {diff.size} elements outside tolerance (rtol={rtol:g}, atol={atol:g}); "
+            f"{n_bad} of {diff.size} elements outside tolerance (rtol={rtol:g}, atol={atol:g}); "
             f"worst at {tuple(int(i) for i in idx)}: got {got[idx]:.6g}, want {want[idx]:.6g}"
         )
     if rel_norm > max(rtol, 1e-12 if rtol > 0 else 0.0):
