@@ -61,6 +61,7 @@ def wait_for_status(repo, status, timeout=60):
     raise AssertionError(f"no candidate reached {status!r}")
 
 
+@pytest.mark.slow  # 20-25 s each side by side
 @pytest.mark.parametrize("mode", ["rounds", "rolling"])
 def test_double_ctrl_c_cancels_running_jobs_and_resume_finishes(tmp_path, mode):
     repo = slow_repo(tmp_path / "r")

@@ -39,6 +39,7 @@ def test_tour_config_is_the_examples_config():
     assert shown.model_dump() == real.model_dump()
 
 
+@pytest.mark.slow  # 45-80 s side by side: started first, not left for the pass's tail
 @pytest.mark.timeout(900)  # a real study of real timings, twice, on a shared machine
 @pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "activate").exists(),
                     reason="the tour starts from a checkout set up by `make demo`")

@@ -13,7 +13,7 @@ import ray_cluster
 # group is one of the suite's longest chains). Its cluster on Ray's default ports is the
 # only one there; the one test that must find no cluster at all
 # (test_cli_edges.py's ray backend with no address) runs in the race pass, after this one.
-pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray-default-ports")]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.xdist_group("ray-default-ports")]
 
 
 def _busy(port: int) -> bool:

@@ -66,6 +66,7 @@ def shell_section(tmp_path: Path, preset: str, **extra: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.slow  # 20-30 s each side by side
 @pytest.mark.parametrize("preset", ["slurm", "vessl", "skypilot"])
 def test_study_runs_to_completion_on_each_preset(tmp_path, engine, preset):
     engine(fail_first=["submit", "status", "list"], id_delay=2, lose=["c0002"])

@@ -174,6 +174,7 @@ for step in range(0, 100, 10):
 
 
 @needs_chromium
+@pytest.mark.slow  # 25-30 s side by side
 def test_a_training_curve_grows_on_the_open_page_while_it_trains(tmp_path):
     """The worker streams the head of a phase's output to its log (procs.CappedLog), the
     server passes growing logs on (at most every LOG_REFRESH_S), and the open page redraws
