@@ -19,11 +19,13 @@ from pathlib import Path
 from ratchet.core.candidate import Candidate
 from ratchet.store.ledger import Ledger
 
-# Pasted into a test's evaluate.py: `hold()` returns once the test opened this job's gate
-# (at most `limit` seconds: a test that never opens it fails on its assertions, not a hang).
+# Pasted into a test's evaluate.py: `hold()` leaves a file `held` in the job's tree (the
+# evaluation is running now) and returns once the test opened this job's gate (at most
+# `limit` seconds: a test that never opens it fails on its assertions, not a hang).
 HOLD = '''
 def hold(limit=120.0):
     import os, time
+    open("held", "w").close()
     deadline = time.monotonic() + limit
     while not os.path.exists("gate") and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -12,6 +12,7 @@ import time
 
 import pytest
 from common import deterministic_repo, ledger, processes_under, start_run, wait_until
+from gates import HOLD
 from helpers import config_text, make_repo
 
 from ratchet.backends.local import LocalBackend
@@ -100,18 +101,14 @@ def test_backend_down_for_good_stops_the_study_resumably(tmp_path, fast_backoff)
     assert len(cands) == 4 and all(c.is_judged and c.attempt == 0 for c in cands)
 
 
-GATED_SOLUTION = """
+GATED_SOLUTION = HOLD + """
 import os
-import time
 MODE = "base"
 def score():
     if MODE == "base":
         return 1.0
     if os.environ.get("RATCHET_JOB_ID") in {held!r}:
-        # held until the test opens the gate in the job's tree (or kills it; a minute at most)
-        deadline = time.monotonic() + 50
-        while not os.path.exists("gate") and time.monotonic() < deadline:
-            time.sleep(0.05)
+        hold(50)  # until the test opens the gate in the job's tree, or kills the job
     return {score!r}
 """
 
@@ -134,12 +131,15 @@ def job_dir(repo, cand_id, attempt):
 
 
 def evaluating(repo, attempt):
-    """The worker of c0001's attempt runs its evaluate phase (its pid), else None."""
+    """The worker of c0001's attempt, once its evaluator is running and held (its pid),
+    else None."""
+    jd = job_dir(repo, "c0001", attempt)
     try:
-        state = json.loads((job_dir(repo, "c0001", attempt) / "state.json").read_text())
+        state = json.loads((jd / "state.json").read_text())
     except (OSError, ValueError):
         return None
-    return state["pid"] if state.get("phase") == "evaluate" else None
+    held = (jd / "work" / "held").exists()
+    return state["pid"] if state.get("phase") == "evaluate" and held else None
 
 
 def kill_worker_while_it_evaluates(repo, attempt):
@@ -171,6 +171,36 @@ def test_worker_killed_from_outside_is_rerun_once_then_crashes(tmp_path, kills):
         assert cand.status == "crash"
         assert "job lost 2 times" in cand.reasons
     # the killed workers' evaluators (own sessions) did not outlive them
+    deadline = time.monotonic() + 10
+    while processes_under(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_under(tmp_path) == []
+
+
+def test_a_worker_killed_as_its_phase_starts_leaves_no_process_behind(tmp_path):
+    """Killed the moment its state says the evaluate phase began: the phase's tree (the
+    sandbox, the shell, the evaluator) is still coming up, after the worker is gone. The
+    driver's kill of the lost job's leftovers looks again until nothing of it is left;
+    a single look missed what started after it (seen: an evaluator left running)."""
+    repo = gated_repo(tmp_path / "r", held=["demo-c0001-0"])
+    driver = start_run(repo)
+    jd = job_dir(repo, "c0001", 0)
+
+    def phase_started():
+        try:
+            state = json.loads((jd / "state.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return state["pid"] if state.get("phase") == "evaluate" else None
+
+    wait_until(phase_started, what="attempt 0's evaluate phase")
+    os.kill(phase_started(), signal.SIGKILL)
+    _, err = driver.communicate(timeout=120)
+    assert driver.returncode == 0, err
+    db = ledger(repo)
+    cand = db.candidate("c0001")
+    db.close()
+    assert cand.attempt == 1 and cand.metric == 0.5, cand.reasons  # the rerun, not held
     deadline = time.monotonic() + 10
     while processes_under(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -355,10 +355,19 @@ class LocalBackend(Backend):
         has the same ids), and matching on it killed that study's running evaluator, whose
         candidate was then blamed for a crash."""
         mine = str(self.job_dir(job_id).resolve())
-        for proc in psutil.process_iter(["environ"]):
-            with contextlib.suppress(psutil.Error):
-                if (proc.info["environ"] or {}).get(JOB_DIR_ENV) == mine:
-                    proc.kill()
+        # a worker killed while it started a phase leaves that phase's tree still coming
+        # up (sandbox, shell, evaluator): scan again until a scan finds none (2 s at most)
+        deadline = time.monotonic() + 2.0
+        while True:
+            found = 0
+            for proc in psutil.process_iter(["environ"]):
+                with contextlib.suppress(psutil.Error):
+                    if (proc.info["environ"] or {}).get(JOB_DIR_ENV) == mine:
+                        proc.kill()
+                        found += 1
+            if not found or time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
 
     def _alive(self, job_id: str) -> bool:
         child = self._children.get(job_id)
