@@ -45,13 +45,18 @@ class Improving:
 
 
 def repo_for(tmp_path, url: str, search: str, evaluate_s: float, parallel: int = 2,
-             baseline_s: float | None = None, toml_edits: dict[str, str] | None = None):
+             baseline_s: float | None = None, pair_s: float | None = None,
+             toml_edits: dict[str, str] | None = None):
     """The tiny task with `search` in place of `rounds = 1`, and each of `toml_edits`
-    (old text: new text) made in ratchet.toml, in one commit."""
+    (old text: new text) made in ratchet.toml, in one commit. An evaluation sleeps
+    `evaluate_s`; the baseline's `baseline_s`, a confirmation pair's (a row r....) `pair_s`."""
     sleep = (f"({baseline_s} if solution.VALUE == 10 else {evaluate_s})"
              if baseline_s is not None else f"{evaluate_s}")
+    if pair_s is not None:
+        sleep = (f"({pair_s} if os.environ.get('RATCHET_CANDIDATE', '').startswith('r') "
+                 f"else {sleep})")
     repo = make_repo(tmp_path / "r", "llm", LLM.format(url=url), parallel=parallel, files={
-        "evaluate.py": f"import time\nimport solution\ntime.sleep({sleep})\n"
+        "evaluate.py": f"import os\nimport time\nimport solution\ntime.sleep({sleep})\n"
                        "print(f'score: {solution.compute()}')\n"})
     toml = (repo / "ratchet.toml").read_text().replace("rounds = 1\n", search)
     for old, new in (toml_edits or {}).items():
@@ -96,12 +101,13 @@ def test_the_baseline_runs_while_the_first_proposals_are_made(tmp_path):
 def test_rolling_proposes_on_a_would_be_keep_while_it_is_confirmed(tmp_path):
     # replies take 3 s: a placement within one reply's latency of a keep is then one made
     # from a proposal asked before the verdict, with seconds to spare for a loaded
-    # machine's driver (at 1 s, load broke it once)
+    # machine's driver (at 1 s, load broke it once); and a confirmation pair takes 4 s, a
+    # window a loaded driver asks in (at 1.5 s, one asked 1.2 s after the verdict)
     model = Improving(delay=3.0)
     # the baseline runs longest: proposals made on it queue up meanwhile, and are
     # carried onto the first keep
     repo, proc, requests = run_study(tmp_path, model, 'mode = "rolling"\ncandidates = 8\n',
-                                     evaluate_s=1.5, baseline_s=4.0)
+                                     evaluate_s=1.5, baseline_s=4.0, pair_s=4.0)
     assert proc.returncode == 0, proc.stderr
     ledger = ledger_of(repo)
     cands = [c for c in ledger.candidates() if c.kind == "candidate"]

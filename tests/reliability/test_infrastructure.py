@@ -177,36 +177,6 @@ def test_worker_killed_from_outside_is_rerun_once_then_crashes(tmp_path, kills):
     assert processes_under(tmp_path) == []
 
 
-def test_a_worker_killed_as_its_phase_starts_leaves_no_process_behind(tmp_path):
-    """Killed the moment its state says the evaluate phase began: the phase's tree (the
-    sandbox, the shell, the evaluator) is still coming up, after the worker is gone. The
-    driver's kill of the lost job's leftovers looks again until nothing of it is left;
-    a single look missed what started after it (seen: an evaluator left running)."""
-    repo = gated_repo(tmp_path / "r", held=["demo-c0001-0"])
-    driver = start_run(repo)
-    jd = job_dir(repo, "c0001", 0)
-
-    def phase_started():
-        try:
-            state = json.loads((jd / "state.json").read_text())
-        except (OSError, ValueError):
-            return None
-        return state["pid"] if state.get("phase") == "evaluate" else None
-
-    wait_until(phase_started, what="attempt 0's evaluate phase")
-    os.kill(phase_started(), signal.SIGKILL)
-    _, err = driver.communicate(timeout=120)
-    assert driver.returncode == 0, err
-    db = ledger(repo)
-    cand = db.candidate("c0001")
-    db.close()
-    assert cand.attempt == 1 and cand.metric == 0.5, cand.reasons  # the rerun, not held
-    deadline = time.monotonic() + 10
-    while processes_under(tmp_path) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert processes_under(tmp_path) == []
-
-
 def test_a_lost_job_of_another_study_with_the_same_ids_leaves_ours_running(tmp_path):
     """Two studies of tasks with the same name have the same job ids (demo-c0001-0). When
     one study's worker dies, its driver kills what that job left behind, and only that:
