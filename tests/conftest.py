@@ -69,8 +69,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
 
 def _shared_fixture_group(item: pytest.Item) -> str | None:
     info = getattr(item, "_fixtureinfo", None)
-    if info is None or item.get_closest_marker("xdist_group"):
-        return None  # a test that names its own group keeps it
+    if info is None:
+        return None
     for name in info.names_closure:
         if name in SHARED_BY_NAME:
             return SHARED_BY_NAME[name]

@@ -36,8 +36,8 @@ def test_status_of_a_started_study_with_no_candidates(tmp_path):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
-@pytest.mark.timing  # alone: test_cluster_safety's cluster on the default ports (side-by-side
-# pass) would be found
+@pytest.mark.timing  # alone: test_cluster_safety's cluster on the default ports, beside it,
+# would be found
 def test_the_ray_backend_with_no_cluster_is_one_line_naming_the_key(tmp_path):
     repo = score_repo(tmp_path / "r")
     proc = ratchet(repo, "run", "--backend", "ray", timeout=300,

@@ -9,11 +9,11 @@ import psutil
 import pytest
 import ray_cluster
 
-# Side by side, in a group of its own (not the private cluster's: it uses none, and that
-# group is one of the suite's longest chains). Its cluster on Ray's default ports is the
-# only one there; the one test that must find no cluster at all
-# (test_cli_edges.py's ray backend with no address) runs in the race pass, after this one.
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.xdist_group("ray-default-ports")]
+# Alone (the timing pass): it starts and checks clusters on Ray's default ports, which the
+# machine shares. Side by side (stop 48) its two cluster starts landed at the pass's start,
+# beside the red-team studies measuring their baselines, and one of those studies then
+# kept a cheat (below the noise it had measured): back here until that is understood.
+pytestmark = [pytest.mark.ray, pytest.mark.timing]
 
 
 def _busy(port: int) -> bool:
