@@ -34,7 +34,7 @@ PYTEST_WORKERS ?= 4
 # fake engines' `python3` are then the venv's, not a version manager's shim (pyenv's costs
 # ~0.08 CPU-s a start: a third of tests/backends/test_shell.py's CPU).
 PYTEST = PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest
-TIMING_FILES = $(shell grep -rlE 'mark\.timing\b' tests --include='*.py')
+TIMING_FILES = $(shell grep -rlE 'mark\.timing\b' tests --include='test_*.py')
 # Bytecode made once, before the passes. Where the environment sets PYTHONDONTWRITEBYTECODE
 # (this machine's does), nothing is cached, and every process the suite starts (workers,
 # evaluators, the CLI) compiled ratchet's modules from source again: 0.13 CPU-s more for
