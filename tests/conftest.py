@@ -76,8 +76,8 @@ def _shared_fixture_group(item: pytest.Item) -> str | None:
             return SHARED_BY_NAME[name]
     if item.get_closest_marker("ray") and not item.get_closest_marker("timing"):
         # a side-by-side Ray test uses the cluster, some by getfixturevalue (test_contract's
-        # ray case), which the closure above does not show; the timing pass's Ray test
-        # wants no cluster at all
+        # ray case), which the closure above does not show; the timing pass's Ray tests
+        # start clusters of their own or must find none
         return SHARED_BY_NAME["ray_cluster"]
     callspec = getattr(item, "callspec", None)
     module = item.nodeid.split("::", 1)[0]

@@ -74,10 +74,11 @@ class GateKeeper(threading.Thread):
             while not self._done.is_set():
                 cands = self._candidates()
                 if cands and ready(cands):
-                    gate = job_tree(self.repo, job(cands)) / "gate"
+                    job_id = job(cands)
+                    gate = job_tree(self.repo, job_id) / "gate"
                     if gate.parent.is_dir():
                         gate.touch()
-                        self.opened.append(job(cands))
+                        self.opened.append(job_id)
                         break
                 if time.monotonic() > deadline:
                     self.failure = f"step {n} never became ready"

@@ -9,7 +9,7 @@ import random
 import sys
 
 import pytest
-from gates import HOLD, GateKeeper
+from gates import HOLD, GateKeeper, by_name
 from helpers import ROOT, config_text, git, make_repo, ratchet, solution_branches
 
 from ratchet.core.vocab import Kind, Status
@@ -74,14 +74,15 @@ def test_a_stale_winner_is_confirmed_against_the_new_incumbent(tmp_path):
     assert not gates.failure, gates.failure
     db = Ledger(repo / ".ratchet" / "ledger.db")
     try:
-        cands = {c.description.split(":")[0].removeprefix("ref "): c
-                 for c in db.candidates() if c.kind == Kind.CANDIDATE}
+        cands = by_name([c for c in db.candidates() if c.kind == Kind.CANDIDATE])
         pairs = [r for r in db.candidates(confirmations=True) if r.kind == Kind.CONFIRM]
         final = db.get("incumbent")
     finally:
         db.close()
     baseline = git(repo, "rev-parse", "main")
     fast, lucky, slow = cands["fast"], cands["lucky"], cands["slow"]
+    # both held evaluations were let go, in that order, by the ledger's events
+    assert gates.opened == [f"demo-{lucky.id}-0", f"demo-{slow.id}-0"], gates.opened
     # all three were made on the baseline; the fast one ended first and was kept
     assert {fast.parent, lucky.parent, slow.parent} == {baseline}
     assert fast.status == Status.KEEP, fast.reasons

@@ -12,7 +12,7 @@ import time
 
 import pytest
 from common import deterministic_repo, ledger, processes_under, start_run, wait_until
-from gates import HOLD
+from gates import HOLD, job_tree
 from helpers import config_text, make_repo
 
 from ratchet.backends.local import LocalBackend
@@ -138,7 +138,7 @@ def evaluating(repo, attempt):
         state = json.loads((jd / "state.json").read_text())
     except (OSError, ValueError):
         return None
-    held = (jd / "work" / "held").exists()
+    held = (job_tree(repo, jd.name) / "held").exists()
     return state["pid"] if state.get("phase") == "evaluate" and held else None
 
 
@@ -149,7 +149,7 @@ def kill_worker_while_it_evaluates(repo, attempt):
 
 def open_gate(repo, attempt):
     with contextlib.suppress(FileNotFoundError):  # the job ended already (the bug: killed)
-        (job_dir(repo, "c0001", attempt) / "work" / "gate").touch()
+        (job_tree(repo, f"demo-c0001-{attempt}") / "gate").touch()
 
 
 @pytest.mark.parametrize("kills", [1, 2])
