@@ -1,3 +1,4 @@
+import gc
 import os
 import sys
 from pathlib import Path
@@ -54,6 +55,14 @@ def ray_cluster():
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    # A pytest worker holds its ~900 collected tests and every module they imported for the
+    # whole session, and the in-process `ratchet` runs allocate a lot: each full collection
+    # walked all of it again (about 8% of a worker's CPU in a profile of the side-by-side
+    # pass). Collected items are moved out of the collector's sight, and it runs less
+    # often (cycles are still collected). Measured on four CLI test files in one process:
+    # 7.46 and 7.67 CPU-s of the pytest process before, 7.10 and 7.03 after.
+    gc.freeze()
+    gc.set_threshold(10_000, 20, 20)
     _cluster_users_left[:] = [sum(_shared_fixture_group(item) == "ray-cluster"
                                   for item in session.items)]
 

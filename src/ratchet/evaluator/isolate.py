@@ -69,6 +69,13 @@ from ratchet.job import reach, sandbox, warden
 from ratchet.job.jobspec import COMPILE_CACHE_VARS, UNREACHABLE_KEY, is_secret
 
 CHILD_SCRIPT = Path(__file__).with_name("isolate_child.py")
+# How long a freeze of a child outside any sandbox waits for every thread to stop. A
+# thread takes SIGSTOP only once it is scheduled, which on a loaded machine took longer
+# than the 50 ms this used to wait: the harness then went on filling inputs while a
+# thread of the child still ran (seen under the test suite's load). An honest child
+# stops in microseconds; the bound is only for a thread that never can.
+STOP_WAIT_S = 2.0
+_NOT_RUNNING = ("T", "t", "Z", "X")  # stopped, traced, or a thread already gone
 CLEAN_MODULE = Path(__file__).with_name("isolate_clean.py")  # what a clean twin holds
 _HEADER = struct.Struct(">I")
 MAX_REPLY = 1 << 20  # replies are small JSON; anything bigger is the child misbehaving
@@ -445,7 +452,7 @@ class CandidateProcess:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
 
-    def freeze(self, wait_s: float = 0.05) -> None:
+    def freeze(self, wait_s: float = STOP_WAIT_S) -> None:
         """Stop the whole child (SIGSTOP) and wait until its threads are stopped; nests.
 
         The harness keeps the child frozen whenever it is not answering one of the
@@ -480,7 +487,7 @@ class CandidateProcess:
         finally:
             self.thaw()
 
-    def _stop(self, wait_s: float = 0.05) -> None:
+    def _stop(self, wait_s: float = STOP_WAIT_S) -> None:
         if self.proc.poll() is not None:
             return
         if self._jail is not None:
@@ -504,7 +511,7 @@ class CandidateProcess:
                 states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in task_dir.iterdir()]
             except (OSError, IndexError):
                 return  # not Linux, or the child is gone
-            if all(state in ("T", "t") for state in states):
+            if all(state in _NOT_RUNNING for state in states):
                 return
 
     def settle(self) -> None:
