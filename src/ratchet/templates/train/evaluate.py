@@ -31,6 +31,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import argparse  # noqa: E402
 import atexit  # noqa: E402
+import gc  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
@@ -64,6 +65,12 @@ except ImportError:  # run by hand without ratchet installed: plain lines
             text = str(value).lower() if isinstance(value, bool) else value
             print(f"{name}: {text}", flush=True)
 
+
+# The imports are done: what they built (torch's ~165,000 objects) is kept out of the
+# garbage collector's sight, so its collections stop walking it again and again (a full
+# collection: 80 ms with torch imported). Measured on a 2-second model: 3.8-4.5 CPU-s an
+# evaluation before, 3.0-3.1 after.
+gc.freeze()
 
 # Score exactly this many bytes, whatever the model's context length: every candidate is
 # measured on the same targets. 128 KiB keeps evaluation to seconds on one CPU core.
