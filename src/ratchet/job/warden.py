@@ -1,4 +1,7 @@
-"""The warden: the trusted first process of every sandbox (stdlib only, run by file path).
+"""The warden: the trusted first process of every sandbox (stdlib only, no package).
+
+Started as `python -I -S -c "...import warden; sys.exit(warden.main())"` with this file's
+directory last on sys.path (sandbox.WARDEN_ARGV: from its cached bytecode), or by hand as
 
     python -I -S warden.py [--uid U --gid G] [--drop-caps] [--pidns] [--no-network] [--bridge PORT:SOCKET]
                            [--control-fd N] [--keep-fd N]...
