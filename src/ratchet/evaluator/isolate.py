@@ -76,6 +76,7 @@ CHILD_SCRIPT = Path(__file__).with_name("isolate_child.py")
 # thread of the child still ran (seen under the test suite's load). An honest child
 # stops in microseconds; the bound is only for a thread that never can.
 STOP_WAIT_S = 2.0
+_imports_frozen = False  # gc.freeze() done (CandidateProcess.__enter__)
 _NOT_RUNNING = ("T", "t", "Z", "X")  # stopped, traced, or a thread already gone
 CLEAN_MODULE = Path(__file__).with_name("isolate_clean.py")  # what a clean twin holds
 _HEADER = struct.Struct(">I")
@@ -619,7 +620,12 @@ class CandidateProcess:
         # sight (`gc.freeze`), so its collections no longer walk torch's modules again and
         # again: a quarter of a torch evaluator's CPU in a profile of the test suite, and
         # a pause that could land in a timed request. What is built later is collected.
-        gc.freeze()
+        # Once per process: a long-lived one entering many would otherwise freeze each
+        # time whatever garbage was waiting for its next collection.
+        global _imports_frozen
+        if not _imports_frozen:
+            _imports_frozen = True
+            gc.freeze()
         return self
 
     def __exit__(self, *exc: object) -> None:
