@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -246,3 +247,26 @@ def test_holdout_only_for_the_would_be_keep_and_unreadable_elsewhere(tmp_path, e
                              scan=(tmp_path / "stage",))
     # the staged copy went with its job: no hold-out data left in the stage directory
     assert not list((tmp_path / "stage").rglob("holdout.tar"))
+
+
+def test_preparing_the_data_leaves_the_drivers_other_children_running(tmp_path, engine):
+    """The shared data is prepared in the driver's own process (the shell backend's
+    `data_dir`), which may have other children meanwhile: a proposer's agent CLI asked
+    while the baseline runs, a server it started. Preparing used to end by killing every
+    descendant of the process (what the worker, a subreaper of candidate code alone,
+    does), so those died with it."""
+    beside = subprocess.Popen(["sleep", "120"], start_new_session=True)  # ours, not prep's
+    try:
+        repo = make_task(tmp_path, backend="shell", parallel=1, rounds=1, sleep=0.1,
+                         extra=shell_section(tmp_path, "slurm"))
+        study = Study(repo)
+        try:
+            study.run()
+            cands = study.ledger.candidates()
+        finally:
+            study.close()
+        assert cands and all(c.extra.get("data_ok") == 1 for c in cands)  # it was prepared
+        assert beside.poll() is None, f"the driver's other child was killed ({beside.returncode})"
+    finally:
+        beside.kill()
+        beside.wait()

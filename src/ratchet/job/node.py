@@ -181,7 +181,7 @@ def prep_into(root: Path, key: str, command: str, workdir: Path, env_allow: list
     code, timed_out, log, seconds = run_capped(
         ["/bin/sh", "-c", command], cwd=workdir, env=env, log_path=tmp / "prep.log",
         deadline=time.monotonic() + timeout_s, log_limit=4 << 20,
-    )
+    )  # its process group alone: the driver or a Ray worker has other children
     if timed_out or code != 0:
         tail = " | ".join(log.text().strip().splitlines()[-3:])
         shutil.rmtree(tmp, ignore_errors=True)

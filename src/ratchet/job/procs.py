@@ -248,7 +248,7 @@ def run_capped(
     log_limit: int,
     memory_limit_bytes: int | None = None,
     should_stop=lambda: False,
-    reap_all_descendants: bool = True,
+    reap_all_descendants: bool = False,
     file_size_limit_bytes: int | None = None,
     pass_fds: tuple[int, ...] = (),
     stop_grace_s: float | Callable[[], float] = KILL_GRACE_S,
@@ -260,6 +260,10 @@ def run_capped(
     code is a signal that killed it (e.g. -9 from the OOM killer). `stop_grace_s`: how
     long a tree stopped by `should_stop` gets between SIGTERM and SIGKILL (or a function
     asked once it stops); `before_exec`: called in the child before it starts `argv`.
+    `reap_all_descendants`: end by killing (and reaping) every descendant of this
+    process, not only argv's process group. Only a job's worker may ask for it: it is a
+    subreaper whose every child is candidate code. Anywhere else (the driver preparing
+    data, a Ray worker) the process's other children are not argv's.
     """
     log = CappedLog(log_path, log_limit)
     start = time.monotonic()

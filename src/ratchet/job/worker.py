@@ -429,6 +429,7 @@ class Job:
                     should_stop=should_stop,
                     file_size_limit_bytes=self.spec.file_size_limit_bytes,
                     pass_fds=fds,
+                    reap_all_descendants=True,  # a subreaper: every descendant is the phase's
                     # a run stopped as clearly worse is discarded, and a bound passed is a
                     # crash: no grace needed (a disk filler would go on writing)
                     stop_grace_s=lambda: (0.2 if progress is not None or (
