@@ -140,6 +140,18 @@ def make_task(root: Path, *, backend: str, extra: str = "", parallel: int = 3, r
     return repo
 
 
+def run_study(repo: Path) -> list:
+    """Run the study in `repo` to its end in this process; its candidates, from the ledger."""
+    from ratchet.driver.study import Study
+
+    study = Study(repo)
+    try:
+        study.run()
+        return study.ledger.candidates()
+    finally:
+        study.close()
+
+
 def summary(repo: Path) -> list[tuple]:
     """(candidate, status, metric, knob.py content) for every candidate, from the ledger."""
     from ratchet.store.ledger import Ledger

@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from tasks import check_holdout_everywhere, make_task, summary
+from tasks import check_holdout_everywhere, make_task, run_study, summary
 
 from ratchet.driver.study import Study, StudyError
 
@@ -172,12 +172,7 @@ def test_job_mode_places_one_ray_job_per_candidate(tmp_path, ray_cluster):
     name = f"jobs-{uuid.uuid4().hex[:6]}"
     repo = make_task(tmp_path, backend="ray", parallel=2, rounds=1, sleep=0.2, name=name,
                      extra=ray_section(tmp_path, ray_cluster, mode='"job"'))
-    study = Study(repo)
-    try:
-        study.run()
-        cands = study.ledger.candidates()
-    finally:
-        study.close()
+    cands = run_study(repo)
     assert all(c.status in ("keep", "discard") for c in cands)
     assert all(c.extra["data_ok"] == 1 for c in cands)
     ids = submission_ids(ray_cluster["address"], name)

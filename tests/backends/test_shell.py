@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tasks import check_holdout_everywhere, make_task, summary
+from tasks import check_holdout_everywhere, make_task, run_study, summary
 
 from ratchet.backends import make_backend
 from ratchet.backends.shell import load_shell_config
@@ -259,12 +259,7 @@ def test_preparing_the_data_leaves_the_drivers_other_children_running(tmp_path, 
     try:
         repo = make_task(tmp_path, backend="shell", parallel=1, rounds=1, sleep=0.1,
                          extra=shell_section(tmp_path, "slurm"))
-        study = Study(repo)
-        try:
-            study.run()
-            cands = study.ledger.candidates()
-        finally:
-            study.close()
+        cands = run_study(repo)
         assert cands and all(c.extra.get("data_ok") == 1 for c in cands)  # it was prepared
         assert beside.poll() is None, f"the driver's other child was killed ({beside.returncode})"
     finally:
