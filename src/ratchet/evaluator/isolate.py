@@ -76,8 +76,8 @@ CHILD_SCRIPT = Path(__file__).with_name("isolate_child.py")
 # thread of the child still ran (seen under the test suite's load). An honest child
 # stops in microseconds; the bound is only for a thread that never can.
 STOP_WAIT_S = 2.0
-_imports_frozen = False  # gc.freeze() done (CandidateProcess.__enter__)
 _NOT_RUNNING = ("T", "t", "Z", "X")  # stopped, traced, or a thread already gone
+_imports_frozen = False  # gc.freeze() done (CandidateProcess.__enter__)
 CLEAN_MODULE = Path(__file__).with_name("isolate_clean.py")  # what a clean twin holds
 _HEADER = struct.Struct(">I")
 MAX_REPLY = 1 << 20  # replies are small JSON; anything bigger is the child misbehaving
@@ -515,6 +515,9 @@ class CandidateProcess:
                 return  # not Linux, or the child is gone
             if all(state in _NOT_RUNNING for state in states):
                 return
+            # between looks, leave the CPU to the thread that must be scheduled to stop (a
+            # bare spin, bounded at 50 ms before, would compete with it for up to 2 s)
+            time.sleep(0.0002)
 
     def settle(self) -> None:
         """Wait until no stop of ours or of the clean twin is still under way (called before
